@@ -1,0 +1,51 @@
+"""The registry: agents (instructions, model, tools, output schema) and workflows (how a run is planned)."""
+
+from django.db import models
+
+
+class Agent(models.Model):
+    class Provider(models.TextChoices):
+        SCRIPTED = "scripted"
+
+    slug = models.SlugField(max_length=64, unique=True)
+    name = models.CharField(max_length=200)
+    instructions = models.TextField(blank=True)
+    provider = models.CharField(max_length=32, choices=Provider.choices, default=Provider.SCRIPTED)
+    model = models.CharField(max_length=100, default="scripted-1")
+    allowed_tools = models.JSONField(default=list, blank=True, help_text="Tool names; trusted configuration")
+    output_schema = models.JSONField(default=dict, blank=True, help_text="JSON Schema of the final output")
+    script = models.JSONField(
+        default=list, blank=True, help_text="Scripted provider: the model's turns, in order (see docs/agents.md)"
+    )
+    max_attempts = models.PositiveIntegerField(default=3)
+    max_steps = models.PositiveIntegerField(null=True, blank=True)
+    is_planner = models.BooleanField(default=False, help_text="Its output is a task plan")
+
+    class Meta:
+        ordering = ["slug"]
+
+    def __str__(self) -> str:
+        return self.slug
+
+
+class Workflow(models.Model):
+    class Planner(models.TextChoices):
+        STATIC = "static", "static task list"
+        AGENT = "agent", "planner agent"
+
+    slug = models.SlugField(max_length=64, unique=True)
+    name = models.CharField(max_length=200)
+    description = models.TextField(blank=True)
+    default_goal = models.TextField(blank=True)
+    planner = models.CharField(max_length=16, choices=Planner.choices, default=Planner.STATIC)
+    planner_agent = models.ForeignKey(Agent, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    tasks = models.JSONField(default=list, blank=True, help_text="Static plan: [{key, agent, objective, depends_on}]")
+    default_budget = models.JSONField(default=dict, blank=True)
+    max_tasks = models.PositiveIntegerField(null=True, blank=True)
+    max_concurrent_tasks = models.PositiveIntegerField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["slug"]
+
+    def __str__(self) -> str:
+        return self.slug

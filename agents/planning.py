@@ -1,0 +1,50 @@
+"""Turns a plan (static, or a planner agent's JSON) into a validated task DAG: known agents, unique
+keys, known dependencies, no cycles, within the caps."""
+
+from graphlib import CycleError, TopologicalSorter
+
+from pydantic import ValidationError
+
+from runs.errors import InvalidInput
+from runs.schemas import PlanIn, PlannedTaskIn
+
+from .models import Agent
+
+
+def pydantic_errors(exc: ValidationError, prefix: str = "") -> list[dict]:
+    return [
+        {"field": ".".join(str(p) for p in (prefix, *e["loc"]) if p != ""), "message": e["msg"]} for e in exc.errors()
+    ]
+
+
+def plan_validate(raw, *, max_tasks: int, existing_keys: frozenset[str] = frozenset()) -> tuple[list[PlannedTaskIn], dict[str, Agent]]:
+    try:
+        plan = PlanIn.model_validate(raw if isinstance(raw, dict) else {"tasks": raw})
+    except ValidationError as exc:
+        raise InvalidInput("the plan is malformed", pydantic_errors(exc, "plan")) from exc
+    if len(plan.tasks) + len(existing_keys) > max_tasks:
+        raise InvalidInput(f"the plan has {len(plan.tasks)} tasks; this run allows at most {max_tasks}")
+    keys = [t.key for t in plan.tasks]
+    duplicates = sorted({k for k in keys if keys.count(k) > 1} | (set(keys) & existing_keys))
+    if duplicates:
+        raise InvalidInput(f"task keys used twice: {', '.join(duplicates)}")
+    known = set(keys) | existing_keys
+    errors = [
+        {"field": f"plan.tasks.{t.key}.depends_on", "message": f"unknown task {d!r}"}
+        for t in plan.tasks
+        for d in t.depends_on
+        if d not in known
+    ]
+    agents = {a.slug: a for a in Agent.objects.filter(slug__in={t.agent for t in plan.tasks})}
+    errors += [
+        {"field": f"plan.tasks.{t.key}.agent", "message": f"unknown agent {t.agent!r}"}
+        for t in plan.tasks
+        if t.agent not in agents
+    ]
+    if errors:
+        raise InvalidInput("the plan refers to unknown tasks or agents", errors)
+    try:
+        tuple(TopologicalSorter({t.key: set(t.depends_on) for t in plan.tasks}).static_order())
+    except CycleError as exc:
+        raise InvalidInput(f"the plan has a dependency cycle: {' -> '.join(exc.args[1])}") from exc
+    return plan.tasks, agents

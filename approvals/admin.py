@@ -1,0 +1,28 @@
+from django.contrib import admin, messages
+
+from .models import ApiToken
+from .tokens import api_token_create, api_token_revoke
+
+
+@admin.register(ApiToken)
+class ApiTokenAdmin(admin.ModelAdmin):
+    list_display = ["prefix", "user", "name", "created_at", "last_used_at", "expires_at", "revoked_at"]
+    list_filter = ["revoked_at", "expires_at"]
+    search_fields = ["prefix", "name", "user__username"]
+    readonly_fields = ["prefix", "token_hash", "created_at", "last_used_at", "revoked_at"]
+    fields = ["user", "name", "expires_at", "prefix", "token_hash", "created_at", "last_used_at", "revoked_at"]
+    actions = ["revoke"]
+
+    def save_model(self, request, obj, form, change):
+        if change:
+            obj.save(update_fields=["name", "expires_at"])
+            return
+        token, raw = api_token_create(user=obj.user, name=obj.name, expires_at=obj.expires_at)
+        obj.pk = token.pk
+        obj.refresh_from_db()
+        messages.warning(request, f"The new token is {raw} — copy it now, it will not be shown again.")
+
+    @admin.action(description="Revoke the selected tokens")
+    def revoke(self, request, queryset):
+        for token in queryset:
+            api_token_revoke(token=token)

@@ -1,0 +1,37 @@
+"""API token issue and check. Only the SHA-256 of a token is stored."""
+
+import hashlib
+import secrets
+
+from django.utils import timezone
+
+from .models import ApiToken
+
+TOKEN_PREFIX = "wdn_"
+
+
+def _digest(raw: str) -> str:
+    return hashlib.sha256(raw.encode()).hexdigest()
+
+
+def api_token_create(*, user, name: str = "", expires_at=None) -> tuple[ApiToken, str]:
+    """Returns the row and the secret, which is never shown again."""
+    raw = TOKEN_PREFIX + secrets.token_urlsafe(32)
+    token = ApiToken.objects.create(user=user, name=name, prefix=raw[:10], token_hash=_digest(raw), expires_at=expires_at)
+    return token, raw
+
+
+def api_token_authenticate(raw: str) -> ApiToken | None:
+    if not raw or not raw.startswith(TOKEN_PREFIX) or len(raw) > 200:
+        return None
+    now = timezone.now()
+    token = ApiToken.objects.select_related("user").filter(token_hash=_digest(raw), revoked_at__isnull=True).first()
+    if token is None or not token.user.is_active or (token.expires_at and token.expires_at <= now):
+        return None
+    if token.last_used_at is None or (now - token.last_used_at).total_seconds() > 60:
+        ApiToken.objects.filter(id=token.id).update(last_used_at=now)  # at most once a minute per token
+    return token
+
+
+def api_token_revoke(*, token: ApiToken) -> None:
+    ApiToken.objects.filter(id=token.id, revoked_at__isnull=True).update(revoked_at=timezone.now())

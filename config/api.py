@@ -1,0 +1,69 @@
+"""The ninja API objects. The integration API (bearer tokens, no CSRF) lives under /api/v1; the
+dashboard's own endpoints will be a separate object with session auth and CSRF."""
+
+from django.http import HttpRequest
+from ninja import NinjaAPI
+from ninja.errors import AuthenticationError, HttpError, ValidationError
+from ninja.security import HttpBearer
+
+from approvals.tokens import api_token_authenticate
+from runs.api import router as runs_router
+from runs.errors import Conflict, InvalidInput, NotFound
+from runs.transitions import TransitionNotAllowed
+
+
+class BearerToken(HttpBearer):
+    def authenticate(self, request: HttpRequest, token: str):
+        return api_token_authenticate(token)
+
+
+api = NinjaAPI(
+    title="Warden API", version="1", urls_namespace="api-v1", auth=BearerToken(),
+    description="Start and inspect durable multi-agent runs.",
+)
+api.add_router("/", runs_router)
+
+
+def _error(request, status: int, code: str, message: str, errors: list | None = None):
+    return api.create_response(request, {"code": code, "message": message, "errors": errors or []}, status=status)
+
+
+def _field(loc) -> str:
+    parts = [str(p) for p in loc if p not in ("body", "payload", "query", "path")]
+    return ".".join(parts) or "body"
+
+
+@api.exception_handler(ValidationError)
+def on_validation_error(request, exc: ValidationError):
+    errors = [{"field": _field(e.get("loc", ())), "message": e.get("msg", "invalid")} for e in exc.errors]
+    return _error(request, 422, "invalid_input", "the request is invalid", errors)
+
+
+@api.exception_handler(InvalidInput)
+def on_invalid_input(request, exc: InvalidInput):
+    return _error(request, 422, exc.code, str(exc), exc.errors)
+
+
+@api.exception_handler(NotFound)
+def on_not_found(request, exc: NotFound):
+    return _error(request, 404, exc.code, str(exc))
+
+
+@api.exception_handler(Conflict)
+def on_conflict(request, exc):
+    return _error(request, 409, "conflict", str(exc))
+
+
+@api.exception_handler(TransitionNotAllowed)
+def on_transition(request, exc):
+    return _error(request, 409, "transition_not_allowed", str(exc))
+
+
+@api.exception_handler(AuthenticationError)
+def on_auth(request, exc):
+    return _error(request, 401, "unauthenticated", "a valid API token is required (Authorization: Bearer …)")
+
+
+@api.exception_handler(HttpError)
+def on_http_error(request, exc: HttpError):
+    return _error(request, exc.status_code, "error", str(exc))

@@ -1,0 +1,187 @@
+"""Settings shared by every environment.
+
+The mode follows the environment: with no DATABASE_URL / REDIS_URL Warden runs embedded (SQLite in WAL
+mode, Dramatiq worker threads inside the server, in-memory channel layer); with them it runs scaled
+(PostgreSQL, Redis broker, channels-redis, workers started by ``manage.py rundramatiq``).
+"""
+
+import os
+import secrets
+from pathlib import Path
+
+import dj_database_url
+
+BASE_DIR = Path(__file__).resolve().parent.parent.parent
+VAR_DIR = Path(os.environ.get("WARDEN_VAR_DIR", BASE_DIR / "var"))
+VAR_DIR.mkdir(parents=True, exist_ok=True)
+
+
+def _env_float(name: str, default: float) -> float:
+    return float(os.environ.get(name, default))
+
+
+def _secret_key() -> str:
+    if os.environ.get("DJANGO_SECRET_KEY"):
+        return os.environ["DJANGO_SECRET_KEY"]
+    # Embedded mode keeps a generated key on disk so sessions survive restarts.
+    path = VAR_DIR / "secret_key"
+    if not path.exists():
+        path.write_text(secrets.token_urlsafe(50))
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
+SECRET_KEY = _secret_key()
+DEBUG = os.environ.get("DJANGO_DEBUG", "0") == "1"
+ALLOWED_HOSTS = os.environ.get("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost").split(",")
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "template_partials",
+    "channels",
+    "django_dramatiq",
+    "runs",
+    "agents",
+    "tools",
+    "approvals",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "config.urls"
+ASGI_APPLICATION = "config.asgi.application"
+WSGI_APPLICATION = None
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# --- Database -------------------------------------------------------------------------------------
+DATABASE_URL = os.environ.get("DATABASE_URL", "")
+if DATABASE_URL:
+    DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=60, conn_health_checks=True)}
+else:
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": os.environ.get("WARDEN_SQLITE_PATH", str(VAR_DIR / "warden.sqlite3")),
+            "OPTIONS": {
+                # IMMEDIATE takes the write lock at BEGIN, so two writers queue on the busy timeout
+                # instead of failing with "database is locked" when a read upgrades to a write.
+                "transaction_mode": "IMMEDIATE",
+                "timeout": 30,
+                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA busy_timeout=30000;",
+            },
+        }
+    }
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+WARDEN_SCALED = bool(os.environ.get("REDIS_URL"))
+
+# --- Queue (Dramatiq) -----------------------------------------------------------------------------
+REDIS_URL = os.environ.get("REDIS_URL", "")
+_dramatiq_middleware = [
+    "dramatiq.middleware.AgeLimit",
+    "dramatiq.middleware.TimeLimit",
+    "dramatiq.middleware.Callbacks",
+    "dramatiq.middleware.Retries",  # present so actors can say max_retries=0: the engine retries
+    "dramatiq.middleware.Pipelines",
+    "dramatiq.middleware.ShutdownNotifications",
+    "django_dramatiq.middleware.DbConnectionsMiddleware",
+    "runs.middleware.RecoverySweeperMiddleware",
+]
+if REDIS_URL:
+    DRAMATIQ_BROKER = {
+        "BROKER": "dramatiq.brokers.redis.RedisBroker",
+        "OPTIONS": {"url": REDIS_URL, "namespace": os.environ.get("WARDEN_QUEUE_NAMESPACE", "warden")},
+        "MIDDLEWARE": _dramatiq_middleware,
+    }
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [REDIS_URL], "prefix": "warden:channels", "group_expiry": 3600},
+        }
+    }
+else:
+    DRAMATIQ_BROKER = {
+        "BROKER": "dramatiq.brokers.stub.StubBroker",
+        "OPTIONS": {},
+        "MIDDLEWARE": _dramatiq_middleware,
+    }
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+DRAMATIQ_AUTODISCOVER_MODULES = ["actors"]
+DRAMATIQ_TASKS_DATABASE = "default"
+
+# --- Engine ---------------------------------------------------------------------------------------
+WARDEN = {
+    # A lease is renewed by every step and by a heartbeat; an expired one can be taken over.
+    "LEASE_SECONDS": _env_float("WARDEN_LEASE_SECONDS", 30),
+    "HEARTBEAT_SECONDS": _env_float("WARDEN_HEARTBEAT_SECONDS", 0),  # 0: a third of the lease
+    "SWEEP_INTERVAL_SECONDS": _env_float("WARDEN_SWEEP_INTERVAL_SECONDS", 1.0),
+    # A ready task whose message has not been picked up for this long is re-driven by the sweeper.
+    "REDRIVE_AFTER_SECONDS": _env_float("WARDEN_REDRIVE_AFTER_SECONDS", 10),
+    "OUTBOX_RESEND_AFTER_SECONDS": _env_float("WARDEN_OUTBOX_RESEND_AFTER_SECONDS", 5),
+    "CANCEL_GRACE_SECONDS": _env_float("WARDEN_CANCEL_GRACE_SECONDS", 15),
+    "RETRY_BASE_SECONDS": _env_float("WARDEN_RETRY_BASE_SECONDS", 1.0),
+    "RETRY_CAP_SECONDS": _env_float("WARDEN_RETRY_CAP_SECONDS", 60),
+    # Lease expiries (crashes) a task may suffer beyond its max_attempts before it needs a human.
+    "MAX_RECOVERIES": int(os.environ.get("WARDEN_MAX_RECOVERIES", 3)),
+    "LOOP_GUARD_REPEATS": int(os.environ.get("WARDEN_LOOP_GUARD_REPEATS", 3)),
+    "MAX_TASKS_PER_RUN": int(os.environ.get("WARDEN_MAX_TASKS_PER_RUN", 200)),
+    "MAX_CONCURRENT_TASKS_PER_RUN": int(os.environ.get("WARDEN_MAX_CONCURRENT_TASKS_PER_RUN", 8)),
+    "MAX_PLANNING_DEPTH": int(os.environ.get("WARDEN_MAX_PLANNING_DEPTH", 2)),
+    # A worker that has run one attempt this long hands the rest to a fresh message between steps.
+    "SLICE_SECONDS": _env_float("WARDEN_SLICE_SECONDS", 20),
+    "EMBEDDED_WORKER_THREADS": int(os.environ.get("WARDEN_WORKER_THREADS", 4)),
+    # Stamped on every run and compared before a resume: a run paused across a deploy is not resumed
+    # silently under different code.
+    "CODE_VERSION": os.environ.get("WARDEN_CODE_VERSION", "warden-0.1.0"),
+}
+
+# --- Auth, i18n, static ---------------------------------------------------------------------------
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+LOGIN_URL = "/admin/login/"
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+STATIC_URL = "static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = VAR_DIR / "staticfiles"
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "loggers": {
+        "warden": {"handlers": ["console"], "level": os.environ.get("WARDEN_LOG_LEVEL", "INFO")},
+        "dramatiq": {"handlers": ["console"], "level": "WARNING"},
+    },
+}

@@ -1,0 +1,25 @@
+"""Test settings: the same code path, with short timings so recovery drills finish quickly."""
+
+import os
+
+os.environ.setdefault("WARDEN_VAR_DIR", str(__import__("pathlib").Path(__file__).resolve().parents[2] / "var" / "test"))
+
+from .base import *  # noqa: E402,F401,F403
+from .base import DATABASES, VAR_DIR, WARDEN  # noqa: E402
+
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+    # A file, not memory: crash drills run real server processes that must see the same database.
+    DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / "test.sqlite3")}
+
+WARDEN.update(
+    {
+        "RETRY_BASE_SECONDS": 0.05,
+        "RETRY_CAP_SECONDS": 0.5,
+        "REDRIVE_AFTER_SECONDS": 1.0,
+        "OUTBOX_RESEND_AFTER_SECONDS": 1.0,
+        "SWEEP_INTERVAL_SECONDS": 0.2,
+        "CANCEL_GRACE_SECONDS": 2.0,
+    }
+)

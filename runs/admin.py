@@ -1,0 +1,122 @@
+"""Admin for data fixes. Statuses are read-only here: state changes go through the engine's services
+(the actions below), so the admin cannot make a transition the engine would refuse."""
+
+from django.contrib import admin, messages
+
+from .errors import WardenError
+from .models import Artifact, FaultFiring, Outbox, Payload, QuarantinedResult, Run, Span, Task
+from .services import run_cancel, run_resume, task_retry
+from .transitions import TransitionNotAllowed
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+
+def _apply(modeladmin, request, queryset, service, id_arg="run_id", **kwargs):
+    done = 0
+    for obj in queryset:
+        try:
+            service(**{id_arg: obj.id, **kwargs})
+            done += 1
+        except (TransitionNotAllowed, WardenError) as exc:
+            modeladmin.message_user(request, f"{obj}: {exc}", messages.ERROR)
+    if done:
+        modeladmin.message_user(request, f"{done} done", messages.SUCCESS)
+
+
+class TaskInline(admin.TabularInline):
+    model = Task
+    fields = ["key", "agent", "status", "attempts", "max_attempts", "fencing_token", "lease_owner", "lease_expires_at"]
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+    show_change_link = True
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(Run)
+class RunAdmin(admin.ModelAdmin):
+    list_display = ["id", "workflow", "status", "goal", "steps_used", "tokens_used", "cost_usd", "started_by", "created_at"]
+    list_filter = ["status", "workflow", "created_at"]
+    search_fields = ["=id", "goal", "status_reason", "started_by__username"]
+    date_hierarchy = "created_at"
+    list_select_related = ["workflow", "started_by"]
+    readonly_fields = [
+        "workflow", "status", "status_reason", "plan_version", "steps_used", "tokens_used", "tool_calls_used",
+        "cost_micros", "started_by", "code_version", "created_at", "started_at", "finished_at", "cancel_requested_at",
+    ]
+    inlines = [TaskInline]
+    actions = ["cancel_runs", "resume_runs"]
+
+    @admin.action(description="Cancel the selected runs")
+    def cancel_runs(self, request, queryset):
+        _apply(self, request, queryset, run_cancel, reason=f"cancelled by {request.user} in the admin")
+
+    @admin.action(description="Resume the selected runs (needs attention → running)")
+    def resume_runs(self, request, queryset):
+        _apply(self, request, queryset, run_resume, reason=f"resumed by {request.user} in the admin")
+
+
+@admin.register(Task)
+class TaskAdmin(admin.ModelAdmin):
+    list_display = ["id", "run", "key", "agent", "status", "attempts", "max_attempts", "failure_class", "lease_owner"]
+    list_filter = ["status", "failure_class", "agent"]
+    search_fields = ["key", "=run__id", "status_reason", "lease_owner"]
+    list_select_related = ["run", "agent"]
+    readonly_fields = [
+        "run", "key", "agent", "depends_on", "status", "status_reason", "failure_class", "attempts", "recoveries",
+        "lease_owner", "lease_expires_at", "heartbeat_at", "fencing_token", "ready_at", "not_before", "continuing",
+        "steps_used", "tokens_used", "tool_calls_used", "cost_micros", "plan_version", "depth",
+        "created_at", "started_at", "finished_at",
+    ]
+    actions = ["retry_tasks"]
+
+    @admin.action(description="Retry the selected failed tasks")
+    def retry_tasks(self, request, queryset):
+        _apply(self, request, queryset, task_retry, id_arg="task_id", reason=f"retried by {request.user} in the admin")
+
+
+@admin.register(Span)
+class SpanAdmin(ReadOnlyAdmin):
+    list_display = ["id", "run", "task", "kind", "name", "status", "attempt", "step", "tokens_in", "tokens_out", "cost_micros", "started_at"]
+    list_filter = ["kind", "status"]
+    search_fields = ["name", "=run__id", "task__key"]
+    list_select_related = ["run", "task"]
+
+
+@admin.register(Artifact)
+class ArtifactAdmin(ReadOnlyAdmin):
+    list_display = ["id", "run", "key", "version", "verification", "created_at"]
+    list_filter = ["verification"]
+    search_fields = ["key", "=run__id"]
+
+
+@admin.register(QuarantinedResult)
+class QuarantinedResultAdmin(ReadOnlyAdmin):
+    list_display = ["id", "run", "task", "reason", "fencing_token", "step", "worker", "created_at"]
+    list_filter = ["reason"]
+    search_fields = ["=run__id", "worker"]
+
+
+@admin.register(Outbox)
+class OutboxAdmin(ReadOnlyAdmin):
+    list_display = ["id", "actor", "kwargs", "delay_ms", "created_at"]
+    search_fields = ["actor"]
+
+
+@admin.register(FaultFiring)
+class FaultFiringAdmin(ReadOnlyAdmin):
+    list_display = ["id", "run", "task_key", "point", "mode", "created_at"]
+    list_filter = ["mode"]
+
+
+@admin.register(Payload)
+class PayloadAdmin(ReadOnlyAdmin):
+    list_display = ["id", "size", "created_at"]

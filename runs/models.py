@@ -1,0 +1,282 @@
+"""The durable run: a task DAG, its trace (spans, which also hold the step journal) and its artifacts."""
+
+from django.conf import settings
+from django.db import models
+
+
+class Run(models.Model):
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        RUNNING = "running"
+        WAITING_FOR_APPROVAL = "waiting_for_approval"
+        NEEDS_ATTENTION = "needs_attention"
+        CANCELLING = "cancelling"
+        COMPENSATING = "compensating"
+        COMPLETED = "completed"
+        FAILED = "failed"
+        CANCELLED = "cancelled"
+        COMPENSATED = "compensated"
+
+    TERMINAL = frozenset({Status.COMPLETED, Status.FAILED, Status.CANCELLED, Status.COMPENSATED})
+
+    workflow = models.ForeignKey("agents.Workflow", on_delete=models.PROTECT, related_name="runs")
+    goal = models.TextField()
+    input = models.JSONField(default=dict, blank=True)
+    status = models.CharField(max_length=32, choices=Status.choices, default=Status.PENDING, db_index=True)
+    status_reason = models.TextField(blank=True)
+    plan_version = models.PositiveIntegerField(default=1)
+    # Budget (None: unlimited) and usage; usage changes in the transaction of the step it counts.
+    max_steps = models.PositiveIntegerField(null=True, blank=True)
+    max_tokens = models.PositiveBigIntegerField(null=True, blank=True)
+    max_tool_calls = models.PositiveIntegerField(null=True, blank=True)
+    max_cost_micros = models.PositiveBigIntegerField(null=True, blank=True, help_text="USD × 10⁶")
+    deadline = models.DateTimeField(null=True, blank=True)
+    steps_used = models.PositiveIntegerField(default=0)
+    tokens_used = models.PositiveBigIntegerField(default=0)
+    tool_calls_used = models.PositiveIntegerField(default=0)
+    cost_micros = models.PositiveBigIntegerField(default=0)
+    started_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    code_version = models.CharField(max_length=64)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    cancel_requested_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-id"]
+        indexes = [models.Index(fields=["status", "cancel_requested_at"])]
+
+    def __str__(self) -> str:
+        return f"run {self.pk} ({self.workflow_id}, {self.status})"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status in self.TERMINAL
+
+    @property
+    def cost_usd(self) -> float:
+        return self.cost_micros / 1_000_000
+
+    @property
+    def max_cost_usd(self) -> float | None:
+        return None if self.max_cost_micros is None else self.max_cost_micros / 1_000_000
+
+
+class Task(models.Model):
+    class Status(models.TextChoices):
+        PENDING = "pending"  # waiting for dependencies
+        READY = "ready"  # dependencies done, a message is on its way
+        RUNNING = "running"  # leased by a worker
+        RETRY_WAIT = "retry_wait"  # backing off before the next attempt
+        WAITING_FOR_APPROVAL = "waiting_for_approval"
+        COMPLETED = "completed"
+        FAILED = "failed"
+        CANCELLED = "cancelled"
+
+    TERMINAL = frozenset({Status.COMPLETED, Status.FAILED, Status.CANCELLED})
+
+    class FailureClass(models.TextChoices):
+        TRANSIENT = "transient"
+        VALIDATION = "validation"
+        POLICY = "policy"
+        BUDGET = "budget"
+        LOOP = "loop"
+        CRASH = "crash"
+        AMBIGUOUS = "ambiguous"
+        PERMANENT = "permanent"
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="tasks")
+    key = models.SlugField(max_length=64)
+    agent = models.ForeignKey("agents.Agent", on_delete=models.PROTECT, related_name="tasks")
+    objective = models.TextField()
+    depends_on = models.JSONField(default=list, blank=True)
+    allowed_tools = models.JSONField(default=list, blank=True)
+    output_schema = models.JSONField(default=dict, blank=True)
+    depth = models.PositiveSmallIntegerField(default=0)
+    plan_version = models.PositiveIntegerField(default=1)
+    status = models.CharField(max_length=32, choices=Status.choices, default=Status.PENDING, db_index=True)
+    status_reason = models.TextField(blank=True)
+    failure_class = models.CharField(max_length=16, choices=FailureClass.choices, blank=True)
+    attempts = models.PositiveIntegerField(default=0)
+    max_attempts = models.PositiveIntegerField(default=3)
+    recoveries = models.PositiveIntegerField(default=0, help_text="Leases that expired under this task")
+    # Lease: every claim increments the fencing token; a write of an attempt is a compare-and-set on it.
+    lease_owner = models.CharField(max_length=128, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+    fencing_token = models.PositiveBigIntegerField(default=0)
+    # When the task became ready (the sweeper re-drives one whose message was lost) or may retry.
+    ready_at = models.DateTimeField(null=True, blank=True)
+    not_before = models.DateTimeField(null=True, blank=True)
+    continuing = models.BooleanField(default=False, help_text="Next claim continues the same attempt")
+    max_steps = models.PositiveIntegerField(null=True, blank=True)
+    max_tokens = models.PositiveBigIntegerField(null=True, blank=True)
+    max_tool_calls = models.PositiveIntegerField(null=True, blank=True)
+    max_cost_micros = models.PositiveBigIntegerField(null=True, blank=True)
+    steps_used = models.PositiveIntegerField(default=0)
+    tokens_used = models.PositiveBigIntegerField(default=0)
+    tool_calls_used = models.PositiveIntegerField(default=0)
+    cost_micros = models.PositiveBigIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [models.UniqueConstraint(fields=["run", "key"], name="task_key_unique_in_run")]
+        indexes = [
+            models.Index(fields=["status", "lease_expires_at"]),
+            models.Index(fields=["status", "ready_at"]),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.key} ({self.status})"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status in self.TERMINAL
+
+
+class Payload(models.Model):
+    """A large span body, kept out of the span table and loaded on demand."""
+
+    body = models.JSONField()
+    size = models.PositiveIntegerField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+
+class Span(models.Model):
+    """The append-only trace. Spans with a ``step`` number are also the task's step journal:
+    each holds the model response or tool result that a re-executed attempt replays."""
+
+    class Kind(models.TextChoices):
+        RUN = "run"
+        TASK = "task"
+        ATTEMPT = "attempt"
+        MODEL_CALL = "model_call"
+        TOOL_CALL = "tool_call"
+        APPROVAL_WAIT = "approval_wait"
+        RECOVERY = "recovery"
+        COMPENSATION = "compensation"
+        PLAN = "plan"
+
+    class Status(models.TextChoices):
+        RUNNING = "running"
+        OK = "ok"
+        ERROR = "error"
+        QUARANTINED = "quarantined"
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="spans")
+    task = models.ForeignKey(Task, null=True, blank=True, on_delete=models.CASCADE, related_name="spans")
+    parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.CASCADE, related_name="children")
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    name = models.CharField(max_length=200)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.OK)
+    attempt = models.PositiveIntegerField(null=True, blank=True)
+    step = models.PositiveIntegerField(null=True, blank=True)
+    fencing_token = models.PositiveBigIntegerField(null=True, blank=True)
+    started_at = models.DateTimeField()
+    ended_at = models.DateTimeField(null=True, blank=True)
+    tokens_in = models.PositiveIntegerField(default=0)
+    tokens_out = models.PositiveIntegerField(default=0)
+    cost_micros = models.PositiveBigIntegerField(default=0)
+    attributes = models.JSONField(default=dict, blank=True)
+    body = models.JSONField(null=True, blank=True, help_text="Journaled response or result (small ones)")
+    payload = models.ForeignKey(Payload, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [
+            # One journal entry per step of a task: a second writer of the same step fails loudly.
+            models.UniqueConstraint(
+                fields=["task", "step"], condition=models.Q(step__isnull=False), name="span_one_journal_entry_per_step"
+            )
+        ]
+        indexes = [models.Index(fields=["run", "kind"])]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.name}"
+
+    @property
+    def duration_ms(self) -> float | None:
+        if self.ended_at is None:
+            return None
+        return (self.ended_at - self.started_at).total_seconds() * 1000
+
+
+class Artifact(models.Model):
+    class Verification(models.TextChoices):
+        UNVERIFIED = "unverified"
+        VERIFIED = "verified"
+        REJECTED = "rejected"
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="artifacts")
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="artifacts")
+    key = models.SlugField(max_length=64)
+    schema = models.JSONField(default=dict, blank=True)
+    content = models.JSONField()
+    provenance = models.JSONField(default=dict, blank=True)
+    verification = models.CharField(
+        max_length=16, choices=Verification.choices, default=Verification.UNVERIFIED
+    )
+    version = models.PositiveIntegerField(default=1)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [models.UniqueConstraint(fields=["task", "version"], name="artifact_version_unique")]
+
+    def __str__(self) -> str:
+        return f"artifact {self.key} v{self.version}"
+
+
+class QuarantinedResult(models.Model):
+    """A result that arrived too late to apply: cancelled run, expired lease or superseded plan."""
+
+    class Reason(models.TextChoices):
+        LEASE_LOST = "lease_lost"
+        RUN_CANCELLED = "run_cancelled"
+        PLAN_SUPERSEDED = "plan_superseded"
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="quarantined")
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="quarantined")
+    reason = models.CharField(max_length=32, choices=Reason.choices)
+    fencing_token = models.PositiveBigIntegerField()
+    plan_version = models.PositiveIntegerField()
+    step = models.PositiveIntegerField(null=True, blank=True)
+    body = models.JSONField(null=True, blank=True)
+    worker = models.CharField(max_length=128, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-id"]
+
+
+class Outbox(models.Model):
+    """A message to send after commit. Written in the transaction that decided to send it; deleted once
+    the broker has it. What a crash left here is re-sent by the recovery sweeper."""
+
+    actor = models.CharField(max_length=64)
+    kwargs = models.JSONField(default=dict)
+    delay_ms = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        ordering = ["id"]
+
+
+class FaultFiring(models.Model):
+    """Records that a drill fault fired, so a fault meant to happen once survives the crash it causes."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="fault_firings")
+    task_key = models.SlugField(max_length=64)
+    point = models.CharField(max_length=32)
+    mode = models.CharField(max_length=32)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["run", "task_key", "point", "mode"], name="fault_fires_once")
+        ]

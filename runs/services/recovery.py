@@ -1,0 +1,178 @@
+"""The recovery sweeper: always on, in every worker process and in the embedded server.
+
+Each pass expires dead leases, re-sends what the outbox still holds, re-drives ready tasks whose
+message was lost, forces cancellations past their grace period and stops runs past their deadline.
+Every change is a compare-and-set or happens under a row lock, so several sweepers may run at once.
+"""
+
+import logging
+import threading
+
+import dramatiq
+from django.conf import settings
+from django.db import close_old_connections, connection, transaction
+from django.db.models import F
+from django.utils import timezone
+
+from ..models import Outbox, Run, Span, Task
+from .execution import _fail_task, _record_lease_expiry
+from .outbox import outbox_add, outbox_deliver
+from .runs import EXECUTE, run_finish_cancel_if_idle, run_transition
+
+log = logging.getLogger("warden.recovery")
+BATCH = 200
+
+
+def _seconds_ago(now, seconds: float):
+    return now - timezone.timedelta(seconds=seconds)
+
+
+def _skip_locked() -> dict:
+    return {"skip_locked": True} if connection.features.has_select_for_update_skip_locked else {}
+
+
+def _recovery_span(*, run_id: int, task_id: int | None, name: str, now, **attributes) -> None:
+    Span.objects.create(
+        run_id=run_id, task_id=task_id, kind=Span.Kind.RECOVERY, name=name, started_at=now, ended_at=now,
+        attributes=attributes,
+    )
+
+
+def expire_leases(now) -> int:
+    count = 0
+    expired = Task.objects.filter(status=Task.Status.RUNNING, lease_expires_at__lt=now).values_list("id", "run_id")[:BATCH]
+    for task_id, run_id in list(expired):
+        with transaction.atomic():
+            run = Run.objects.select_for_update().get(id=run_id)
+            task = Task.objects.select_for_update().get(id=task_id)
+            if task.status != Task.Status.RUNNING or task.lease_expires_at is None or task.lease_expires_at >= now:
+                continue  # renewed or finished meanwhile
+            _record_lease_expiry(task=task, now=now)
+            # A new token at once: the lost holder is fenced even before anyone claims the task.
+            Task.objects.filter(id=task.id).update(
+                fencing_token=F("fencing_token") + 1, lease_owner="", lease_expires_at=None
+            )
+            task.refresh_from_db()
+            if run.status == Run.Status.CANCELLING:
+                Task.objects.filter(id=task.id).update(status=Task.Status.CANCELLED, finished_at=now)
+                run_finish_cancel_if_idle(run=run, now=now)
+            elif task.recoveries > settings.WARDEN["MAX_RECOVERIES"]:
+                _fail_task(task=task, run=run, failure_class=Task.FailureClass.CRASH,
+                           reason=f"its worker was lost {task.recoveries} times", now=now)
+            else:
+                Task.objects.filter(id=task.id).update(status=Task.Status.READY, ready_at=now)
+                if run.status == Run.Status.RUNNING:
+                    outbox_add(actor=EXECUTE, kwargs={"run_id": run.id, "task_id": task.id})
+            count += 1
+    return count
+
+
+def resend_outbox(now) -> int:
+    with transaction.atomic():
+        rows = list(
+            Outbox.objects.select_for_update(**_skip_locked())
+            .filter(created_at__lt=_seconds_ago(now, settings.WARDEN["OUTBOX_RESEND_AFTER_SECONDS"]))
+            .order_by("id")[:BATCH]
+        )
+        return outbox_deliver(rows=rows) if rows else 0
+
+
+def redrive_ready(now) -> int:
+    """Ready tasks nobody picked up (a lost message, a restarted embedded server) get a new message."""
+    stale = _seconds_ago(now, settings.WARDEN["REDRIVE_AFTER_SECONDS"])
+    candidates = list(
+        Task.objects.filter(run__status=Run.Status.RUNNING, status=Task.Status.READY, ready_at__lt=stale)
+        .values_list("id", "run_id", "ready_at")[:BATCH]
+    ) + list(
+        Task.objects.filter(run__status=Run.Status.RUNNING, status=Task.Status.RETRY_WAIT, not_before__lt=stale)
+        .values_list("id", "run_id", "not_before")[:BATCH]
+    )
+    actor = dramatiq.get_broker().get_actor(EXECUTE)
+    sent = 0
+    for task_id, run_id, since in candidates:
+        # Compare-and-set on the timestamp: of several sweepers, one re-drives.
+        bumped = Task.objects.filter(id=task_id, ready_at=since).update(ready_at=now) if since else 0
+        if not bumped:
+            bumped = Task.objects.filter(id=task_id, status=Task.Status.RETRY_WAIT, not_before=since).update(not_before=now)
+        if bumped:
+            actor.send(run_id=run_id, task_id=task_id)
+            _recovery_span(run_id=run_id, task_id=task_id, name="re-driven: message lost", now=now, waited_since=str(since))
+            sent += 1
+    return sent
+
+
+def reap_cancelled(now) -> int:
+    """Cancellation is cooperative; past the grace period the reaper forces the final state."""
+    grace = _seconds_ago(now, settings.WARDEN["CANCEL_GRACE_SECONDS"])
+    reaped = 0
+    for run_id in list(Run.objects.filter(status=Run.Status.CANCELLING, cancel_requested_at__lt=grace).values_list("id", flat=True)[:BATCH]):
+        with transaction.atomic():
+            run = Run.objects.select_for_update().get(id=run_id)
+            if run.status != Run.Status.CANCELLING:
+                continue
+            stuck = list(run.tasks.select_for_update().exclude(status__in=Task.TERMINAL))
+            Task.objects.filter(id__in=[t.id for t in stuck]).update(
+                status=Task.Status.CANCELLED, status_reason="forced by the reaper after the grace period",
+                fencing_token=F("fencing_token") + 1, lease_owner="", lease_expires_at=None, finished_at=now,
+            )
+            Span.objects.filter(run=run, ended_at__isnull=True).exclude(kind=Span.Kind.RUN).update(
+                ended_at=now, status=Span.Status.ERROR
+            )
+            _recovery_span(run_id=run.id, task_id=None, name="reaper: forced cancellation", now=now,
+                           tasks=[t.key for t in stuck])
+            run_transition(run=run, to=Run.Status.CANCELLED, reason=run.status_reason, now=now)
+            reaped += 1
+    return reaped
+
+
+def stop_overdue(now) -> int:
+    overdue = 0
+    for run_id in list(Run.objects.filter(status=Run.Status.RUNNING, deadline__lt=now).values_list("id", flat=True)[:BATCH]):
+        with transaction.atomic():
+            run = Run.objects.select_for_update().get(id=run_id)
+            if run.status == Run.Status.RUNNING:
+                run_transition(run=run, to=Run.Status.NEEDS_ATTENTION, reason="run budget exceeded: deadline", now=now)
+                overdue += 1
+    return overdue
+
+
+def sweep_once() -> dict:
+    now = timezone.now()
+    return {
+        "leases_expired": expire_leases(now),
+        "outbox_resent": resend_outbox(now),
+        "tasks_redriven": redrive_ready(now),
+        "runs_reaped": reap_cancelled(now),
+        "runs_overdue": stop_overdue(now),
+    }
+
+
+class RecoverySweeper:
+    """Runs sweep_once every SWEEP_INTERVAL_SECONDS on a daemon thread."""
+
+    def __init__(self):
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._loop, name="warden-sweeper", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(settings.WARDEN["SWEEP_INTERVAL_SECONDS"]):
+            close_old_connections()
+            try:
+                done = sweep_once()
+                if any(done.values()):
+                    log.info("recovery sweep: %s", done)
+            except Exception:
+                log.exception("recovery sweep failed; next pass in %ss", settings.WARDEN["SWEEP_INTERVAL_SECONDS"])
+                connection.close()
+
+
+sweeper = RecoverySweeper()

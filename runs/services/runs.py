@@ -1,0 +1,175 @@
+"""Run-level services: start, cancel, resume, retry. The API, the admin and the actors all call these."""
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+from pydantic import ValidationError
+
+from agents.models import Agent, Workflow
+from agents.planning import plan_validate, pydantic_errors
+
+from ..errors import Conflict, InvalidInput, NotFound
+from ..models import Run, Span, Task
+from ..schemas import PLAN_OUTPUT_SCHEMA, BudgetIn, RunInputIn
+from ..transitions import check_run_transition, check_task_transition
+from .outbox import outbox_add
+
+EXECUTE = "execute_task"
+
+
+def run_transition(*, run: Run, to: str, reason: str = "", now=None) -> Run:
+    """Apply a run transition. Call inside transaction.atomic() with ``run`` locked (select_for_update)."""
+    check_run_transition(run.status, to)
+    now = now or timezone.now()
+    run.status, run.status_reason = to, reason
+    fields = ["status", "status_reason"]
+    if to in Run.TERMINAL:
+        run.finished_at = now
+        fields.append("finished_at")
+        Span.objects.filter(run=run, kind=Span.Kind.RUN, ended_at__isnull=True).update(
+            ended_at=now, status=Span.Status.OK if to == Run.Status.COMPLETED else Span.Status.ERROR
+        )
+    if to == Run.Status.CANCELLING:
+        run.cancel_requested_at = now
+        fields.append("cancel_requested_at")
+    run.save(update_fields=fields)
+    return run
+
+
+def task_set_ready(*, task: Task, now) -> None:
+    """Mark a task ready and send it to a worker. Call inside transaction.atomic()."""
+    check_task_transition(task.status, Task.Status.READY)
+    task.status, task.ready_at, task.status_reason = Task.Status.READY, now, ""
+    task.save(update_fields=["status", "ready_at", "status_reason"])
+    outbox_add(actor=EXECUTE, kwargs={"run_id": task.run_id, "task_id": task.id})
+
+
+def _budget_fields(budget: BudgetIn, now) -> dict:
+    return {
+        "max_steps": budget.max_steps,
+        "max_tokens": budget.max_tokens,
+        "max_tool_calls": budget.max_tool_calls,
+        "max_cost_micros": None if budget.max_cost_usd is None else round(budget.max_cost_usd * 1_000_000),
+        "deadline": None if budget.deadline_seconds is None else now + timezone.timedelta(seconds=budget.deadline_seconds),
+    }
+
+
+def tasks_create(*, run: Run, planned, agents: dict[str, Agent], depth: int) -> list[Task]:
+    """Create planned tasks of a run. Call inside transaction.atomic()."""
+    tasks = [
+        Task(
+            run=run, key=p.key, agent=agents[p.agent], objective=p.objective, depends_on=p.depends_on,
+            allowed_tools=list(agents[p.agent].allowed_tools), output_schema=agents[p.agent].output_schema,
+            max_attempts=agents[p.agent].max_attempts, max_steps=agents[p.agent].max_steps,
+            depth=depth, plan_version=run.plan_version,
+        )
+        for p in planned
+    ]
+    return Task.objects.bulk_create(tasks)
+
+
+def run_start(*, workflow: str, input: dict | None = None, budget: dict | None = None, goal: str = "", started_by=None) -> Run:
+    try:
+        wf = Workflow.objects.select_related("planner_agent").get(slug=workflow)
+    except Workflow.DoesNotExist:
+        raise InvalidInput(f"unknown workflow {workflow!r}", [{"field": "workflow", "message": "no such workflow"}]) from None
+    try:
+        run_input = RunInputIn.model_validate(input or {})
+    except ValidationError as exc:
+        raise InvalidInput("the run's input is invalid", pydantic_errors(exc, "input")) from exc
+    try:
+        limits = BudgetIn.model_validate({**wf.default_budget, **(budget or {})})
+    except ValidationError as exc:
+        raise InvalidInput("the budget is invalid", pydantic_errors(exc, "budget")) from exc
+    cfg = settings.WARDEN
+    max_tasks = wf.max_tasks or cfg["MAX_TASKS_PER_RUN"]
+    if wf.planner == Workflow.Planner.STATIC:
+        planned, agents = plan_validate(wf.tasks, max_tasks=max_tasks)
+    else:
+        if wf.planner_agent is None:
+            raise InvalidInput(f"workflow {workflow!r} has no planner agent")
+        planned, agents = plan_validate(
+            [{"key": "plan", "agent": wf.planner_agent.slug, "objective": f"Plan: {goal or wf.default_goal}"}],
+            max_tasks=max_tasks,
+        )
+
+    now = timezone.now()
+    with transaction.atomic():
+        run = Run.objects.create(
+            workflow=wf, goal=goal or wf.default_goal, input=run_input.model_dump(mode="json"),
+            status=Run.Status.RUNNING, started_at=now, started_by=started_by,
+            code_version=cfg["CODE_VERSION"], **_budget_fields(limits, now),
+        )
+        Span.objects.create(run=run, kind=Span.Kind.RUN, name=f"run {wf.slug}", status=Span.Status.RUNNING, started_at=now)
+        tasks = tasks_create(run=run, planned=planned, agents=agents, depth=0)
+        if wf.planner == Workflow.Planner.AGENT:
+            tasks[0].output_schema = PLAN_OUTPUT_SCHEMA
+            tasks[0].save(update_fields=["output_schema"])
+        for task in tasks:
+            if not task.depends_on:
+                task_set_ready(task=task, now=now)
+    return run
+
+
+def run_get(*, run_id: int) -> Run:
+    try:
+        return Run.objects.select_related("workflow").get(id=run_id)
+    except Run.DoesNotExist:
+        raise NotFound(f"run {run_id} does not exist") from None
+
+
+def run_cancel(*, run_id: int, reason: str = "cancelled by operator") -> Run:
+    """Queued work is cancelled at once; running attempts stop cooperatively between steps, and the
+    sweeper's reaper forces the final state after the grace period."""
+    now = timezone.now()
+    with transaction.atomic():
+        run = Run.objects.select_for_update().get(id=run_id)
+        run_transition(run=run, to=Run.Status.CANCELLING, reason=reason, now=now)
+        Task.objects.filter(run=run).exclude(status__in=[*Task.TERMINAL, Task.Status.RUNNING]).update(
+            status=Task.Status.CANCELLED, status_reason=reason, finished_at=now
+        )
+        run_finish_cancel_if_idle(run=run, now=now)
+    return run
+
+
+def run_finish_cancel_if_idle(*, run: Run, now) -> bool:
+    """A cancelling run with no running task is cancelled. Call with ``run`` locked."""
+    if run.status != Run.Status.CANCELLING or run.tasks.filter(status=Task.Status.RUNNING).exists():
+        return False
+    run_transition(run=run, to=Run.Status.CANCELLED, reason=run.status_reason, now=now)
+    return True
+
+
+def run_resume(*, run_id: int, reason: str = "resumed by operator") -> Run:
+    """Continue a run that needs attention, under the code version now deployed."""
+    now = timezone.now()
+    with transaction.atomic():
+        run = Run.objects.select_for_update().get(id=run_id)
+        run_transition(run=run, to=Run.Status.RUNNING, reason=reason, now=now)
+        run.code_version = settings.WARDEN["CODE_VERSION"]
+        run.save(update_fields=["code_version"])
+        for task in run.tasks.filter(Q(status=Task.Status.READY) | Q(status=Task.Status.RETRY_WAIT)):
+            if task.status == Task.Status.RETRY_WAIT:
+                task_set_ready(task=task, now=now)
+            else:
+                outbox_add(actor=EXECUTE, kwargs={"run_id": task.run_id, "task_id": task.id})
+    return run
+
+
+def task_retry(*, task_id: int, reason: str = "retried by operator") -> Task:
+    """Give a failed task one more attempt and resume its run if it was waiting for a human."""
+    now = timezone.now()
+    with transaction.atomic():
+        task = Task.objects.select_for_update().get(id=task_id)
+        run = Run.objects.select_for_update().get(id=task.run_id)
+        if run.is_terminal:
+            raise Conflict(f"run {run.id} is {run.status}; a task of a finished run cannot be retried")
+        check_task_transition(task.status, Task.Status.READY)
+        task.max_attempts = max(task.max_attempts, task.attempts + 1)
+        task.failure_class = ""
+        task.save(update_fields=["max_attempts", "failure_class"])
+        task_set_ready(task=task, now=now)
+        if run.status == Run.Status.NEEDS_ATTENTION:
+            run_transition(run=run, to=Run.Status.RUNNING, reason=reason, now=now)
+    return task
