@@ -6,8 +6,9 @@ from django.conf import settings
 
 from .services.execution import task_execute
 
-# Below the lease: a worker cannot outlive its lease unnoticed by Dramatiq either.
-TIME_LIMIT_MS = int(settings.WARDEN["LEASE_SECONDS"] * 900)
+# Below the lease, so Dramatiq interrupts a stuck attempt before another worker may take it over.
+# (It cannot interrupt blocking I/O: fencing is what makes a late worker harmless.)
+TIME_LIMIT_MS = int(1000 * (settings.WARDEN["ACTOR_TIME_LIMIT_SECONDS"] or settings.WARDEN["LEASE_SECONDS"] * 0.9))
 
 
 @dramatiq.actor(actor_name="execute_task", queue_name="warden", max_retries=0, time_limit=TIME_LIMIT_MS)

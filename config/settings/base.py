@@ -156,6 +156,8 @@ WARDEN = {
     "MAX_PLANNING_DEPTH": int(os.environ.get("WARDEN_MAX_PLANNING_DEPTH", 2)),
     # A worker that has run one attempt this long hands the rest to a fresh message between steps.
     "SLICE_SECONDS": _env_float("WARDEN_SLICE_SECONDS", 20),
+    # Dramatiq's time limit for an actor; defaults to 90% of the lease (see runs/actors.py).
+    "ACTOR_TIME_LIMIT_SECONDS": _env_float("WARDEN_ACTOR_TIME_LIMIT_SECONDS", 0),
     "EMBEDDED_WORKER_THREADS": int(os.environ.get("WARDEN_WORKER_THREADS", 4)),
     # Stamped on every run and compared before a resume: a run paused across a deploy is not resumed
     # silently under different code.

@@ -4,6 +4,9 @@ import os
 
 os.environ.setdefault("WARDEN_VAR_DIR", str(__import__("pathlib").Path(__file__).resolve().parents[2] / "var" / "test"))
 
+# Each test session has its own queues, which the worker processes it starts inherit.
+os.environ.setdefault("WARDEN_QUEUE_NAMESPACE", f"warden-test-{os.getpid()}")
+
 from .base import *  # noqa: E402,F401,F403
 from .base import DATABASES, VAR_DIR, WARDEN  # noqa: E402
 

@@ -19,6 +19,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
+from dramatiq.middleware import TimeLimitExceeded
 
 from agents.gateway import ModelRequest, ModelResponse, model_complete
 from agents.prompts import build_prompt
@@ -344,6 +345,8 @@ def _attempt(lease: Lease):
             task_usage.check_after_step("task")
     except StepFailure as exc:
         return _fail_or_retry(lease, exc)
+    except TimeLimitExceeded:
+        return _fail_or_retry(lease, TransientFailure("the attempt ran past the worker's time limit"))
 
 
 def _loop_guard(state: _LoopState, tool_call: dict) -> None:

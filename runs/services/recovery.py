@@ -155,16 +155,20 @@ class RecoverySweeper:
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        if self._thread is None or not self._thread.is_alive():
-            self._stop.clear()
-            self._thread = threading.Thread(target=self._loop, name="warden-sweeper", daemon=True)
-            self._thread.start()
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, args=(self._stop,), name="warden-sweeper", daemon=True)
+        self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=10)
+        self._thread = None
 
-    def _loop(self) -> None:
-        while not self._stop.wait(settings.WARDEN["SWEEP_INTERVAL_SECONDS"]):
+    def _loop(self, stop: threading.Event) -> None:
+        while not stop.wait(settings.WARDEN["SWEEP_INTERVAL_SECONDS"]):
             close_old_connections()
             try:
                 done = sweep_once()
@@ -173,6 +177,7 @@ class RecoverySweeper:
             except Exception:
                 log.exception("recovery sweep failed; next pass in %ss", settings.WARDEN["SWEEP_INTERVAL_SECONDS"])
                 connection.close()
+        connection.close()
 
 
 sweeper = RecoverySweeper()

@@ -1,0 +1,153 @@
+"""Fixtures shared by all tests: people, the demo workflows, an in-process worker, real processes."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import dramatiq
+import pytest
+from django.conf import settings
+from django.db import connection
+
+from agents.demo import load_demo_workflows
+
+ROOT = Path(__file__).resolve().parent.parent
+SQLITE = settings.DATABASES["default"]["ENGINE"].endswith("sqlite3")
+SCALED = bool(settings.REDIS_URL) and not SQLITE
+
+
+def pytest_collection_modifyitems(config, items):
+    require = os.environ.get("WARDEN_REQUIRE_SERVICES") == "1"
+    for item in items:
+        if "services" in item.keywords and not SCALED:
+            if require:
+                raise pytest.UsageError("WARDEN_REQUIRE_SERVICES=1 but DATABASE_URL/REDIS_URL do not point at PostgreSQL + Redis")
+            item.add_marker(pytest.mark.skip(reason="scaled mode only: run with DATABASE_URL=postgres://… REDIS_URL=redis://…"))
+        if "embedded" in item.keywords and not (SQLITE and not settings.REDIS_URL):
+            item.add_marker(pytest.mark.skip(reason="embedded mode only (SQLite, in-memory broker)"))
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if settings.REDIS_URL:
+        import redis
+
+        client = redis.Redis.from_url(settings.REDIS_URL)
+        namespace = os.environ["WARDEN_QUEUE_NAMESPACE"]
+        for key in client.scan_iter(f"{namespace}*"):
+            client.delete(key)
+
+
+def wait_for(predicate, *, timeout: float = 30, interval: float = 0.05, message: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {message}")
+
+
+@pytest.fixture
+def operator(django_user_model):
+    return django_user_model.objects.create_user(username="olivia", password="operator-pass-123")
+
+
+@pytest.fixture
+def demo(db):
+    load_demo_workflows()
+
+
+@pytest.fixture
+def demo_tx(transactional_db):
+    load_demo_workflows()
+
+
+@pytest.fixture
+def worker(transactional_db):
+    """Dramatiq worker threads and the recovery sweeper in this process, as the embedded server runs them."""
+    import runs.actors  # noqa: F401
+    from runs.services.recovery import sweeper
+
+    broker = dramatiq.get_broker()
+    if hasattr(broker, "flush_all"):
+        broker.flush_all()
+    w = dramatiq.Worker(broker, worker_threads=4, worker_timeout=50)
+    w.start()
+    yield w
+    w.stop()
+    sweeper.stop()
+    if hasattr(broker, "flush_all"):
+        broker.flush_all()
+
+
+def process_env(**extra) -> dict:
+    """Environment for a worker or server process that must use this test session's database and queues."""
+    env = dict(os.environ, DJANGO_SETTINGS_MODULE="config.settings.test", PYTHONUNBUFFERED="1")
+    db = connection.settings_dict
+    if SQLITE:
+        env.pop("DATABASE_URL", None)
+        env["WARDEN_SQLITE_PATH"] = str(db["NAME"])
+    else:
+        user = db.get("USER") or "postgres"
+        env["DATABASE_URL"] = f"postgres://{user}@{db.get('HOST') or '127.0.0.1'}:{db.get('PORT') or 5432}/{db['NAME']}"
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+class Processes:
+    """Starts real worker and server processes and makes sure none outlives the test."""
+
+    def __init__(self, tmp_path):
+        self.started: list[subprocess.Popen] = []
+        self.tmp_path = tmp_path
+
+    def _start(self, args, env, name):
+        log = open(self.tmp_path / f"{name}-{len(self.started)}.log", "w")
+        proc = subprocess.Popen(
+            [sys.executable, "manage.py", *args], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        proc.log_path = log.name
+        self.started.append(proc)
+        return proc
+
+    def worker(self, *, threads: int = 2, **env):
+        return self._start(["rundramatiq", "--processes", "1", "--threads", str(threads)], process_env(**env), "worker")
+
+    def server(self, *, port: int, **env):
+        return self._start(["serve", "--port", str(port), "--threads", "2"], process_env(**env), "server")
+
+    def children(self, proc) -> list[int]:
+        out = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout
+        return [int(pid) for pid in out.split()]
+
+    def log(self, proc) -> str:
+        return Path(proc.log_path).read_text()
+
+    def stop_all(self):
+        for proc in self.started:
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGCONT)
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                proc.wait(timeout=10)
+
+
+@pytest.fixture
+def processes(tmp_path):
+    procs = Processes(tmp_path)
+    yield procs
+    procs.stop_all()
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
