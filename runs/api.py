@@ -4,7 +4,7 @@ from datetime import datetime
 from typing import Any
 
 from django.db import transaction
-from ninja import Field, Router, Schema
+from ninja import Field, Router, Schema, Status
 
 from .models import Run
 from .schemas import BudgetIn
@@ -89,7 +89,7 @@ def create_run(request, payload: RunIn):
         workflow=payload.workflow, input=payload.input, goal=payload.goal,
         budget=payload.budget.model_dump(exclude_none=True), started_by=request.auth.user,
     )
-    return 201, run_out(run_get(run_id=run.id))
+    return Status(201, run_out(run_get(run_id=run.id)))
 
 
 @router.get("/runs/{run_id}", response=RunOut, summary="A run with its status, usage, budget and tasks")

@@ -40,6 +40,7 @@ class LeaseKeeper:
             with self._lock:
                 held = list(self._leases.items())
             if not held:
+                connection.close()  # idle: hold no database connection
                 continue
             close_old_connections()
             try:

@@ -79,6 +79,7 @@ def worker(transactional_db):
     yield w
     w.stop()
     sweeper.stop()
+    broker.middleware[:] = [m for m in broker.middleware if getattr(m, "worker", None) is not w]
     if hasattr(broker, "flush_all"):
         broker.flush_all()
 

@@ -507,22 +507,30 @@ def _finish(lease: Lease, run: Run, task: Task, state: _LoopState, response: Mod
                 from .runs import tasks_create
 
                 tasks_create(run=run_locked, planned=planned[0], agents=planned[1], depth=task.depth + 1)
-            return _advance(run_locked, owner=lease.owner, now=now)
+            try:
+                # The answer that crossed the budget is kept; nothing more starts.
+                run_usage.check_after_step("run")
+                over_budget = ""
+            except BudgetExceeded as exc:
+                over_budget = str(exc)
+            return _advance(run_locked, owner=lease.owner, now=now, stop_reason=over_budget)
     except LeaseLost:
         _quarantine(lease, task, step=step, body=body)
         return None
 
 
-def _advance(run: Run, *, owner: str, now):
+def _advance(run: Run, *, owner: str, now, stop_reason: str = ""):
     """Make tasks whose dependencies are done ready; claim one for this worker (the task-to-task hop
     without a broker round trip) and send the others; finish the run when all is done.
-    Call with the run locked."""
+    With ``stop_reason`` (a budget crossed), the run waits for a human instead. Call with the run locked."""
     tasks = list(Task.objects.filter(run=run).only("id", "key", "status", "depends_on", "run_id"))
     done = {t.key for t in tasks if t.status == Task.Status.COMPLETED}
     if all(t.status == Task.Status.COMPLETED for t in tasks):
         if run.status in (Run.Status.RUNNING, Run.Status.NEEDS_ATTENTION):
             run_transition(run=run, to=Run.Status.COMPLETED, reason="all tasks completed", now=now)
         return None
+    if stop_reason and run.status == Run.Status.RUNNING:
+        run_transition(run=run, to=Run.Status.NEEDS_ATTENTION, reason=stop_reason, now=now)
     newly_ready = [t for t in tasks if t.status == Task.Status.PENDING and all(d in done for d in t.depends_on)]
     for t in newly_ready:
         check_task_transition(t.status, Task.Status.READY)

@@ -1,0 +1,54 @@
+"""Every actor, fed each message twice (and again after the run ends), changes nothing the second time."""
+
+import time
+
+import dramatiq
+from django.forms.models import model_to_dict
+
+from runs.models import Artifact, Outbox, Run, Span, Task
+from runs.services import run_start
+from tools.models import SandboxCall
+
+
+def snapshot(run_ids):
+    return {
+        "runs": [model_to_dict(r) for r in Run.objects.filter(id__in=run_ids).order_by("id")],
+        "tasks": [model_to_dict(t) for t in Task.objects.filter(run_id__in=run_ids).order_by("id")],
+        "spans": list(Span.objects.filter(run_id__in=run_ids).order_by("id").values()),
+        "artifacts": list(Artifact.objects.filter(run_id__in=run_ids).order_by("id").values()),
+        "sandbox": list(SandboxCall.objects.order_by("id").values_list("id", flat=True)),
+        "outbox": list(Outbox.objects.order_by("id").values_list("id", flat=True)),
+    }
+
+
+def test_every_actor_fed_each_message_twice_changes_nothing_the_second_time(demo_tx, monkeypatch):
+    sent: list[Outbox] = []
+    # Hold messages here instead of a broker, so this test decides what is delivered and when.
+    monkeypatch.setattr("runs.services.outbox.outbox_deliver", lambda rows: sent.extend(rows))
+    broker = dramatiq.get_broker()
+    runs = [
+        run_start(workflow="deploy-review"),  # risk's transient failure: a delayed retry message
+        run_start(workflow="incident-fanout", input={"faults": [{"task": "worker-3", "call": 2, "mode": "transient"}]}),
+    ]
+    run_ids = [r.id for r in runs]
+    delivered, covered = [], set()
+    while sent:
+        message = sent.pop(0)
+        time.sleep(message.delay_ms / 1000)
+        fn = broker.get_actor(message.actor).fn
+        fn(**message.kwargs)
+        before, pending = snapshot(run_ids), len(sent)
+        fn(**message.kwargs)
+        assert snapshot(run_ids) == before, f"second delivery of {message.actor}{message.kwargs} changed the database"
+        assert len(sent) == pending, "second delivery sent messages"
+        delivered.append(message)
+        covered.add(message.actor)
+
+    assert [Run.objects.get(id=i).status for i in run_ids] == ["completed", "completed"]
+    assert covered == set(broker.get_declared_actors()), "an actor was not exercised"
+    # Out of order: every message again, after the runs finished.
+    before = snapshot(run_ids)
+    for message in delivered:
+        broker.get_actor(message.actor).fn(**message.kwargs)
+    assert snapshot(run_ids) == before
+    assert not sent

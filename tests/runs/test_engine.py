@@ -1,0 +1,229 @@
+"""The engine end to end with worker threads in this process: retries, budgets, journal replay,
+cancellation, recovery. Embedded mode runs exactly this way."""
+
+import time
+
+import pytest
+from django.test import override_settings
+
+from agents.models import Agent, Workflow
+from runs.models import Artifact, QuarantinedResult, Run, Span, Task
+from runs.services import run_cancel, run_resume, run_start, sweep_once, task_retry
+from tests.conftest import wait_for
+from tools.models import SandboxCall
+
+
+def finished(run, timeout=30) -> Run:
+    def check():
+        run.refresh_from_db()
+        return run.status not in (Run.Status.RUNNING, Run.Status.PENDING, Run.Status.CANCELLING)
+
+    wait_for(check, timeout=timeout, message=f"run {run.id} to stop")
+    return run
+
+
+def effects(tool):
+    return SandboxCall.objects.filter(tool=tool, is_effect=True)
+
+
+def scripted_workflow(slug, script, *, output_schema=None, tools=(), max_attempts=3, **agent):
+    a = Agent.objects.create(
+        slug=f"{slug}-agent", name=slug, script=script, allowed_tools=list(tools),
+        output_schema=output_schema or {"type": "object"}, max_attempts=max_attempts, **agent,
+    )
+    return Workflow.objects.create(slug=slug, name=slug, tasks=[{"key": "only", "agent": a.slug, "objective": "Do it"}])
+
+
+def test_deploy_review_completes_with_the_verdict(demo_tx, worker):
+    run = finished(run_start(workflow="deploy-review"))
+    assert run.status == Run.Status.COMPLETED
+    assert Artifact.objects.get(run=run, key="verify").content["verdict"].startswith("APPROVE — Deployment checkout@v43")
+    assert run.steps_used == 5 and run.tokens_used > 0 and run.cost_micros > 0
+    # usage of the run is the sum of its tasks' usage
+    assert run.tokens_used == sum(run.tasks.values_list("tokens_used", flat=True))
+
+
+def test_incident_fanout_is_planned_by_the_supervisor_and_summarised(demo_tx, worker):
+    run = finished(run_start(workflow="incident-fanout"))
+    assert run.status == Run.Status.COMPLETED, run.status_reason
+    keys = set(run.tasks.values_list("key", flat=True))
+    assert keys == {"plan", "summary", *(f"worker-{n}" for n in range(1, 6))}
+    assert effects("email.send").count() == 5
+    assert Task.objects.get(run=run, key="summary").depth == 1
+
+
+def test_transient_failure_at_call_4_replays_calls_1_to_3_from_the_journal(demo_tx, worker):
+    """Drill B1: no new effect reaches any system and call 4 reuses its idempotency key."""
+    run = finished(run_start(workflow="incident-fanout",
+                             input={"faults": [{"task": "worker-3", "call": 4, "mode": "transient"}]}))
+    assert run.status == Run.Status.COMPLETED, run.status_reason
+    w3 = Task.objects.get(run=run, key="worker-3")
+    assert w3.attempts == 2
+    calls = SandboxCall.objects.filter(idempotency_key__startswith=f"warden:{run.id}:worker-3:")
+    assert list(calls.values_list("tool", flat=True)) == ["crm.read", "tickets.create", "crm.update", "email.send"]
+    # attempt 2 made exactly one model call and one tool call: the e-mail and the final answer
+    second = Span.objects.filter(task=w3, attempt=2, step__isnull=False).order_by("step")
+    assert [(s.kind, s.name) for s in second] == [("tool_call", "email.send"), ("model_call", "scripted-1")]
+
+
+def test_timeout_after_commit_is_reconciled_so_exactly_one_email_exists(demo_tx, worker):
+    run = finished(run_start(workflow="incident-fanout",
+                             input={"faults": [{"task": "worker-3", "call": 4, "mode": "timeout_after_commit"}]}))
+    assert run.status == Run.Status.COMPLETED, run.status_reason
+    assert effects("email.send").filter(idempotency_key__contains=":worker-3:").count() == 1
+
+
+def test_permanent_tool_error_stops_the_run_for_a_human_without_retry(demo_tx, worker):
+    run = finished(run_start(workflow="incident-fanout",
+                             input={"faults": [{"task": "worker-3", "call": 4, "mode": "error"}]}))
+    assert run.status == Run.Status.NEEDS_ATTENTION
+    assert "worker-3 failed (permanent)" in run.status_reason
+    w3 = Task.objects.get(run=run, key="worker-3")
+    assert (w3.status, w3.attempts) == (Task.Status.FAILED, 1)
+    assert not effects("email.send").filter(idempotency_key__contains=":worker-3:").exists()
+    assert effects("tickets.create").filter(idempotency_key__contains=":worker-3:").count() == 1
+
+
+def test_overrun_budget_stops_the_run_as_needs_attention_naming_the_budget(demo_tx, worker):
+    run = finished(run_start(workflow="incident-fanout", budget={"max_tokens": 1500}))
+    assert run.status == Run.Status.NEEDS_ATTENTION
+    assert run.status_reason.startswith("run budget exceeded: tokens")
+    assert run.tokens_used > 1500
+    failed = list(run.tasks.filter(status=Task.Status.FAILED))
+    assert failed and all(t.failure_class == "budget" and t.attempts == 1 for t in failed)  # no retry
+    assert not run.tasks.filter(key="summary").exclude(status="pending").exists()
+
+
+def test_budget_crossed_by_a_final_answer_keeps_it_and_starts_nothing_more(demo_tx, worker):
+    run = finished(run_start(workflow="deploy-review", budget={"max_tokens": 150}))
+    assert run.status == Run.Status.NEEDS_ATTENTION
+    assert run.status_reason.startswith("run budget exceeded: tokens")
+    assert run.tasks.get(key="verify").status == Task.Status.PENDING
+
+
+def test_step_budget_stops_before_the_model_is_called(demo_tx, worker):
+    run = finished(run_start(workflow="deploy-review", budget={"max_steps": 2}))
+    assert run.status == Run.Status.NEEDS_ATTENTION
+    assert "steps" in run.status_reason
+    assert run.steps_used == 2
+
+
+def test_invalid_final_output_fails_without_retry(transactional_db, worker):
+    wf = scripted_workflow("bad-output", [{"final": {"verdict": 42}}],
+                           output_schema={"type": "object", "required": ["verdict"],
+                                          "properties": {"verdict": {"type": "string"}}})
+    run = finished(run_start(workflow=wf.slug))
+    task = run.tasks.get()
+    assert (task.status, task.failure_class, task.attempts) == ("failed", "validation", 1)
+    assert "output does not match the schema" in task.status_reason
+    assert not Artifact.objects.filter(run=run).exists()
+
+
+def test_loop_guard_stops_a_task_repeating_the_same_call(demo_tx, worker):
+    wf = scripted_workflow("looping", [{"tool": "deployments.read", "arguments": {"service": "checkout"}}],
+                           tools=["deployments.read"])
+    run = finished(run_start(workflow=wf.slug))
+    task = run.tasks.get()
+    assert task.failure_class == "loop"
+    assert SandboxCall.objects.filter(tool="deployments.read").count() == 2  # the third identical call never ran
+
+
+def test_a_tool_outside_the_allowlist_is_refused_back_to_the_model_and_not_called(demo_tx, worker):
+    wf = scripted_workflow("sneaky", [{"tool": "email.send", "arguments": {"to": "x@y.z", "subject": "s", "body": "b"}},
+                                      {"final": {"ok": "{last}"}}])
+    run = finished(run_start(workflow=wf.slug))
+    assert run.status == Run.Status.COMPLETED
+    result = Span.objects.get(run=run, kind="tool_call").body
+    assert result["error"]["code"] == "not_allowed"
+    assert not SandboxCall.objects.exists()
+
+
+def test_cancelled_run_reaches_cancelled_within_grace_even_if_the_worker_ignores_it(demo_tx, worker, settings):
+    wf = scripted_workflow("stubborn", [{"say": "not listening", "delay": 4}, {"final": {}}])
+    run = run_start(workflow=wf.slug)
+    wait_for(lambda: run.tasks.filter(status=Task.Status.RUNNING).exists(), message="the task to start")
+    started = time.monotonic()
+    run_cancel(run_id=run.id)
+    grace = settings.WARDEN["CANCEL_GRACE_SECONDS"]
+    wait_for(lambda: Run.objects.get(id=run.id).status == Run.Status.CANCELLED, timeout=grace + 2,
+             message="the reaper")
+    assert time.monotonic() - started < grace + 2
+    assert run.tasks.get().status == Task.Status.CANCELLED
+    # the stubborn worker's late step is quarantined, not applied
+    late = wait_for(lambda: QuarantinedResult.objects.filter(run=run).first(), timeout=6, message="the late step")
+    assert late.reason == QuarantinedResult.Reason.RUN_CANCELLED
+    assert not Span.objects.filter(run=run, step__isnull=False).exists()
+
+
+def test_cooperative_cancel_stops_between_steps(demo_tx, worker):
+    wf = scripted_workflow("polite", [{"say": "step", "delay": 0.3, "repeat": 50}, {"final": {}}])
+    run = run_start(workflow=wf.slug)
+    wait_for(lambda: run.tasks.filter(steps_used__gte=1).exists(), message="a first step")
+    run_cancel(run_id=run.id)
+    wait_for(lambda: Run.objects.get(id=run.id).status == Run.Status.CANCELLED, timeout=1.5,
+             message="cooperative cancel (before the reaper's grace)")
+    assert run.tasks.get().status_reason == "run cancelled"
+
+
+def test_lost_message_is_redriven_by_the_sweeper(demo_tx, monkeypatch):
+    monkeypatch.setattr("runs.services.outbox.outbox_deliver", lambda rows: 0)  # the broker lost everything
+    run = run_start(workflow="deploy-review")
+    assert sweep_once()["tasks_redriven"] == 0  # too early: the messages may still be on their way
+    Task.objects.filter(run=run).update(ready_at=run.created_at - __import__("datetime").timedelta(seconds=60))
+    sent = []
+    monkeypatch.setattr("dramatiq.Actor.send", lambda self, **kw: sent.append(kw))
+    assert sweep_once()["tasks_redriven"] == 2
+    assert sorted(m["task_id"] for m in sent) == sorted(run.tasks.filter(status="ready").values_list("id", flat=True))
+    assert Span.objects.filter(run=run, kind="recovery", name="re-driven: message lost").count() == 2
+
+
+def test_code_version_change_pauses_the_run_until_resumed(demo_tx, worker, settings):
+    run = run_start(workflow="deploy-review")
+    finished(run)
+    run2 = run_start(workflow="deploy-review")
+    Run.objects.filter(id=run2.id).update(code_version="warden-0.0.9")
+    finished(run2)
+    assert run2.status == Run.Status.NEEDS_ATTENTION
+    assert "code version changed from warden-0.0.9" in run2.status_reason
+    run_resume(run_id=run2.id)
+    assert finished(run2).status == Run.Status.COMPLETED
+
+
+def test_operator_retry_of_a_failed_task_resumes_the_run(demo_tx, worker):
+    run = finished(run_start(workflow="incident-fanout",
+                             input={"faults": [{"task": "worker-3", "call": 1, "mode": "error"}]}))
+    assert run.status == Run.Status.NEEDS_ATTENTION
+    Run.objects.filter(id=run.id).update(input={})  # the operator fixed the outside system
+    task_retry(task_id=Task.objects.get(run=run, key="worker-3").id)
+    assert finished(run).status == Run.Status.COMPLETED
+
+
+def test_planner_output_with_a_cycle_is_refused(transactional_db, worker):
+    Agent.objects.create(slug="w", name="w", script=[{"final": {}}])
+    planner = Agent.objects.create(slug="cyclic-planner", name="p", is_planner=True, max_attempts=1, script=[{"final": {"tasks": [
+        {"key": "a", "agent": "w", "objective": "a", "depends_on": ["b"]},
+        {"key": "b", "agent": "w", "objective": "b", "depends_on": ["a"]},
+    ]}}])
+    Workflow.objects.create(slug="cyclic", name="c", planner="agent", planner_agent=planner)
+    run = finished(run_start(workflow="cyclic"))
+    assert run.status == Run.Status.NEEDS_ATTENTION
+    assert "dependency cycle" in run.status_reason
+    assert list(run.tasks.values_list("key", flat=True)) == ["plan"]
+
+
+@override_settings()
+def test_concurrent_tasks_per_run_are_capped(transactional_db, worker, settings):
+    settings.WARDEN = {**settings.WARDEN, "MAX_CONCURRENT_TASKS_PER_RUN": 2}
+    a = Agent.objects.create(slug="sleepy", name="s", script=[{"say": "z", "delay": 0.3}, {"final": {}}])
+    Workflow.objects.create(slug="wide", name="w", tasks=[{"key": f"t{i}", "agent": a.slug, "objective": "x"} for i in range(5)])
+    run = run_start(workflow="wide")
+    peak = 0
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        peak = max(peak, run.tasks.filter(status=Task.Status.RUNNING).count())
+        run.refresh_from_db()
+        if run.status == Run.Status.COMPLETED:
+            break
+        time.sleep(0.02)
+    assert run.status == Run.Status.COMPLETED
+    assert peak == 2
