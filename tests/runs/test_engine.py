@@ -84,14 +84,16 @@ def test_permanent_tool_error_stops_the_run_for_a_human_without_retry(demo_tx, w
     assert effects("tickets.create").filter(idempotency_key__contains=":worker-3:").count() == 1
 
 
-def test_overrun_budget_stops_the_run_as_needs_attention_naming_the_budget(demo_tx, worker):
-    run = finished(run_start(workflow="incident-fanout", budget={"max_tokens": 1500}))
+def test_overrun_budget_stops_the_run_as_needs_attention_naming_the_budget(transactional_db, worker):
+    wf = scripted_workflow("chatty", [{"say": "thinking out loud " * 20, "repeat": 20}, {"final": {}}])
+    run = finished(run_start(workflow=wf.slug, budget={"max_tokens": 300}))
     assert run.status == Run.Status.NEEDS_ATTENTION
-    assert run.status_reason.startswith("run budget exceeded: tokens")
-    assert run.tokens_used > 1500
-    failed = list(run.tasks.filter(status=Task.Status.FAILED))
-    assert failed and all(t.failure_class == "budget" and t.attempts == 1 for t in failed)  # no retry
-    assert not run.tasks.filter(key="summary").exclude(status="pending").exists()
+    assert run.status_reason.startswith("run budget exceeded: tokens (")
+    assert run.status_reason.endswith(" of 300)")
+    assert run.tokens_used > 300
+    task = run.tasks.get()
+    assert (task.status, task.failure_class, task.attempts) == ("failed", "budget", 1)  # no retry
+    assert task.steps_used < 20  # stopped at the step that crossed the budget
 
 
 def test_budget_crossed_by_a_final_answer_keeps_it_and_starts_nothing_more(demo_tx, worker):
