@@ -168,7 +168,8 @@ class Span(models.Model):
         ERROR = "error"
         QUARANTINED = "quarantined"
 
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="spans")
+    # No index of its own: the (run, kind) index serves lookups by run.
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="spans", db_index=False)
     task = models.ForeignKey(Task, null=True, blank=True, on_delete=models.CASCADE, related_name="spans")
     parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.CASCADE, related_name="children")
     kind = models.CharField(max_length=16, choices=Kind.choices)
@@ -184,7 +185,9 @@ class Span(models.Model):
     cost_micros = models.PositiveBigIntegerField(default=0)
     attributes = models.JSONField(default=dict, blank=True)
     body = models.JSONField(null=True, blank=True, help_text="Journaled response or result (small ones)")
-    payload = models.ForeignKey(Payload, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    payload = models.ForeignKey(
+        Payload, null=True, blank=True, on_delete=models.SET_NULL, related_name="+", db_index=False
+    )
 
     class Meta:
         ordering = ["id"]

@@ -5,6 +5,7 @@ was taken over can change nothing: what it brings back is quarantined. Lock orde
 then task rows, so concurrent completions, claims and steps of one run never deadlock.
 """
 
+import functools
 import json
 import logging
 import os
@@ -49,6 +50,8 @@ class Lease:
     attempt: int
     span_id: int
     owner: str
+    task_span_id: int | None = None
+    fresh: bool = False  # a first attempt: nothing journaled yet
     claimed_at: float = field(default_factory=time.monotonic)
 
 
@@ -95,14 +98,15 @@ class Usage:
 _USAGE_COLUMNS = "status, steps_used, tokens_used, tool_calls_used, cost_micros, max_steps, max_tokens, max_tool_calls, max_cost_micros"
 
 
-def _add_usage(table: str, row_id: int, *, steps: int, tokens: int, tool_calls: int, cost: int, extra_where: str = "", extra_params=()) -> Usage | None:
+def _add_usage(table: str, row_id: int, *, steps: int, tokens: int, tool_calls: int, cost: int,
+               extra_set: str = "", extra_set_params=(), extra_where: str = "", extra_params=()) -> Usage | None:
     """Add usage to a run or task row and return its new totals (UPDATE … RETURNING, one round trip)."""
     with connection.cursor() as cursor:
         cursor.execute(
             f"UPDATE {table} SET steps_used = steps_used + %s, tokens_used = tokens_used + %s, "
-            f"tool_calls_used = tool_calls_used + %s, cost_micros = cost_micros + %s "
+            f"tool_calls_used = tool_calls_used + %s, cost_micros = cost_micros + %s {extra_set} "
             f"WHERE id = %s {extra_where} RETURNING {_USAGE_COLUMNS}",
-            [steps, tokens, tool_calls, cost, row_id, *extra_params],
+            [steps, tokens, tool_calls, cost, *extra_set_params, row_id, *extra_params],
         )
         row = cursor.fetchone()
     return None if row is None else Usage(*row)
@@ -134,25 +138,27 @@ def _claim(task: Task, *, owner: str, now) -> Lease | None:
     )
     if claimed != 1:
         return None
-    task_span = None
-    if attempt == 1 and not continuing:
-        task_span = Span.objects.create(
-            run_id=task.run_id, task=task, kind=Span.Kind.TASK, name=f"task {task.key}",
+    fresh = attempt == 1 and not continuing
+    if fresh:
+        task_span_id = Span.objects.create(
+            run_id=task.run_id, task_id=task.id, kind=Span.Kind.TASK, name=f"task {task.key}",
             status=Span.Status.RUNNING, started_at=now, attributes={"agent": task.agent_id},
-        )
+        ).id
+    else:
+        task_span_id = Span.objects.filter(task_id=task.id, kind=Span.Kind.TASK).values_list("id", flat=True).first()
     if continuing:
         span_id = (
-            Span.objects.filter(task=task, kind=Span.Kind.ATTEMPT, attempt=attempt).values_list("id", flat=True).last()
+            Span.objects.filter(task_id=task.id, kind=Span.Kind.ATTEMPT, attempt=attempt)
+            .values_list("id", flat=True).last()
         )
     else:
-        if task_span is None:
-            task_span = Span.objects.filter(task=task, kind=Span.Kind.TASK).only("id").first()
         span_id = Span.objects.create(
-            run_id=task.run_id, task=task, parent=task_span, kind=Span.Kind.ATTEMPT, name=f"attempt {attempt}",
-            status=Span.Status.RUNNING, attempt=attempt, fencing_token=token, started_at=now,
-            attributes={"worker": owner},
+            run_id=task.run_id, task_id=task.id, parent_id=task_span_id, kind=Span.Kind.ATTEMPT,
+            name=f"attempt {attempt}", status=Span.Status.RUNNING, attempt=attempt, fencing_token=token,
+            started_at=now, attributes={"worker": owner},
         ).id
-    return Lease(task_id=task.id, run_id=task.run_id, token=token, attempt=attempt, span_id=span_id, owner=owner)
+    return Lease(task_id=task.id, run_id=task.run_id, token=token, attempt=attempt, span_id=span_id, owner=owner,
+                 task_span_id=task_span_id, fresh=fresh)
 
 
 def _start_crash_due(run: Run, task: Task) -> bool:
@@ -300,7 +306,7 @@ def _load_journal(task_id: int) -> list[dict]:
 def _attempt(lease: Lease):
     task = Task.objects.select_related("agent", "run", "run__workflow").get(id=lease.task_id)
     run, agent = task.run, task.agent
-    state = _LoopState.replay(_load_journal(task.id))
+    state = _LoopState.replay([] if lease.fresh else _load_journal(task.id))
     deps = {
         a.task.key: a.content
         for a in Artifact.objects.filter(run=run, task__key__in=task.depends_on).select_related("task")
@@ -376,34 +382,80 @@ def _tool_step(lease: Lease, run: Run, task: Task, state: _LoopState):
     )
 
 
+_PG_JOURNAL_STEP = f"""
+WITH t AS (
+    UPDATE runs_task SET steps_used = steps_used + 1, tokens_used = tokens_used + %(tokens)s,
+        tool_calls_used = tool_calls_used + %(tool_calls)s, cost_micros = cost_micros + %(cost)s,
+        heartbeat_at = %(now)s
+    WHERE id = %(task)s AND fencing_token = %(token)s AND status = 'running'
+    RETURNING {_USAGE_COLUMNS}
+), r AS (
+    UPDATE runs_run SET steps_used = steps_used + 1, tokens_used = tokens_used + %(tokens)s,
+        tool_calls_used = tool_calls_used + %(tool_calls)s, cost_micros = cost_micros + %(cost)s
+    WHERE id = %(run)s AND EXISTS (SELECT 1 FROM t)
+    RETURNING {_USAGE_COLUMNS}
+), s AS (
+    INSERT INTO runs_span (run_id, task_id, parent_id, kind, name, status, attempt, step, fencing_token,
+        started_at, ended_at, tokens_in, tokens_out, cost_micros, attributes, body, payload_id)
+    SELECT %(run)s, %(task)s, %(parent)s, %(kind)s, %(name)s, 'ok', %(attempt)s, %(step)s, %(token)s,
+        %(started)s, %(now)s, %(tokens_in)s, %(tokens_out)s, %(cost)s, '{{}}'::jsonb, %(body)s::jsonb, NULL
+    WHERE EXISTS (SELECT 1 FROM t)
+    RETURNING id
+)
+SELECT r.*, t.* FROM r, t
+"""
+
+
 def _journal(lease: Lease, task: Task, *, step: int, kind: str, name: str, body, started, state: _LoopState,
              response: ModelResponse | None = None, tool_call: bool = False) -> tuple[Usage, Usage]:
-    """Journal one step and count it, in one transaction, as a compare-and-set on the lease."""
+    """Journal one step and count it on the task and the run, atomically, as a compare-and-set on the
+    lease. On PostgreSQL this is one statement (one round trip, one commit); elsewhere one transaction."""
     now = timezone.now()
-    tokens = (response.tokens_in + response.tokens_out) if response else 0
-    cost = response.cost_micros if response else 0
+    params = {
+        "run": lease.run_id, "task": lease.task_id, "token": lease.token, "parent": lease.span_id,
+        "attempt": lease.attempt, "step": step, "kind": kind, "name": name, "started": started, "now": now,
+        "tool_calls": int(tool_call),
+        "tokens": (response.tokens_in + response.tokens_out) if response else 0,
+        "tokens_in": response.tokens_in if response else 0, "tokens_out": response.tokens_out if response else 0,
+        "cost": response.cost_micros if response else 0,
+    }
+    body_json = json.dumps(body, default=str)
     try:
-        with transaction.atomic():
-            run_usage = _add_usage("runs_run", lease.run_id, steps=1, tokens=tokens, tool_calls=int(tool_call), cost=cost)
-            task_usage = _add_usage(
-                "runs_task", lease.task_id, steps=1, tokens=tokens, tool_calls=int(tool_call), cost=cost,
-                extra_where="AND fencing_token = %s AND status = %s", extra_params=(lease.token, Task.Status.RUNNING),
-            )
-            if task_usage is None:
+        if connection.vendor == "postgresql" and len(body_json) <= INLINE_BODY_LIMIT:
+            with connection.cursor() as cursor:
+                cursor.execute(_PG_JOURNAL_STEP, {**params, "body": body_json})
+                row = cursor.fetchone()
+            if row is None:
                 raise LeaseLost(f"task {lease.task_id}: token {lease.token} no longer holds the lease")
-            Task.objects.filter(id=lease.task_id).update(heartbeat_at=now, lease_expires_at=_lease_expiry(now))
-            Span.objects.create(
-                run_id=lease.run_id, task_id=lease.task_id, parent_id=lease.span_id, kind=kind, name=name,
-                attempt=lease.attempt, step=step, fencing_token=lease.token, started_at=started, ended_at=now,
-                tokens_in=response.tokens_in if response else 0, tokens_out=response.tokens_out if response else 0,
-                cost_micros=cost, **_body_fields(body),
-            )
+            width = len(Usage.__dataclass_fields__)
+            run_usage, task_usage = Usage(*row[:width]), Usage(*row[width:])
+        else:
+            run_usage, task_usage = _journal_generic(params, body)
     except LeaseLost:
         _quarantine(lease, task, step=step, body=body)
         raise
     entry = {"step": step, "kind": kind, "name": name, "body": body}
     state.journal.append(entry)
     state.apply(entry)
+    return run_usage, task_usage
+
+
+def _journal_generic(p: dict, body) -> tuple[Usage, Usage]:
+    with transaction.atomic():
+        task_usage = _add_usage(
+            "runs_task", p["task"], steps=1, tokens=p["tokens"], tool_calls=p["tool_calls"], cost=p["cost"],
+            extra_set=", heartbeat_at = %s", extra_set_params=(p["now"],),
+            extra_where="AND fencing_token = %s AND status = %s", extra_params=(p["token"], Task.Status.RUNNING),
+        )
+        if task_usage is None:
+            raise LeaseLost(f"task {p['task']}: token {p['token']} no longer holds the lease")
+        run_usage = _add_usage("runs_run", p["run"], steps=1, tokens=p["tokens"], tool_calls=p["tool_calls"], cost=p["cost"])
+        Span.objects.create(
+            run_id=p["run"], task_id=p["task"], parent_id=p["parent"], kind=p["kind"], name=p["name"],
+            attempt=p["attempt"], step=p["step"], fencing_token=p["token"], started_at=p["started"],
+            ended_at=p["now"], tokens_in=p["tokens_in"], tokens_out=p["tokens_out"], cost_micros=p["cost"],
+            **_body_fields(body),
+        )
     return run_usage, task_usage
 
 
@@ -439,12 +491,20 @@ def _lock_own_task(lease: Lease):
     return run, task
 
 
-def _close_spans(lease: Lease, task: Task, *, now, ok: bool, final: bool, reason: str = "") -> None:
+def _close_spans(lease: Lease, *, now, ok: bool, final: bool, reason: str = "") -> None:
+    """End the attempt's span (and, when the task is done, the task's span)."""
     status = Span.Status.OK if ok else Span.Status.ERROR
     attrs = {} if ok else {"error": reason[:2000]}
-    Span.objects.filter(id=lease.span_id).update(ended_at=now, status=status, attributes=attrs)
-    if final:
-        Span.objects.filter(task=task, kind=Span.Kind.TASK, ended_at__isnull=True).update(ended_at=now, status=status)
+    ids = [lease.span_id, lease.task_span_id] if final else [lease.span_id]
+    Span.objects.filter(id__in=[i for i in ids if i]).update(ended_at=now, status=status, attributes=attrs)
+
+
+@functools.lru_cache(maxsize=256)
+def _validator(schema_json: str):
+    schema = json.loads(schema_json)
+    validator_class = jsonschema.validators.validator_for(schema)
+    validator_class.check_schema(schema)
+    return validator_class(schema)
 
 
 def _finish(lease: Lease, run: Run, task: Task, state: _LoopState, response: ModelResponse, started):
@@ -452,7 +512,7 @@ def _finish(lease: Lease, run: Run, task: Task, state: _LoopState, response: Mod
     Returns the Lease of a successor this worker claimed for itself, if any."""
     output = response.final
     try:
-        jsonschema.validate(output, task.output_schema or {})
+        _validator(json.dumps(task.output_schema or {}, sort_keys=True)).validate(output)
     except jsonschema.ValidationError as exc:
         _journal(lease, task, step=state.next_step, kind=Span.Kind.MODEL_CALL, name=response.model,
                  body=response.as_journal(), started=started, response=response, state=state)
@@ -480,40 +540,51 @@ def _finish(lease: Lease, run: Run, task: Task, state: _LoopState, response: Mod
     body = response.as_journal()
     try:
         with transaction.atomic():
-            run_locked, _ = _lock_own_task(lease)
-            if run_locked.plan_version != task.plan_version:
+            # The usage update takes the run's row lock first (lock order: run, then tasks).
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    f"UPDATE runs_run SET steps_used = steps_used + 1, tokens_used = tokens_used + %s, "
+                    f"cost_micros = cost_micros + %s WHERE id = %s RETURNING {_USAGE_COLUMNS}, plan_version",
+                    [tokens, cost, run.id],
+                )
+                *usage, plan_version = cursor.fetchone()
+            run_usage = Usage(*usage)
+            if plan_version != task.plan_version:
                 raise LeaseLost("plan superseded")
-            run_usage = _add_usage("runs_run", run.id, steps=1, tokens=tokens, tool_calls=0, cost=cost)
-            _add_usage("runs_task", task.id, steps=1, tokens=tokens, tool_calls=0, cost=cost)
-            Span.objects.create(
-                run_id=run.id, task=task, parent_id=lease.span_id, kind=Span.Kind.MODEL_CALL, name=response.model,
-                attempt=lease.attempt, step=step, fencing_token=lease.token, started_at=started, ended_at=now,
-                tokens_in=response.tokens_in, tokens_out=response.tokens_out, cost_micros=cost, **_body_fields(body),
-            )
             if run_usage.status == Run.Status.CANCELLING:
                 raise LeaseLost("run cancelled")
             check_task_transition(Task.Status.RUNNING, Task.Status.COMPLETED)
-            Task.objects.filter(id=task.id).update(
-                status=Task.Status.COMPLETED, finished_at=now, lease_owner="", lease_expires_at=None, status_reason=""
+            completed = Task.objects.filter(id=task.id, fencing_token=lease.token, status=Task.Status.RUNNING).update(
+                status=Task.Status.COMPLETED, finished_at=now, lease_owner="", lease_expires_at=None, status_reason="",
+                steps_used=F("steps_used") + 1, tokens_used=F("tokens_used") + tokens, cost_micros=F("cost_micros") + cost,
+            )
+            if completed != 1:
+                raise LeaseLost(f"task {task.id}: token {lease.token} no longer holds the lease")
+            Span.objects.create(
+                run_id=run.id, task_id=task.id, parent_id=lease.span_id, kind=Span.Kind.MODEL_CALL, name=response.model,
+                attempt=lease.attempt, step=step, fencing_token=lease.token, started_at=started, ended_at=now,
+                tokens_in=response.tokens_in, tokens_out=response.tokens_out, cost_micros=cost, **_body_fields(body),
             )
             Artifact.objects.create(
-                run=run, task=task, key=task.key, schema=task.output_schema, content=output,
+                run_id=run.id, task_id=task.id, key=task.key, schema=task.output_schema, content=output,
                 provenance={"task": task.key, "agent": task.agent_id, "attempt": lease.attempt,
                             "fencing_token": lease.token, "model": response.model, "step": step,
                             "inputs": sorted(task.depends_on)},
             )
-            _close_spans(lease, task, now=now, ok=True, final=True)
+            _close_spans(lease, now=now, ok=True, final=True)
+            run.status = run_usage.status
             if planned is not None:
                 from .runs import tasks_create
 
-                tasks_create(run=run_locked, planned=planned[0], agents=planned[1], depth=task.depth + 1)
+                run.plan_version = plan_version
+                tasks_create(run=run, planned=planned[0], agents=planned[1], depth=task.depth + 1)
             try:
                 # The answer that crossed the budget is kept; nothing more starts.
                 run_usage.check_after_step("run")
                 over_budget = ""
             except BudgetExceeded as exc:
                 over_budget = str(exc)
-            return _advance(run_locked, owner=lease.owner, now=now, stop_reason=over_budget)
+            return _advance(run, owner=lease.owner, now=now, stop_reason=over_budget)
     except LeaseLost:
         _quarantine(lease, task, step=step, body=body)
         return None
@@ -523,17 +594,17 @@ def _advance(run: Run, *, owner: str, now, stop_reason: str = ""):
     """Make tasks whose dependencies are done ready; claim one for this worker (the task-to-task hop
     without a broker round trip) and send the others; finish the run when all is done.
     With ``stop_reason`` (a budget crossed), the run waits for a human instead. Call with the run locked."""
-    tasks = list(Task.objects.filter(run=run).only("id", "key", "status", "depends_on", "run_id"))
+    tasks = list(Task.objects.filter(run_id=run.id).values_list("id", "key", "status", "depends_on", named=True))
     done = {t.key for t in tasks if t.status == Task.Status.COMPLETED}
-    if all(t.status == Task.Status.COMPLETED for t in tasks):
+    if len(done) == len(tasks):
         if run.status in (Run.Status.RUNNING, Run.Status.NEEDS_ATTENTION):
             run_transition(run=run, to=Run.Status.COMPLETED, reason="all tasks completed", now=now)
         return None
     if stop_reason and run.status == Run.Status.RUNNING:
         run_transition(run=run, to=Run.Status.NEEDS_ATTENTION, reason=stop_reason, now=now)
     newly_ready = [t for t in tasks if t.status == Task.Status.PENDING and all(d in done for d in t.depends_on)]
-    for t in newly_ready:
-        check_task_transition(t.status, Task.Status.READY)
+    if newly_ready:
+        check_task_transition(Task.Status.PENDING, Task.Status.READY)
     if newly_ready:
         Task.objects.filter(id__in=[t.id for t in newly_ready]).update(status=Task.Status.READY, ready_at=now)
     if run.status != Run.Status.RUNNING:
@@ -583,7 +654,7 @@ def _fail_or_retry(lease: Lease, exc: StepFailure):
     try:
         with transaction.atomic():
             run, task = _lock_own_task(lease)
-            _close_spans(lease, task, now=now, ok=False, final=False, reason=reason)
+            _close_spans(lease, now=now, ok=False, final=False, reason=reason)
             retryable = isinstance(exc, TransientFailure) or exc.failure_class == "transient"
             if retryable and task.attempts < task.max_attempts + task.recoveries and run.status == Run.Status.RUNNING:
                 delay = retry_delay_seconds(task.attempts)

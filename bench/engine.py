@@ -1,0 +1,219 @@
+"""Engine benchmark on PostgreSQL + Redis with real `rundramatiq` workers.
+
+Prints each figure next to PostgreSQL's single-row-commit rate measured in the same run with the same
+number of clients (pgbench), as a ratio:
+  (1) one task of 1,000 journaled steps (1 worker thread vs the 1-client floor);
+  (2) 100 concurrent runs × 10 steps (4 worker threads in 2 processes vs the 4-client floor);
+  (3) a chain of 100 dependent one-step tasks: the task-to-task hop, p50/p99;
+and the workers' CPU per step (user + system time of the worker processes).
+
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/warden_bench REDIS_URL=redis://127.0.0.1:6379/0 \
+        .venv/bin/python bench/engine.py [--steps 1000] [--runs 100] [--chain 100]
+"""
+
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from urllib.parse import urlparse
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/warden_bench")
+os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/0")
+os.environ.setdefault("WARDEN_QUEUE_NAMESPACE", f"warden-bench-{os.getpid()}")
+os.environ["DJANGO_SETTINGS_MODULE"] = "config.settings.base"
+
+
+def ensure_database(url: str) -> None:
+    import psycopg
+
+    parts = urlparse(url)
+    name = parts.path.lstrip("/")
+    admin = psycopg.connect(host=parts.hostname, port=parts.port or 5432, user=parts.username or "postgres",
+                            dbname="postgres", autocommit=True)
+    admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    admin.execute(f'CREATE DATABASE "{name}"')
+    admin.close()
+
+
+def pg_commit_floor(url: str, clients: int, seconds: int = 5) -> float:
+    """Single-row INSERT commits per second with `clients` connections (pgbench)."""
+    import psycopg
+
+    parts = urlparse(url)
+    conn = psycopg.connect(url, autocommit=True)
+    conn.execute("CREATE TABLE IF NOT EXISTS bench_commit (id bigserial PRIMARY KEY, v integer)")
+    conn.close()
+    with tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False) as script:
+        script.write("INSERT INTO bench_commit (v) VALUES (1);\n")
+    out = subprocess.run(
+        ["pgbench", "-n", "-f", script.name, "-c", str(clients), "-j", str(clients), "-T", str(seconds),
+         "-h", parts.hostname, "-p", str(parts.port or 5432), "-U", parts.username or "postgres",
+         parts.path.lstrip("/")],
+        capture_output=True, text=True, check=True,
+    ).stdout
+    return float(re.search(r"tps = ([\d.]+)", out).group(1))
+
+
+def cpu_seconds(pids) -> float:
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick
+        except FileNotFoundError:
+            pass
+    return total
+
+
+class Workers:
+    def __init__(self, processes: int, threads: int):
+        self.proc = subprocess.Popen(
+            [sys.executable, "manage.py", "rundramatiq", "--processes", str(processes), "--threads", str(threads)],
+            cwd=ROOT, env=dict(os.environ), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + 30
+        while len(self.children()) < processes and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(1.0)  # let the workers declare their queues and boot
+
+    def children(self):
+        out = subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True, text=True).stdout
+        return [int(p) for p in out.split()]
+
+    def cpu(self) -> float:
+        return cpu_seconds(self.children())
+
+    def stop(self):
+        import signal
+
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+
+
+def setup_workflows(steps: int, run_steps: int, chain: int):
+    from agents.models import Agent, Workflow
+
+    long = Agent.objects.create(slug="bench-long", name="long", script=[
+        {"say": "step {turn}", "repeat": steps - 1}, {"final": {"done": True}}])
+    short = Agent.objects.create(slug="bench-short", name="short", script=[
+        {"say": "step {turn}", "repeat": run_steps - 1}, {"final": {"done": True}}])
+    hop = Agent.objects.create(slug="bench-hop", name="hop", script=[{"final": {"done": True}}])
+    Workflow.objects.create(slug="bench-long", name="long", tasks=[{"key": "t", "agent": long.slug, "objective": "go"}])
+    Workflow.objects.create(slug="bench-short", name="short", tasks=[{"key": "t", "agent": short.slug, "objective": "go"}])
+    Workflow.objects.create(slug="bench-chain", name="chain", max_tasks=chain, tasks=[
+        {"key": f"t{i}", "agent": hop.slug, "objective": "hop", "depends_on": [f"t{i - 1}"] if i else []}
+        for i in range(chain)])
+
+
+def wait_done(run_ids, timeout=600):
+    from runs.models import Run
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        statuses = list(Run.objects.filter(id__in=run_ids).values_list("status", flat=True))
+        if all(s in Run.TERMINAL or s == Run.Status.NEEDS_ATTENTION for s in statuses):
+            bad = [s for s in statuses if s != Run.Status.COMPLETED]
+            if bad:
+                raise SystemExit(f"benchmark runs did not complete: {bad[:5]}")
+            return
+        time.sleep(0.05)
+    raise SystemExit("benchmark runs did not finish in time")
+
+
+def timed(workers: Workers, start_runs):
+    from runs.models import Run, Span
+
+    cpu0 = workers.cpu()
+    run_ids = start_runs()
+    wait_done(run_ids)
+    cpu = workers.cpu() - cpu0
+    runs = Run.objects.filter(id__in=run_ids)
+    first = min(r.started_at for r in runs)
+    last = max(r.finished_at for r in runs)
+    steps = Span.objects.filter(run_id__in=run_ids, step__isnull=False).count()
+    return run_ids, (last - first).total_seconds(), steps, cpu
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--runs", type=int, default=100)
+    parser.add_argument("--run-steps", type=int, default=10)
+    parser.add_argument("--chain", type=int, default=100)
+    args = parser.parse_args()
+
+    url = os.environ["DATABASE_URL"]
+    ensure_database(url)
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+    setup_workflows(args.steps, args.run_steps, args.chain)
+    from runs.models import Span, Task
+    from runs.services import run_start
+
+    print(f"measuring the PostgreSQL single-row-commit floor ({url.rsplit('@', 1)[-1]}) …", flush=True)
+    floor1 = pg_commit_floor(url, 1)
+    floor4 = pg_commit_floor(url, 4)
+
+    rows = []
+    workers = Workers(processes=1, threads=1)
+    try:
+        print(f"(1) one task of {args.steps} journaled steps …", flush=True)
+        _, elapsed, steps, cpu = timed(workers, lambda: [run_start(workflow="bench-long").id])
+        rate1 = steps / elapsed
+        cpu1 = cpu / steps * 1000
+        rows.append((f"(1) 1 task × {args.steps} steps, 1 worker thread", f"{rate1:,.0f} steps/s",
+                     f"1-client floor {floor1:,.0f} commits/s", f"{rate1 / floor1:.2f}×", "≥ 0.20×"))
+
+        print(f"(3) a chain of {args.chain} dependent one-step tasks …", flush=True)
+        (chain_run,), elapsed3, _, cpu3 = timed(workers, lambda: [run_start(workflow="bench-chain").id])
+        finished = dict(Task.objects.filter(run_id=chain_run).values_list("key", "finished_at"))
+        # The hop: from a task's completion to its successor's first model call.
+        started = dict(
+            Span.objects.filter(run_id=chain_run, kind="model_call", step=1).values_list("task__key", "started_at")
+        )
+        hops = sorted((started[f"t{i}"] - finished[f"t{i - 1}"]).total_seconds() * 1000 for i in range(1, args.chain))
+        p50, p99 = statistics.median(hops), hops[min(len(hops) - 1, int(len(hops) * 0.99))]
+    finally:
+        workers.stop()
+
+    workers = Workers(processes=2, threads=2)
+    try:
+        print(f"(2) {args.runs} concurrent runs × {args.run_steps} steps …", flush=True)
+        _, elapsed2, steps2, cpu2 = timed(
+            workers, lambda: [run_start(workflow="bench-short").id for _ in range(args.runs)]
+        )
+        rate2 = steps2 / elapsed2
+        rows.append((f"(2) {args.runs} runs × {args.run_steps} steps, 2×2 worker threads", f"{rate2:,.0f} steps/s",
+                     f"4-client floor {floor4:,.0f} commits/s", f"{rate2 / floor4:.2f}×", "≥ 0.06×"))
+    finally:
+        workers.stop()
+
+    rows.append((f"(3) chain of {args.chain} tasks: hop p50 / p99", f"{p50:.2f} / {p99:.2f} ms", "—", "—", "p50 ≤ 4 ms"))
+    rows.append(("worker CPU per step (1)", f"{cpu1:.3f} ms", "—", "—", "≤ 0.5 ms"))
+    rows.append(("worker CPU per step (2)", f"{cpu2 / steps2 * 1000:.3f} ms", "—", "—", "≤ 0.5 ms"))
+    rows.append(("worker CPU per task hop (3)", f"{cpu3 / args.chain * 1000:.3f} ms", "—", "—", "—"))
+
+    widths = [max(len(r[i]) for r in rows + [("figure", "value", "reference", "ratio", "goal")]) for i in range(5)]
+    print()
+    for row in [("figure", "value", "reference", "ratio", "goal"), tuple("-" * w for w in widths), *rows]:
+        print(" | ".join(cell.ljust(w) for cell, w in zip(row, widths)))
+
+
+if __name__ == "__main__":
+    main()
