@@ -43,6 +43,9 @@ class Run(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
+    held_back = models.PositiveIntegerField(
+        default=0, help_text="Ready tasks held back by the concurrency cap, to send when a slot frees"
+    )
 
     class Meta:
         ordering = ["-id"]
@@ -92,6 +95,9 @@ class Task(models.Model):
     agent = models.ForeignKey("agents.Agent", on_delete=models.PROTECT, related_name="tasks")
     objective = models.TextField()
     depends_on = models.JSONField(default=list, blank=True)
+    # Derived from depends_on when the tasks are created, so completing a task touches only its dependents.
+    dependents = models.JSONField(default=list, blank=True, help_text="Ids of the tasks that depend on this one")
+    pending_deps = models.PositiveIntegerField(default=0, help_text="Dependencies not completed yet")
     allowed_tools = models.JSONField(default=list, blank=True)
     output_schema = models.JSONField(default=dict, blank=True)
     depth = models.PositiveSmallIntegerField(default=0)

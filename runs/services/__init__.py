@@ -1,4 +1,5 @@
-from .execution import task_execute, task_reserve
+from .execution import task_execute
+from .leases import task_reserve
 from .recovery import sweep_once
 from .runs import run_cancel, run_get, run_resume, run_start, run_transition, task_retry
 

@@ -15,7 +15,8 @@ from django.db.models import F
 from django.utils import timezone
 
 from ..models import Outbox, Run, Span, Task
-from .execution import _fail_task, _record_lease_expiry
+from .completion import fail_task
+from .leases import record_lease_expiry
 from .outbox import outbox_add, outbox_deliver
 from .runs import EXECUTE, run_finish_cancel_if_idle, run_transition
 
@@ -47,7 +48,7 @@ def expire_leases(now) -> int:
             task = Task.objects.select_for_update().get(id=task_id)
             if task.status != Task.Status.RUNNING or task.lease_expires_at is None or task.lease_expires_at >= now:
                 continue  # renewed or finished meanwhile
-            _record_lease_expiry(task=task, now=now)
+            record_lease_expiry(task=task, now=now)
             # A new token at once: the lost holder is fenced even before anyone claims the task.
             Task.objects.filter(id=task.id).update(
                 fencing_token=F("fencing_token") + 1, lease_owner="", lease_expires_at=None
@@ -57,7 +58,7 @@ def expire_leases(now) -> int:
                 Task.objects.filter(id=task.id).update(status=Task.Status.CANCELLED, finished_at=now)
                 run_finish_cancel_if_idle(run=run, now=now)
             elif task.recoveries > settings.WARDEN["MAX_RECOVERIES"]:
-                _fail_task(task=task, run=run, failure_class=Task.FailureClass.CRASH,
+                fail_task(task=task, run=run, failure_class=Task.FailureClass.CRASH,
                            reason=f"its worker was lost {task.recoveries} times", now=now)
             else:
                 Task.objects.filter(id=task.id).update(status=Task.Status.READY, ready_at=now)

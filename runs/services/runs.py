@@ -55,18 +55,32 @@ def _budget_fields(budget: BudgetIn, now) -> dict:
     }
 
 
-def tasks_create(*, run: Run, planned, agents: dict[str, Agent], depth: int) -> list[Task]:
-    """Create planned tasks of a run. Call inside transaction.atomic()."""
-    tasks = [
-        Task(
+def tasks_create(*, run: Run, planned, agents: dict[str, Agent], depth: int, now) -> list[Task]:
+    """Create planned tasks of a run; those with nothing to wait for are created ready (the caller
+    sends them). Call inside transaction.atomic() with the run locked."""
+    existing = {t.key: t for t in run.tasks.all()} if run.pk else {}
+    done = {k for k, t in existing.items() if t.status == Task.Status.COMPLETED}
+    tasks = []
+    for p in planned:
+        waiting = len([d for d in p.depends_on if d not in done])
+        tasks.append(Task(
             run=run, key=p.key, agent=agents[p.agent], objective=p.objective, depends_on=p.depends_on,
             allowed_tools=list(agents[p.agent].allowed_tools), output_schema=agents[p.agent].output_schema,
             max_attempts=agents[p.agent].max_attempts, max_steps=agents[p.agent].max_steps,
-            depth=depth, plan_version=run.plan_version,
-        )
-        for p in planned
-    ]
-    return Task.objects.bulk_create(tasks)
+            depth=depth, plan_version=run.plan_version, pending_deps=waiting,
+            status=Task.Status.PENDING if waiting else Task.Status.READY, ready_at=None if waiting else now,
+        ))
+    created = Task.objects.bulk_create(tasks)
+    by_key = {**existing, **{t.key: t for t in created}}
+    upstream = {}
+    for task in created:
+        for dep in task.depends_on:
+            if dep not in done:
+                by_key[dep].dependents = [*by_key[dep].dependents, task.id]
+                upstream[dep] = by_key[dep]
+    if upstream:
+        Task.objects.bulk_update(list(upstream.values()), ["dependents"])
+    return created
 
 
 def run_start(*, workflow: str, input: dict | None = None, budget: dict | None = None, goal: str = "", started_by=None) -> Run:
@@ -102,13 +116,13 @@ def run_start(*, workflow: str, input: dict | None = None, budget: dict | None =
             code_version=cfg["CODE_VERSION"], **_budget_fields(limits, now),
         )
         Span.objects.create(run=run, kind=Span.Kind.RUN, name=f"run {wf.slug}", status=Span.Status.RUNNING, started_at=now)
-        tasks = tasks_create(run=run, planned=planned, agents=agents, depth=0)
+        tasks = tasks_create(run=run, planned=planned, agents=agents, depth=0, now=now)
         if wf.planner == Workflow.Planner.AGENT:
             tasks[0].output_schema = PLAN_OUTPUT_SCHEMA
             tasks[0].save(update_fields=["output_schema"])
         for task in tasks:
-            if not task.depends_on:
-                task_set_ready(task=task, now=now)
+            if task.status == Task.Status.READY:
+                outbox_add(actor=EXECUTE, kwargs={"run_id": run.id, "task_id": task.id})
     return run
 
 

@@ -1,0 +1,255 @@
+"""How an attempt ends: completed (artifact, DAG advanced), retried, failed, cancelled, yielded, or
+quarantined when it no longer holds its lease."""
+
+import functools
+import json
+import logging
+import random
+
+import jsonschema
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from ..errors import BudgetExceeded, LeaseLost, StepFailure, TransientFailure
+from ..models import QuarantinedResult, Run, Span, Task
+from ..transitions import check_task_transition
+from . import sql
+from .leases import CRASH, Lease, Usage, claim, start_crash_due
+from .outbox import outbox_add
+from .runs import EXECUTE, run_finish_cancel_if_idle, run_transition
+
+log = logging.getLogger("warden.engine")
+
+
+@functools.lru_cache(maxsize=256)
+def _validator(schema_json: str):
+    schema = json.loads(schema_json)
+    validator_class = jsonschema.validators.validator_for(schema)
+    validator_class.check_schema(schema)
+    return validator_class(schema)
+
+
+def output_validate(output, schema: dict) -> None:
+    try:
+        _validator(json.dumps(schema or {}, sort_keys=True)).validate(output)
+    except jsonschema.ValidationError as exc:
+        raise StepFailure(f"output does not match the schema: {exc.message} at {list(exc.absolute_path)}", "validation") from exc
+
+
+def quarantine(lease: Lease, task: Task, *, step: int | None, body) -> None:
+    """Record, without applying, what a worker brought back after losing its lease."""
+    current = Task.objects.select_related("run").get(id=lease.task_id)
+    if current.run.status in (Run.Status.CANCELLING, Run.Status.CANCELLED):
+        reason = QuarantinedResult.Reason.RUN_CANCELLED
+    elif current.plan_version != current.run.plan_version:
+        reason = QuarantinedResult.Reason.PLAN_SUPERSEDED
+    else:
+        reason = QuarantinedResult.Reason.LEASE_LOST
+    QuarantinedResult.objects.create(
+        run_id=lease.run_id, task_id=lease.task_id, reason=reason, fencing_token=lease.token,
+        plan_version=task.plan_version, step=step, body=body, worker=lease.owner,
+    )
+    log.warning("quarantined step %s of task %s (token %s): %s", step, lease.task_id, lease.token, reason)
+
+
+def task_finish(lease: Lease, run: Run, task: Task, *, step: int, response, started, planned=None):
+    """Journal the final answer, store the artifact and advance the DAG, in one transaction.
+    Returns the Lease of a successor this worker claimed for itself, if any."""
+    now = timezone.now()
+    tokens, cost = response.tokens_in + response.tokens_out, response.cost_micros
+    body = response.as_journal()
+    try:
+        with transaction.atomic():
+            # The usage update takes the run's row lock first (lock order: run, then tasks).
+            *usage, plan_version, held_back = sql.add_usage(
+                "runs_run", run.id, steps=1, tokens=tokens, tool_calls=0, cost=cost,
+                returning=f"{sql.USAGE_COLUMNS}, plan_version, held_back",
+            )
+            run_usage = Usage(*usage)
+            if plan_version != task.plan_version or run_usage.status == Run.Status.CANCELLING:
+                raise LeaseLost("plan superseded or run cancelled")
+            check_task_transition(Task.Status.RUNNING, Task.Status.COMPLETED)
+            completed = sql.execute(
+                "UPDATE runs_task SET status = %s, finished_at = %s, lease_owner = '', lease_expires_at = NULL, "
+                "status_reason = '', steps_used = steps_used + 1, tokens_used = tokens_used + %s, "
+                "cost_micros = cost_micros + %s WHERE id = %s AND fencing_token = %s AND status = %s",
+                [Task.Status.COMPLETED, sql.ts(now), tokens, cost, task.id, lease.token, Task.Status.RUNNING],
+            )
+            if completed != 1:
+                raise LeaseLost(f"task {task.id}: token {lease.token} no longer holds the lease")
+            sql.insert_span(
+                run_id=run.id, task_id=task.id, parent_id=lease.span_id, kind=Span.Kind.MODEL_CALL, name=response.model,
+                attempt=lease.attempt, step=step, fencing_token=lease.token, started_at=started, ended_at=now,
+                tokens_in=response.tokens_in, tokens_out=response.tokens_out, cost_micros=cost, body=body,
+            )
+            sql.execute(
+                "INSERT INTO runs_artifact (run_id, task_id, key, schema, content, provenance, verification, version, "
+                f"created_at) VALUES (%s, %s, %s, %s{sql.jsonb()}, %s{sql.jsonb()}, %s{sql.jsonb()}, %s, 1, %s)",
+                [run.id, task.id, task.key, sql.dumps(task.output_schema), sql.dumps(response.final),
+                 sql.dumps({"task": task.key, "agent": task.agent_id, "attempt": lease.attempt,
+                            "fencing_token": lease.token, "model": response.model, "step": step,
+                            "inputs": sorted(task.depends_on)}),
+                 "unverified", sql.ts(now)],
+            )
+            sql.end_spans([lease.span_id, lease.task_span_id], now=now, status=Span.Status.OK)
+            run.status = run_usage.status
+            new_ready = []
+            if planned is not None:
+                from .runs import tasks_create
+
+                run.plan_version = plan_version
+                created = tasks_create(run=run, planned=planned[0], agents=planned[1], depth=task.depth + 1, now=now)
+                new_ready = [t for t in created if t.status == Task.Status.READY]
+            try:
+                # The answer that crossed the budget is kept; nothing more starts.
+                run_usage.check_after_step("run")
+                over_budget = ""
+            except BudgetExceeded as exc:
+                over_budget = str(exc)
+            return _advance(run, completed=task, owner=lease.owner, now=now, also_ready=new_ready,
+                            stop_reason=over_budget, held_back=held_back)
+    except LeaseLost:
+        quarantine(lease, task, step=step, body=body)
+        return None
+
+
+def _advance(run: Run, *, completed: Task, owner: str, now, also_ready=(), stop_reason: str = "", held_back: int = 0):
+    """After ``completed`` finished: make its dependents whose dependencies are all done ready, claim one
+    for this worker (the task-to-task hop, without a broker round trip) and send the others; finish the
+    run when nothing is left. With ``stop_reason`` (a budget crossed) the run waits for a human instead.
+    Call with the run locked."""
+    ready = list(also_ready)
+    if completed.dependents:
+        check_task_transition(Task.Status.PENDING, Task.Status.READY)
+        ids = [int(i) for i in completed.dependents]
+        # SET expressions see the row before the update: pending_deps = 1 means this was the last one.
+        rows = sql.fetchall(
+            "UPDATE runs_task SET pending_deps = pending_deps - 1, "
+            "status = CASE WHEN pending_deps <= 1 THEN %s ELSE status END, "
+            "ready_at = CASE WHEN pending_deps <= 1 THEN %s ELSE ready_at END "
+            f"WHERE id IN ({', '.join(['%s'] * len(ids))}) AND status = %s "
+            "RETURNING id, status, key, fencing_token, attempts, continuing, agent_id",
+            [Task.Status.READY, sql.ts(now), *ids, Task.Status.PENDING],
+        )
+        ready += [
+            Task(id=r[0], run_id=run.id, status=r[1], key=r[2], fencing_token=r[3], attempts=r[4],
+                 continuing=bool(r[5]), agent_id=r[6])
+            for r in rows if r[1] == Task.Status.READY
+        ]
+    if not ready and not sql.fetchone(
+        "SELECT 1 FROM runs_task WHERE run_id = %s AND status <> %s LIMIT 1", [run.id, Task.Status.COMPLETED]
+    ):
+        if run.status in (Run.Status.RUNNING, Run.Status.NEEDS_ATTENTION):
+            run_transition(run=run, to=Run.Status.COMPLETED, reason="all tasks completed", now=now)
+        return None
+    if stop_reason and run.status == Run.Status.RUNNING:
+        run_transition(run=run, to=Run.Status.NEEDS_ATTENTION, reason=stop_reason, now=now)
+    if run.status != Run.Status.RUNNING:
+        return None  # paused: resume sends the ready ones
+    if held_back:  # a slot is free again for tasks the concurrency cap held back
+        Run.objects.filter(id=run.id).update(held_back=0)
+        seen = {t.id for t in ready}
+        ready += [t for t in Task.objects.filter(run_id=run.id, status=Task.Status.READY) if t.id not in seen]
+    mine = None
+    for candidate in ready:
+        if mine is None:
+            if start_crash_due(run.input, run.id, candidate.key):
+                # No message for it: no sibling thread may start it before this process dies.
+                # It stays ready and the sweeper of the next worker re-drives it.
+                mine = CRASH
+                continue
+            mine = claim(candidate, owner=owner, now=now)
+            if mine is not None:
+                continue
+        outbox_add(actor=EXECUTE, kwargs={"run_id": run.id, "task_id": candidate.id})
+    return mine
+
+
+def fail_task(*, task: Task, run: Run, failure_class: str, reason: str, now) -> None:
+    """Fail a task for good and hand its run to a human. Call with the run (and task) locked."""
+    check_task_transition(task.status, Task.Status.FAILED)
+    Task.objects.filter(id=task.id).update(
+        status=Task.Status.FAILED, failure_class=failure_class, status_reason=reason[:4000], finished_at=now,
+        lease_owner="", lease_expires_at=None,
+    )
+    Span.objects.filter(task=task, kind=Span.Kind.TASK, ended_at__isnull=True).update(
+        ended_at=now, status=Span.Status.ERROR, attributes={"error": reason[:2000]}
+    )
+    if run.status in (Run.Status.RUNNING, Run.Status.WAITING_FOR_APPROVAL):
+        what = reason if failure_class == "budget" else f"task {task.key} failed ({failure_class}): {reason}"
+        run_transition(run=run, to=Run.Status.NEEDS_ATTENTION, reason=what, now=now)
+
+
+def retry_delay_seconds(attempt: int) -> float:
+    """Exponential backoff with equal jitter and a cap."""
+    cfg = settings.WARDEN
+    ceiling = min(cfg["RETRY_CAP_SECONDS"], cfg["RETRY_BASE_SECONDS"] * 2 ** max(0, attempt - 1))
+    return ceiling / 2 + random.uniform(0, ceiling / 2)
+
+
+def _lock_own_task(lease: Lease):
+    """Lock the run, then check this lease still holds the task. Call inside transaction.atomic()."""
+    run = Run.objects.select_for_update().get(id=lease.run_id)
+    task = Task.objects.select_for_update().get(id=lease.task_id)
+    if task.fencing_token != lease.token or task.status != Task.Status.RUNNING:
+        raise LeaseLost(f"task {lease.task_id}: token {lease.token} no longer holds the lease")
+    return run, task
+
+
+def task_fail_or_retry(lease: Lease, exc: StepFailure) -> None:
+    """Transient failures retry with backoff while attempts remain; anything else fails the task."""
+    now = timezone.now()
+    reason = str(exc)
+    try:
+        with transaction.atomic():
+            run, task = _lock_own_task(lease)
+            sql.end_spans([lease.span_id], now=now, status=Span.Status.ERROR, attributes={"error": reason[:2000]})
+            retryable = isinstance(exc, TransientFailure) or exc.failure_class == "transient"
+            if retryable and task.attempts < task.max_attempts + task.recoveries and run.status == Run.Status.RUNNING:
+                delay = retry_delay_seconds(task.attempts)
+                check_task_transition(task.status, Task.Status.RETRY_WAIT)
+                Task.objects.filter(id=task.id).update(
+                    status=Task.Status.RETRY_WAIT, failure_class=exc.failure_class, status_reason=reason[:4000],
+                    not_before=now + timezone.timedelta(seconds=delay), lease_owner="", lease_expires_at=None,
+                )
+                outbox_add(actor=EXECUTE, kwargs={"run_id": run.id, "task_id": task.id}, delay_ms=int(delay * 1000))
+            elif run.status == Run.Status.CANCELLING:
+                _cancel_own(task, run, now)
+            else:
+                fail_task(task=task, run=run, failure_class=exc.failure_class, reason=reason, now=now)
+    except LeaseLost:
+        pass
+
+
+def _cancel_own(task: Task, run: Run, now) -> None:
+    check_task_transition(task.status, Task.Status.CANCELLED)
+    Task.objects.filter(id=task.id).update(
+        status=Task.Status.CANCELLED, status_reason="run cancelled", finished_at=now, lease_owner="", lease_expires_at=None
+    )
+    Span.objects.filter(task=task, ended_at__isnull=True).update(ended_at=now, status=Span.Status.ERROR)
+    run_finish_cancel_if_idle(run=run, now=now)
+
+
+def task_stop_cancelled(lease: Lease) -> None:
+    """Cooperative cancellation, checked between steps."""
+    try:
+        with transaction.atomic():
+            run, task = _lock_own_task(lease)
+            _cancel_own(task, run, timezone.now())
+    except LeaseLost:
+        pass
+
+
+def task_yield(lease: Lease) -> None:
+    """This attempt has run a whole slice: hand the rest to a fresh message (same attempt)."""
+    now = timezone.now()
+    try:
+        with transaction.atomic():
+            run, task = _lock_own_task(lease)
+            Task.objects.filter(id=task.id).update(
+                status=Task.Status.READY, continuing=True, ready_at=now, lease_owner="", lease_expires_at=None
+            )
+            outbox_add(actor=EXECUTE, kwargs={"run_id": run.id, "task_id": task.id})
+    except LeaseLost:
+        pass

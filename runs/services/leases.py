@@ -1,0 +1,220 @@
+"""Reserving an attempt: a lease with a fencing token incremented on every claim.
+
+Every later write of the attempt is a compare-and-set on that token, so a worker whose lease was
+taken over can change nothing. Lock order is always the run row, then task rows.
+"""
+
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from ..errors import BudgetExceeded
+from ..faults import fault_fire_once, faults_at
+from ..models import Run, Span, Task
+from . import sql
+from .runs import run_transition
+
+CRASH = "crash"
+
+
+def worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}"
+
+
+@dataclass
+class Lease:
+    task_id: int
+    run_id: int
+    token: int
+    attempt: int
+    span_id: int
+    owner: str
+    task_span_id: int | None = None
+    fresh: bool = False  # a first attempt: nothing journaled yet
+    claimed_at: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class Usage:
+    """A run's or task's usage and limits, as the last write returned them."""
+
+    status: str = ""
+    steps: int = 0
+    tokens: int = 0
+    tool_calls: int = 0
+    cost_micros: int = 0
+    max_steps: int | None = None
+    max_tokens: int | None = None
+    max_tool_calls: int | None = None
+    max_cost_micros: int | None = None
+
+    @classmethod
+    def of(cls, obj) -> "Usage":
+        return cls(
+            getattr(obj, "status", ""), obj.steps_used, obj.tokens_used, obj.tool_calls_used, obj.cost_micros,
+            obj.max_steps, obj.max_tokens, obj.max_tool_calls, obj.max_cost_micros,
+        )
+
+    def check_before_step(self, scope: str, *, tool_call: bool = False) -> None:
+        if self.max_steps is not None and self.steps >= self.max_steps:
+            raise BudgetExceeded("steps", self.steps, self.max_steps, scope)
+        if tool_call and self.max_tool_calls is not None and self.tool_calls >= self.max_tool_calls:
+            raise BudgetExceeded("tool_calls", self.tool_calls, self.max_tool_calls, scope)
+
+    def check_after_step(self, scope: str) -> None:
+        if self.max_tokens is not None and self.tokens > self.max_tokens:
+            raise BudgetExceeded("tokens", self.tokens, self.max_tokens, scope)
+        if self.max_cost_micros is not None and self.cost_micros > self.max_cost_micros:
+            raise BudgetExceeded(
+                "cost_usd", f"{self.cost_micros / 1e6:.6f}", f"{self.max_cost_micros / 1e6:.6f}", scope
+            )
+        if self.max_steps is not None and self.steps > self.max_steps:
+            raise BudgetExceeded("steps", self.steps, self.max_steps, scope)
+        if self.max_tool_calls is not None and self.tool_calls > self.max_tool_calls:
+            raise BudgetExceeded("tool_calls", self.tool_calls, self.max_tool_calls, scope)
+
+
+def lease_expiry(now):
+    return now + timezone.timedelta(seconds=settings.WARDEN["LEASE_SECONDS"])
+
+
+def claim(task: Task, *, owner: str, now) -> Lease | None:
+    """Move a claimable task to running under a new fencing token. Call with the run row locked.
+    ``task`` needs id, run_id, key, agent_id, status, fencing_token, attempts and continuing."""
+    continuing = bool(task.continuing)
+    attempt = task.attempts if continuing else task.attempts + 1
+    token = task.fencing_token + 1
+    claimed = sql.execute(
+        "UPDATE runs_task SET status = %s, attempts = %s, fencing_token = %s, lease_owner = %s, "
+        "lease_expires_at = %s, heartbeat_at = %s, continuing = %s, started_at = COALESCE(started_at, %s), "
+        "not_before = NULL WHERE id = %s AND fencing_token = %s AND status = %s",
+        [Task.Status.RUNNING, attempt, token, owner, sql.ts(lease_expiry(now)), sql.ts(now), False, sql.ts(now),
+         task.id, task.fencing_token, task.status],
+    )
+    if claimed != 1:
+        return None
+    fresh = attempt == 1 and not continuing
+    if fresh:
+        task_span_id = sql.insert_span(
+            run_id=task.run_id, task_id=task.id, kind=Span.Kind.TASK, name=f"task {task.key}",
+            status=Span.Status.RUNNING, started_at=now, attributes={"agent": task.agent_id},
+        )
+    else:
+        task_span_id = (sql.fetchone(
+            "SELECT id FROM runs_span WHERE task_id = %s AND kind = %s ORDER BY id LIMIT 1", [task.id, Span.Kind.TASK]
+        ) or [None])[0]
+    if continuing:
+        span_id = sql.fetchone(
+            "SELECT id FROM runs_span WHERE task_id = %s AND kind = %s AND attempt = %s ORDER BY id DESC LIMIT 1",
+            [task.id, Span.Kind.ATTEMPT, attempt],
+        )[0]
+    else:
+        span_id = sql.insert_span(
+            run_id=task.run_id, task_id=task.id, parent_id=task_span_id, kind=Span.Kind.ATTEMPT,
+            name=f"attempt {attempt}", status=Span.Status.RUNNING, attempt=attempt, fencing_token=token,
+            started_at=now, attributes={"worker": owner},
+        )
+    return Lease(task_id=task.id, run_id=task.run_id, token=token, attempt=attempt, span_id=span_id, owner=owner,
+                 task_span_id=task_span_id, fresh=fresh)
+
+
+def start_crash_due(run_input: dict, run_id: int, task_key: str) -> bool:
+    return CRASH in faults_at(run_input, task_key, at="start") and fault_fire_once(
+        run_id=run_id, task_key=task_key, point="start", mode=CRASH
+    )
+
+
+def task_reserve(*, run_id: int, task_id: int, owner: str):
+    """Reserve an attempt: lease, fencing token, attempt number and budget check, in one transaction.
+
+    Returns a Lease, None when there is nothing to do (a duplicate or stale message), or CRASH when a
+    drill fault says this worker dies before starting the task.
+    """
+    now = timezone.now()
+    with transaction.atomic():
+        run_row = sql.fetchone(
+            "SELECT r.status, r.code_version, (r.deadline IS NOT NULL AND r.deadline < %s), r.steps_used, "
+            "r.tokens_used, r.tool_calls_used, r.cost_micros, r.max_steps, r.max_tokens, r.max_tool_calls, "
+            "r.max_cost_micros, r.input, w.max_concurrent_tasks "
+            "FROM runs_run r JOIN agents_workflow w ON w.id = r.workflow_id WHERE r.id = %s" + sql.for_update("r"),
+            [sql.ts(now), run_id],
+        )
+        task_row = sql.fetchone(
+            "SELECT status, fencing_token, attempts, max_attempts, recoveries, continuing, key, agent_id, "
+            "(status = %s AND lease_expires_at < %s), (not_before IS NULL OR not_before <= %s) "
+            "FROM runs_task WHERE id = %s AND run_id = %s" + sql.for_update(),
+            [Task.Status.RUNNING, sql.ts(now), sql.ts(now), task_id, run_id],
+        )
+        if run_row is None or task_row is None:
+            return None
+        status, code_version, overdue, *usage, run_input, max_concurrent = run_row
+        t_status, token, attempts, max_attempts, recoveries, continuing, key, agent_id, expired, due = task_row
+        claimable = (
+            t_status == Task.Status.READY
+            or (t_status == Task.Status.RETRY_WAIT and due)
+            or (t_status == Task.Status.RUNNING and expired)
+        )
+        if not claimable or status != Run.Status.RUNNING:
+            return None  # a duplicate or stale message; a paused run is re-driven by its resume
+        problem = ""
+        if code_version != settings.WARDEN["CODE_VERSION"]:
+            problem = (f"code version changed from {code_version} to {settings.WARDEN['CODE_VERSION']}; "
+                       "resume to continue under it")
+        elif overdue:
+            problem = "run budget exceeded: deadline"
+        if problem:
+            run_transition(run=Run.objects.get(id=run_id), to=Run.Status.NEEDS_ATTENTION, reason=problem, now=now)
+            return None
+        try:
+            Usage(status, *usage).check_before_step("run")
+        except BudgetExceeded as exc:
+            from .completion import fail_task
+
+            fail_task(task=Task.objects.get(id=task_id), run=Run.objects.get(id=run_id),
+                      failure_class=exc.failure_class, reason=str(exc), now=now)
+            return None
+        running = sql.fetchone(
+            "SELECT COUNT(*) FROM runs_task WHERE run_id = %s AND status = %s AND id <> %s",
+            [run_id, Task.Status.RUNNING, task_id],
+        )[0]
+        if running >= (max_concurrent or settings.WARDEN["MAX_CONCURRENT_TASKS_PER_RUN"]):
+            # Held back: the next sibling to finish (or the sweeper) sends it again.
+            sql.execute("UPDATE runs_task SET ready_at = %s WHERE id = %s AND status = %s",
+                        [sql.ts(now), task_id, Task.Status.READY])
+            sql.execute("UPDATE runs_run SET held_back = held_back + 1 WHERE id = %s", [run_id])
+            return None
+        task = Task(id=task_id, run_id=run_id, status=t_status, fencing_token=token, attempts=attempts,
+                    continuing=bool(continuing), key=key, agent_id=agent_id)
+        if t_status == Task.Status.RUNNING:
+            record_lease_expiry(task=Task.objects.get(id=task_id), now=now)
+            recoveries += 1
+        if not continuing and attempts >= max_attempts + recoveries:
+            from .completion import fail_task
+
+            full = Task.objects.get(id=task_id)
+            fail_task(task=full, run=Run.objects.get(id=run_id), failure_class=full.failure_class or "permanent",
+                      reason=f"no attempts left ({attempts} made)", now=now)
+            return None
+        if start_crash_due(sql.loads(run_input), run_id, key):
+            return CRASH
+        return claim(task, owner=owner, now=now)
+
+
+def record_lease_expiry(*, task: Task, now) -> None:
+    """The trace's record that a worker lost this task's lease. Call with the task locked."""
+    Task.objects.filter(id=task.id).update(recoveries=task.recoveries + 1)
+    task.recoveries += 1
+    Span.objects.filter(task=task, kind=Span.Kind.ATTEMPT, ended_at__isnull=True).update(
+        ended_at=now, status=Span.Status.ERROR
+    )
+    Span.objects.create(
+        run_id=task.run_id, task=task, kind=Span.Kind.RECOVERY, name=f"lease expired: {task.key}",
+        started_at=now, ended_at=now,
+        attributes={"previous_owner": task.lease_owner, "fencing_token": task.fencing_token, "attempt": task.attempts},
+    )
