@@ -122,13 +122,13 @@ def _advance(run: Run, *, completed: Task, owner: str, now, also_ready=(), stop_
     ready = list(also_ready)
     if completed.dependents:
         check_task_transition(Task.Status.PENDING, Task.Status.READY)
-        ids = [int(i) for i in completed.dependents]
+        where, ids = sql.in_list("id", [int(i) for i in completed.dependents])
         # SET expressions see the row before the update: pending_deps = 1 means this was the last one.
         rows = sql.fetchall(
             "UPDATE runs_task SET pending_deps = pending_deps - 1, "
             "status = CASE WHEN pending_deps <= 1 THEN %s ELSE status END, "
             "ready_at = CASE WHEN pending_deps <= 1 THEN %s ELSE ready_at END "
-            f"WHERE id IN ({', '.join(['%s'] * len(ids))}) AND status = %s "
+            f"WHERE {where} AND status = %s "
             "RETURNING id, status, key, fencing_token, attempts, continuing, agent_id",
             [Task.Status.READY, sql.ts(now), *ids, Task.Status.PENDING],
         )

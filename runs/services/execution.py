@@ -120,11 +120,11 @@ def _load_context(lease: Lease) -> tuple[Run, Task, Agent, dict]:
     task.agent, task.run = agent, run
     deps = {}
     if task.depends_on:
-        marks = ", ".join(["%s"] * len(task.depends_on))
+        where, keys = sql.in_list("t.key", task.depends_on)
         for dep_key, content in sql.fetchall(
             "SELECT t.key, a.content FROM runs_artifact a JOIN runs_task t ON t.id = a.task_id "
-            f"WHERE a.run_id = %s AND t.key IN ({marks}) ORDER BY a.version",
-            [lease.run_id, *task.depends_on],
+            f"WHERE a.run_id = %s AND {where} ORDER BY a.version",
+            [lease.run_id, *keys],
         ):
             deps[dep_key] = sql.loads(content)
     return run, task, agent, deps

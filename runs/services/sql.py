@@ -38,22 +38,39 @@ def for_update(of: str = "") -> str:
     return f" FOR UPDATE OF {of}" if of else " FOR UPDATE"
 
 
-def fetchone(sql: str, params):
+def _run(sql: str, params, fetch):
+    if connection.vendor == "postgresql":
+        # A server-side-binding cursor on Django's own connection (same transaction), so PostgreSQL
+        # prepares each statement once: planning costs more than executing these small statements.
+        import psycopg
+
+        connection.ensure_connection()
+        with psycopg.Cursor(connection.connection) as cursor:
+            cursor.execute(sql, params, prepare=True)
+            return fetch(cursor)
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
-        return cursor.fetchone()
+        return fetch(cursor)
+
+
+def fetchone(sql: str, params):
+    return _run(sql, params, lambda c: c.fetchone())
 
 
 def fetchall(sql: str, params):
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        return cursor.fetchall()
+    return _run(sql, params, lambda c: c.fetchall())
 
 
 def execute(sql: str, params) -> int:
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        return cursor.rowcount
+    return _run(sql, params, lambda c: c.rowcount)
+
+
+def in_list(column: str, values) -> tuple[str, list]:
+    """``column IN (…)`` as one fixed statement text on PostgreSQL (= ANY(array)), so it stays prepared."""
+    values = list(values)
+    if connection.vendor == "postgresql":
+        return f"{column} = ANY(%s)", [values]
+    return f"{column} IN ({', '.join(['%s'] * len(values))})", values
 
 
 def insert_span(*, run_id: int, kind: str, name: str, started_at, task_id=None, parent_id=None, status="ok",
@@ -74,13 +91,13 @@ def end_spans(ids, *, now, status: str, attributes: dict | None = None) -> None:
     ids = [i for i in ids if i]
     if not ids:
         return
-    marks = ", ".join(["%s"] * len(ids))
+    where, values = in_list("id", ids)
     if attributes is None:
-        execute(f"UPDATE runs_span SET ended_at = %s, status = %s WHERE id IN ({marks})", [ts(now), status, *ids])
+        execute(f"UPDATE runs_span SET ended_at = %s, status = %s WHERE {where}", [ts(now), status, *values])
     else:
         execute(
-            f"UPDATE runs_span SET ended_at = %s, status = %s, attributes = %s{jsonb()} WHERE id IN ({marks})",
-            [ts(now), status, dumps(attributes), *ids],
+            f"UPDATE runs_span SET ended_at = %s, status = %s, attributes = %s{jsonb()} WHERE {where}",
+            [ts(now), status, dumps(attributes), *values],
         )
 
 
