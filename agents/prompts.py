@@ -22,5 +22,7 @@ def build_prompt(*, objective: str, output_schema: dict, dependencies: dict, jou
         if older > 0:
             parts.append(f"({older} earlier steps omitted)")
         for entry in journal[-RECENT_STEPS_IN_PROMPT:]:
-            parts.append(f"Step {entry['step']} {entry['kind']} {entry['name']}: {_preview(entry['body'])}")
+            if "preview" not in entry:  # computed once per step, not once per prompt
+                entry["preview"] = f"Step {entry['step']} {entry['kind']} {entry['name']}: {_preview(entry['body'])}"
+            parts.append(entry["preview"])
     return "\n".join(parts)

@@ -176,8 +176,15 @@ class Span(models.Model):
 
     # No index of its own: the (run, kind) index serves lookups by run.
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="spans", db_index=False)
-    task = models.ForeignKey(Task, null=True, blank=True, on_delete=models.CASCADE, related_name="spans")
-    parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.CASCADE, related_name="children")
+    task = models.ForeignKey(
+        Task, null=True, blank=True, on_delete=models.CASCADE, related_name="spans", db_index=False
+    )
+    # Spans go with their run (run and task cascade); the tree is built from a run's spans at once, so
+    # parent needs neither an index nor a constraint, which keeps the journal's insert lean.
+    parent = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.DO_NOTHING, related_name="children",
+        db_index=False, db_constraint=False,
+    )
     kind = models.CharField(max_length=16, choices=Kind.choices)
     name = models.CharField(max_length=200)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.OK)
@@ -203,7 +210,7 @@ class Span(models.Model):
                 fields=["task", "step"], condition=models.Q(step__isnull=False), name="span_one_journal_entry_per_step"
             )
         ]
-        indexes = [models.Index(fields=["run", "kind"])]
+        indexes = [models.Index(fields=["run", "kind"]), models.Index(fields=["task", "kind"])]
 
     def __str__(self) -> str:
         return f"{self.kind} {self.name}"

@@ -138,6 +138,9 @@ else:
     }
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 DRAMATIQ_AUTODISCOVER_MODULES = ["actors"]
+# An idle Redis consumer backs off up to twice this before it looks for messages again; Dramatiq's
+# default (1 s) would let a new run wait up to 2 s. Read by `rundramatiq` workers, which inherit it.
+os.environ.setdefault("dramatiq_worker_timeout", os.environ.get("WARDEN_QUEUE_POLL_MS", "100"))
 DRAMATIQ_TASKS_DATABASE = "default"
 
 # --- Engine ---------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ import random
 
 import jsonschema
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from ..errors import BudgetExceeded, LeaseLost, StepFailure, TransientFailure
@@ -53,76 +53,132 @@ def quarantine(lease: Lease, task: Task, *, step: int | None, body) -> None:
     log.warning("quarantined step %s of task %s (token %s): %s", step, lease.task_id, lease.token, reason)
 
 
+_PG_FINISH = f"""
+WITH r AS (
+    UPDATE runs_run SET steps_used = steps_used + 1, tokens_used = tokens_used + %(tokens)s,
+        cost_micros = cost_micros + %(cost)s
+    WHERE id = %(run)s
+    RETURNING {sql.USAGE_COLUMNS}, plan_version, held_back
+), t AS (
+    UPDATE runs_task SET status = 'completed', finished_at = %(now)s, lease_owner = '', lease_expires_at = NULL,
+        status_reason = '', steps_used = steps_used + 1, tokens_used = tokens_used + %(tokens)s,
+        cost_micros = cost_micros + %(cost)s
+    WHERE id = %(task)s AND fencing_token = %(token)s AND status = 'running'
+        AND EXISTS (SELECT 1 FROM r WHERE r.plan_version = %(plan)s AND r.status <> 'cancelling')
+    RETURNING id
+), s AS (
+    INSERT INTO runs_span (run_id, task_id, parent_id, kind, name, status, attempt, step, fencing_token,
+        started_at, ended_at, tokens_in, tokens_out, cost_micros, attributes, body, payload_id)
+    SELECT %(run)s, t.id, %(parent)s, 'model_call', %(model)s, 'ok', %(attempt)s, %(step)s, %(token)s,
+        %(started)s, %(now)s, %(tokens_in)s, %(tokens_out)s, %(cost)s, '{{}}'::jsonb, %(body)s::jsonb, NULL FROM t
+), a AS (
+    INSERT INTO runs_artifact (run_id, task_id, key, schema, content, provenance, verification, version, created_at)
+    SELECT %(run)s, t.id, %(key)s, %(schema)s::jsonb, %(content)s::jsonb, %(provenance)s::jsonb, 'unverified', 1,
+        %(now)s FROM t
+), e AS (
+    UPDATE runs_span SET ended_at = %(now)s, status = 'ok'
+    WHERE id = ANY(%(spans)s) AND EXISTS (SELECT 1 FROM t)
+), d AS (
+    UPDATE runs_task SET pending_deps = pending_deps - 1,
+        status = CASE WHEN pending_deps <= 1 THEN 'ready' ELSE status END,
+        ready_at = CASE WHEN pending_deps <= 1 THEN %(now)s ELSE ready_at END
+    WHERE id = ANY(%(dependents)s) AND status = 'pending' AND EXISTS (SELECT 1 FROM t)
+    RETURNING id, status, key, fencing_token, attempts, continuing, agent_id
+)
+SELECT r.*, (SELECT count(*) FROM t),
+    (SELECT coalesce(json_agg(json_build_array(id, status, key, fencing_token, attempts, continuing, agent_id)), '[]')
+     FROM d)
+FROM r
+"""
+
+
 def task_finish(lease: Lease, run: Run, task: Task, *, step: int, response, started, planned=None):
     """Journal the final answer, store the artifact and advance the DAG, in one transaction.
     Returns the Lease of a successor this worker claimed for itself, if any."""
     now = timezone.now()
     tokens, cost = response.tokens_in + response.tokens_out, response.cost_micros
     body = response.as_journal()
+    provenance = {"task": task.key, "agent": task.agent_id, "attempt": lease.attempt, "fencing_token": lease.token,
+                  "model": response.model, "step": step, "inputs": sorted(task.depends_on)}
+    check_task_transition(Task.Status.RUNNING, Task.Status.COMPLETED)
     try:
         with transaction.atomic():
-            # The usage update takes the run's row lock first (lock order: run, then tasks).
-            *usage, plan_version, held_back = sql.add_usage(
-                "runs_run", run.id, steps=1, tokens=tokens, tool_calls=0, cost=cost,
-                returning=f"{sql.USAGE_COLUMNS}, plan_version, held_back",
-            )
-            run_usage = Usage(*usage)
-            if plan_version != task.plan_version or run_usage.status == Run.Status.CANCELLING:
-                raise LeaseLost("plan superseded or run cancelled")
-            check_task_transition(Task.Status.RUNNING, Task.Status.COMPLETED)
-            completed = sql.execute(
-                "UPDATE runs_task SET status = %s, finished_at = %s, lease_owner = '', lease_expires_at = NULL, "
-                "status_reason = '', steps_used = steps_used + 1, tokens_used = tokens_used + %s, "
-                "cost_micros = cost_micros + %s WHERE id = %s AND fencing_token = %s AND status = %s",
-                [Task.Status.COMPLETED, sql.ts(now), tokens, cost, task.id, lease.token, Task.Status.RUNNING],
-            )
-            if completed != 1:
-                raise LeaseLost(f"task {task.id}: token {lease.token} no longer holds the lease")
-            sql.insert_span(
-                run_id=run.id, task_id=task.id, parent_id=lease.span_id, kind=Span.Kind.MODEL_CALL, name=response.model,
-                attempt=lease.attempt, step=step, fencing_token=lease.token, started_at=started, ended_at=now,
-                tokens_in=response.tokens_in, tokens_out=response.tokens_out, cost_micros=cost, body=body,
-            )
-            sql.execute(
-                "INSERT INTO runs_artifact (run_id, task_id, key, schema, content, provenance, verification, version, "
-                f"created_at) VALUES (%s, %s, %s, %s{sql.jsonb()}, %s{sql.jsonb()}, %s{sql.jsonb()}, %s, 1, %s)",
-                [run.id, task.id, task.key, sql.dumps(task.output_schema), sql.dumps(response.final),
-                 sql.dumps({"task": task.key, "agent": task.agent_id, "attempt": lease.attempt,
-                            "fencing_token": lease.token, "model": response.model, "step": step,
-                            "inputs": sorted(task.depends_on)}),
-                 "unverified", sql.ts(now)],
-            )
-            sql.end_spans([lease.span_id, lease.task_span_id], now=now, status=Span.Status.OK)
+            if connection.vendor == "postgresql":
+                # One statement for the whole completion: the task-to-task hop is mostly round trips.
+                *usage, plan_version, held_back, completed, ready_rows = sql.fetchone(_PG_FINISH, {
+                    "run": run.id, "task": task.id, "token": lease.token, "plan": task.plan_version,
+                    "tokens": tokens, "cost": cost, "now": now, "started": started, "parent": lease.span_id,
+                    "model": response.model, "attempt": lease.attempt, "step": step,
+                    "tokens_in": response.tokens_in, "tokens_out": response.tokens_out, "body": sql.dumps(body),
+                    "key": task.key, "schema": sql.dumps(task.output_schema), "content": sql.dumps(response.final),
+                    "provenance": sql.dumps(provenance), "spans": [i for i in (lease.span_id, lease.task_span_id) if i],
+                    "dependents": [int(i) for i in task.dependents],
+                })
+                if not completed:
+                    raise LeaseLost(f"task {task.id}: token {lease.token} no longer holds the lease")
+                ready = [_ready_task(run.id, r) for r in sql.loads(ready_rows) if r[1] == Task.Status.READY]
+                run_usage = Usage(*usage)
+            else:
+                run_usage, held_back, ready = _finish_generic(lease, run, task, step=step, response=response,
+                                                              started=started, now=now, body=body,
+                                                              provenance=provenance)
             run.status = run_usage.status
-            new_ready = []
             if planned is not None:
                 from .runs import tasks_create
 
-                run.plan_version = plan_version
                 created = tasks_create(run=run, planned=planned[0], agents=planned[1], depth=task.depth + 1, now=now)
-                new_ready = [t for t in created if t.status == Task.Status.READY]
+                ready += [t for t in created if t.status == Task.Status.READY]
             try:
                 # The answer that crossed the budget is kept; nothing more starts.
                 run_usage.check_after_step("run")
                 over_budget = ""
             except BudgetExceeded as exc:
                 over_budget = str(exc)
-            return _advance(run, completed=task, owner=lease.owner, now=now, also_ready=new_ready,
-                            stop_reason=over_budget, held_back=held_back)
+            return _advance(run, ready=ready, owner=lease.owner, now=now, stop_reason=over_budget, held_back=held_back)
     except LeaseLost:
         quarantine(lease, task, step=step, body=body)
         return None
 
 
-def _advance(run: Run, *, completed: Task, owner: str, now, also_ready=(), stop_reason: str = "", held_back: int = 0):
-    """After ``completed`` finished: make its dependents whose dependencies are all done ready, claim one
-    for this worker (the task-to-task hop, without a broker round trip) and send the others; finish the
-    run when nothing is left. With ``stop_reason`` (a budget crossed) the run waits for a human instead.
-    Call with the run locked."""
-    ready = list(also_ready)
-    if completed.dependents:
-        check_task_transition(Task.Status.PENDING, Task.Status.READY)
-        where, ids = sql.in_list("id", [int(i) for i in completed.dependents])
+def _ready_task(run_id: int, row) -> Task:
+    task_id, status, key, token, attempts, continuing, agent_id = row
+    return Task(id=task_id, run_id=run_id, status=status, key=key, fencing_token=token, attempts=attempts,
+                continuing=bool(continuing), agent_id=agent_id)
+
+
+def _finish_generic(lease: Lease, run: Run, task: Task, *, step, response, started, now, body, provenance):
+    tokens, cost = response.tokens_in + response.tokens_out, response.cost_micros
+    # The usage update takes the run's row lock first (lock order: run, then tasks).
+    *usage, plan_version, held_back = sql.add_usage(
+        "runs_run", run.id, steps=1, tokens=tokens, tool_calls=0, cost=cost,
+        returning=f"{sql.USAGE_COLUMNS}, plan_version, held_back",
+    )
+    run_usage = Usage(*usage)
+    if plan_version != task.plan_version or run_usage.status == Run.Status.CANCELLING:
+        raise LeaseLost("plan superseded or run cancelled")
+    completed = sql.execute(
+        "UPDATE runs_task SET status = %s, finished_at = %s, lease_owner = '', lease_expires_at = NULL, "
+        "status_reason = '', steps_used = steps_used + 1, tokens_used = tokens_used + %s, "
+        "cost_micros = cost_micros + %s WHERE id = %s AND fencing_token = %s AND status = %s",
+        [Task.Status.COMPLETED, sql.ts(now), tokens, cost, task.id, lease.token, Task.Status.RUNNING],
+    )
+    if completed != 1:
+        raise LeaseLost(f"task {task.id}: token {lease.token} no longer holds the lease")
+    sql.insert_span(
+        run_id=run.id, task_id=task.id, parent_id=lease.span_id, kind=Span.Kind.MODEL_CALL, name=response.model,
+        attempt=lease.attempt, step=step, fencing_token=lease.token, started_at=started, ended_at=now,
+        tokens_in=response.tokens_in, tokens_out=response.tokens_out, cost_micros=cost, body=body,
+    )
+    sql.execute(
+        "INSERT INTO runs_artifact (run_id, task_id, key, schema, content, provenance, verification, version, "
+        "created_at) VALUES (%s, %s, %s, %s, %s, %s, %s, 1, %s)",
+        [run.id, task.id, task.key, sql.dumps(task.output_schema), sql.dumps(response.final), sql.dumps(provenance),
+         "unverified", sql.ts(now)],
+    )
+    sql.end_spans([lease.span_id, lease.task_span_id], now=now, status=Span.Status.OK)
+    ready = []
+    if task.dependents:
+        where, ids = sql.in_list("id", [int(i) for i in task.dependents])
         # SET expressions see the row before the update: pending_deps = 1 means this was the last one.
         rows = sql.fetchall(
             "UPDATE runs_task SET pending_deps = pending_deps - 1, "
@@ -132,11 +188,14 @@ def _advance(run: Run, *, completed: Task, owner: str, now, also_ready=(), stop_
             "RETURNING id, status, key, fencing_token, attempts, continuing, agent_id",
             [Task.Status.READY, sql.ts(now), *ids, Task.Status.PENDING],
         )
-        ready += [
-            Task(id=r[0], run_id=run.id, status=r[1], key=r[2], fencing_token=r[3], attempts=r[4],
-                 continuing=bool(r[5]), agent_id=r[6])
-            for r in rows if r[1] == Task.Status.READY
-        ]
+        ready = [_ready_task(run.id, r) for r in rows if r[1] == Task.Status.READY]
+    return run_usage, held_back, ready
+
+
+def _advance(run: Run, *, ready: list, owner: str, now, stop_reason: str = "", held_back: int = 0):
+    """After a task completed, with its newly ``ready`` dependents: claim one for this worker (the
+    task-to-task hop, without a broker round trip) and send the others; finish the run when nothing is
+    left. With ``stop_reason`` (a budget crossed) the run waits for a human instead. Call with the run locked."""
     if not ready and not sql.fetchone(
         "SELECT 1 FROM runs_task WHERE run_id = %s AND status <> %s LIMIT 1", [run.id, Task.Status.COMPLETED]
     ):
