@@ -108,13 +108,10 @@ WARDEN_SCALED = bool(os.environ.get("REDIS_URL"))
 
 # --- Queue (Dramatiq) -----------------------------------------------------------------------------
 REDIS_URL = os.environ.get("REDIS_URL", "")
+# Only what the engine uses: every middleware runs on every message.
 _dramatiq_middleware = [
-    "dramatiq.middleware.AgeLimit",
     "dramatiq.middleware.TimeLimit",
-    "dramatiq.middleware.Callbacks",
     "dramatiq.middleware.Retries",  # present so actors can say max_retries=0: the engine retries
-    "dramatiq.middleware.Pipelines",
-    "dramatiq.middleware.ShutdownNotifications",
     "django_dramatiq.middleware.DbConnectionsMiddleware",
     "runs.middleware.RecoverySweeperMiddleware",
 ]

@@ -44,8 +44,11 @@ def _run(sql: str, params, fetch):
         # prepares each statement once: planning costs more than executing these small statements.
         import psycopg
 
+        # As Django's own cursor() does: a connection that failed its health check is replaced, and a
+        # driver error is raised as Django's and marks the connection for closing.
+        connection.close_if_health_check_failed()
         connection.ensure_connection()
-        with psycopg.Cursor(connection.connection) as cursor:
+        with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
             cursor.execute(sql, params, prepare=True)
             return fetch(cursor)
     with connection.cursor() as cursor:
