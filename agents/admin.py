@@ -1,4 +1,6 @@
-from django.contrib import admin
+from django.contrib import admin, messages
+
+from runs.errors import WardenError
 
 from .models import Agent, Workflow
 
@@ -15,3 +17,16 @@ class WorkflowAdmin(admin.ModelAdmin):
     list_display = ["slug", "name", "planner", "planner_agent", "max_tasks", "max_concurrent_tasks"]
     list_filter = ["planner"]
     search_fields = ["slug", "name", "description"]
+    actions = ["start_runs"]
+
+    @admin.action(description="Start a run of each selected workflow (default goal and budget)")
+    def start_runs(self, request, queryset):
+        from runs.services import run_start
+
+        for workflow in queryset:
+            try:
+                run = run_start(workflow=workflow.slug, started_by=request.user)
+            except WardenError as exc:
+                self.message_user(request, f"{workflow.slug}: {exc}", messages.ERROR)
+                continue
+            self.message_user(request, f"{workflow.slug}: started run {run.id}", messages.SUCCESS)

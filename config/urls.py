@@ -7,5 +7,6 @@ from .api import api
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/v1/", api.urls),
-    path("", RedirectView.as_view(url="/admin/", permanent=False)),
+    # Until the dashboard lands, the admin's run list is the cockpit.
+    path("", RedirectView.as_view(url="/admin/runs/run/", permanent=False)),
 ]
