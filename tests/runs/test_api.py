@@ -112,3 +112,10 @@ def test_tokens_are_stored_hashed_and_printed_once_by_the_command(operator, caps
     import hashlib
 
     assert stored.token_hash == hashlib.sha256(raw.encode()).hexdigest()
+
+
+def test_the_openapi_schema_is_browsable_and_describes_runs(client):
+    assert client.get("/api/v1/docs").status_code == 200
+    schema = client.get("/api/v1/openapi.json").json()
+    assert {"/api/v1/runs", "/api/v1/runs/{run_id}"} <= set(schema["paths"])
+    assert "bearer" in str(schema["components"]["securitySchemes"]).lower()
