@@ -16,13 +16,15 @@ if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     # A file, not memory: crash drills run real server processes that must see the same database.
     DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / "test.sqlite3")}
 
-WARDEN.update(
-    {
-        "RETRY_BASE_SECONDS": 0.05,
-        "RETRY_CAP_SECONDS": 0.5,
-        "REDRIVE_AFTER_SECONDS": 1.0,
-        "OUTBOX_RESEND_AFTER_SECONDS": 1.0,
-        "SWEEP_INTERVAL_SECONDS": 0.2,
-        "CANCEL_GRACE_SECONDS": 2.0,
-    }
-)
+# Short timings so recovery drills finish quickly; an explicit WARDEN_* variable still wins, so a test
+# can give the processes it starts other timings.
+for _key, _value in {
+    "RETRY_BASE_SECONDS": 0.05,
+    "RETRY_CAP_SECONDS": 0.5,
+    "REDRIVE_AFTER_SECONDS": 1.0,
+    "OUTBOX_RESEND_AFTER_SECONDS": 1.0,
+    "SWEEP_INTERVAL_SECONDS": 0.2,
+    "CANCEL_GRACE_SECONDS": 2.0,
+}.items():
+    if f"WARDEN_{_key}" not in os.environ:
+        WARDEN[_key] = _value

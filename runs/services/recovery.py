@@ -97,7 +97,7 @@ def redrive_ready(now) -> int:
             bumped = Task.objects.filter(id=task_id, status=Task.Status.RETRY_WAIT, not_before=since).update(not_before=now)
         if bumped:
             actor.send(run_id=run_id, task_id=task_id)
-            _recovery_span(run_id=run_id, task_id=task_id, name="re-driven: message lost", now=now, waited_since=str(since))
+            _recovery_span(run_id=run_id, task_id=task_id, name="re-driven: not picked up", now=now, waited_since=str(since))
             sent += 1
     return sent
 

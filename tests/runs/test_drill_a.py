@@ -94,3 +94,24 @@ def test_deploy_review_resumes_after_an_embedded_server_restart(demo_tx, operato
     processes.server(port=port)
     wait_for(lambda: Run.objects.get(id=run.id).is_terminal, timeout=60, message="the run to finish")
     assert_resumed_not_restarted(run, spans_before_restart=spans_before)
+
+
+@pytest.mark.embedded
+@pytest.mark.processes
+def test_a_graceful_restart_during_a_retry_backoff_loses_nothing(demo_tx, processes):
+    """The in-memory broker forgets the delayed retry; the restarted server's sweeper re-drives it."""
+    slow_backoff = {"WARDEN_RETRY_BASE_SECONDS": 4, "WARDEN_RETRY_CAP_SECONDS": 8}
+    run = run_start(workflow="deploy-review")
+    server = processes.server(port=free_port(), **slow_backoff)
+    wait_for(lambda: _task(run, "risk").status == Task.Status.RETRY_WAIT and _task(run, "inventory").status == "completed",
+             timeout=30, message="risk to wait for its retry")
+    server.send_signal(signal.SIGTERM)
+    assert server.wait(timeout=30) is not None
+    assert _task(run, "risk").status == Task.Status.RETRY_WAIT
+
+    processes.server(port=free_port(), **slow_backoff)
+    wait_for(lambda: Run.objects.get(id=run.id).is_terminal, timeout=60, message="the run to finish")
+    run.refresh_from_db()
+    assert run.status == Run.Status.COMPLETED
+    assert SandboxCall.objects.filter(system="deployments").count() == 1
+    assert _task(run, "risk").attempts == 2 and _task(run, "verify").attempts == 1

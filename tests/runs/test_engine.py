@@ -176,7 +176,7 @@ def test_lost_message_is_redriven_by_the_sweeper(demo_tx, monkeypatch):
     monkeypatch.setattr("dramatiq.Actor.send", lambda self, **kw: sent.append(kw))
     assert sweep_once()["tasks_redriven"] == 2
     assert sorted(m["task_id"] for m in sent) == sorted(run.tasks.filter(status="ready").values_list("id", flat=True))
-    assert Span.objects.filter(run=run, kind="recovery", name="re-driven: message lost").count() == 2
+    assert Span.objects.filter(run=run, kind="recovery", name="re-driven: not picked up").count() == 2
 
 
 def test_code_version_change_pauses_the_run_until_resumed(demo_tx, worker, settings):
@@ -229,3 +229,20 @@ def test_concurrent_tasks_per_run_are_capped(transactional_db, worker, settings)
         time.sleep(0.02)
     assert run.status == Run.Status.COMPLETED
     assert peak == 2
+
+
+def test_a_run_past_its_deadline_stops_for_a_human(transactional_db, worker):
+    wf = scripted_workflow("slowpoke", [{"say": "hmm", "delay": 0.4, "repeat": 20}, {"final": {}}])
+    run = finished(run_start(workflow=wf.slug, budget={"deadline_seconds": 1}), timeout=10)
+    assert run.status == Run.Status.NEEDS_ATTENTION
+    assert run.status_reason == "run budget exceeded: deadline"
+
+
+def test_retry_backoff_grows_with_jitter_and_a_cap(settings):
+    from runs.services.completion import retry_delay_seconds
+
+    settings.WARDEN = {**settings.WARDEN, "RETRY_BASE_SECONDS": 1.0, "RETRY_CAP_SECONDS": 10.0}
+    for attempt, ceiling in [(1, 1.0), (2, 2.0), (3, 4.0), (4, 8.0), (9, 10.0)]:
+        delays = {retry_delay_seconds(attempt) for _ in range(50)}
+        assert all(ceiling / 2 <= d <= ceiling for d in delays)
+        assert len(delays) > 1  # jittered

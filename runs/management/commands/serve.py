@@ -35,12 +35,18 @@ class Command(BaseCommand):
             self.stdout.write("scaled mode: start workers with `python manage.py rundramatiq`")
         self.stdout.write(f"serving http://{host}:{port}/", ending="\n")
         self.stdout.flush()
-        try:
-            Server(
-                application=ASGIStaticFilesHandler(application),
-                endpoints=build_endpoint_description_strings(host=host, port=port),
-                signal_handlers=True,
-            ).run()
-        finally:
-            if worker is not None:
-                worker.stop()
+        if worker is not None:
+            from twisted.internet import reactor
+
+            # On SIGTERM stop taking work before the HTTP side winds down: an attempt that starts
+            # during a slow shutdown would only be cut short. Unfinished work is recovered on restart.
+            reactor.addSystemEventTrigger("before", "shutdown", self._stop_worker, worker)
+        Server(
+            application=ASGIStaticFilesHandler(application),
+            endpoints=build_endpoint_description_strings(host=host, port=port),
+            signal_handlers=True,
+        ).run()
+
+    @staticmethod
+    def _stop_worker(worker) -> None:
+        worker.stop(timeout=int(settings.WARDEN["LEASE_SECONDS"] * 1000))

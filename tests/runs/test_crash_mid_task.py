@@ -1,0 +1,36 @@
+"""A worker process dies in the middle of a task that has already changed the outside world (B4)."""
+
+import pytest
+
+from runs.models import Run, Span, Task
+from runs.services import run_start
+from tests.conftest import wait_for
+from tools.models import SandboxCall
+
+SHORT_LEASE = {"WARDEN_LEASE_SECONDS": 2, "WARDEN_HEARTBEAT_SECONDS": 0.5}
+
+
+@pytest.mark.services
+@pytest.mark.processes
+def test_a_fresh_worker_resumes_after_a_crash_between_two_side_effects(demo_tx, processes):
+    run = run_start(workflow="incident-fanout",
+                    input={"faults": [{"task": "worker-3", "call": 3, "mode": "crash"}]})
+    # One thread, so the crash cannot catch another task between a call and its journal entry.
+    first = processes.worker(threads=1, **SHORT_LEASE)
+    wait_for(lambda: first.poll() is not None, timeout=60, message="the worker to die at worker-3's third call")
+    w3 = Task.objects.get(run=run, key="worker-3")
+    assert w3.status == Task.Status.RUNNING  # its lease is now an orphan
+    assert SandboxCall.objects.filter(idempotency_key__contains=":worker-3:", is_effect=True).count() == 1
+
+    processes.worker(threads=2, **SHORT_LEASE)
+    wait_for(lambda: Run.objects.get(id=run.id).is_terminal, timeout=90, message="the run to finish")
+    run.refresh_from_db()
+    assert run.status == Run.Status.COMPLETED, run.status_reason
+    effects = list(SandboxCall.objects.filter(is_effect=True).values_list("tool", "idempotency_key"))
+    assert len(effects) == len(set(effects)) == 15  # 5 tickets, 5 updates, 5 e-mails: no duplicate
+    w3.refresh_from_db()
+    assert w3.recoveries == 1 and w3.attempts == 2
+    # the resumed attempt replayed calls 1 and 2 from the journal and called out from call 3 on
+    second = Span.objects.filter(task=w3, attempt=2, kind="tool_call").order_by("step")
+    assert [s.name for s in second] == ["crm.update", "email.send"]
+    assert Span.objects.filter(run=run, kind="recovery", task=w3).exists()
