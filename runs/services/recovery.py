@@ -28,10 +28,6 @@ def _seconds_ago(now, seconds: float):
     return now - timezone.timedelta(seconds=seconds)
 
 
-def _skip_locked() -> dict:
-    return {"skip_locked": True} if connection.features.has_select_for_update_skip_locked else {}
-
-
 def _recovery_span(*, run_id: int, task_id: int | None, name: str, now, **attributes) -> None:
     Span.objects.create(
         run_id=run_id, task_id=task_id, kind=Span.Kind.RECOVERY, name=name, started_at=now, ended_at=now,
@@ -69,13 +65,12 @@ def expire_leases(now) -> int:
 
 
 def resend_outbox(now) -> int:
-    with transaction.atomic():
-        rows = list(
-            Outbox.objects.select_for_update(**_skip_locked())
-            .filter(created_at__lt=_seconds_ago(now, settings.WARDEN["OUTBOX_RESEND_AFTER_SECONDS"]))
-            .order_by("id")[:BATCH]
-        )
-        return outbox_deliver(rows=rows) if rows else 0
+    """Send what a crash left in the outbox. Rows are claimed by moving their timestamp (a
+    compare-and-set, so of several sweepers one sends each row), then sent outside any transaction."""
+    stale = _seconds_ago(now, settings.WARDEN["OUTBOX_RESEND_AFTER_SECONDS"])
+    rows = list(Outbox.objects.filter(created_at__lt=stale).order_by("id")[:BATCH])
+    claimed = [row for row in rows if Outbox.objects.filter(id=row.id, created_at=row.created_at).update(created_at=now)]
+    return outbox_deliver(rows=claimed) if claimed else 0
 
 
 def redrive_ready(now) -> int:

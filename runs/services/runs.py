@@ -1,5 +1,7 @@
 """Run-level services: start, cancel, resume, retry. The API, the admin and the actors all call these."""
 
+import logging
+
 from django.conf import settings
 from django.db import transaction
 from django.db.models import Q
@@ -17,12 +19,14 @@ from . import sql
 from .outbox import outbox_add
 
 EXECUTE = "execute_task"
+log = logging.getLogger("warden.runs")
 
 
 def run_transition(*, run: Run, to: str, reason: str = "", now=None) -> Run:
     """Apply a run transition. Call inside transaction.atomic() with ``run`` locked (select_for_update)."""
     check_run_transition(run.status, to)
     now = now or timezone.now()
+    log.info("run %s: %s -> %s (%s)", run.id, run.status, to, reason)
     run.status, run.status_reason = to, reason
     changes = {"status": to, "status_reason": reason}
     if to in Run.TERMINAL:

@@ -23,7 +23,7 @@ def api(client, token):
     return call
 
 
-def test_start_a_run_and_read_it_back(demo, api, operator):
+def test_start_a_run_and_read_it_back(demo, api, operator, django_assert_num_queries):
     created = api("post", "/runs", {"workflow": "deploy-review", "budget": {"max_tokens": 5000, "max_cost_usd": 0.25}})
     assert created.status_code == 201, created.json()
     body = created.json()
@@ -32,7 +32,8 @@ def test_start_a_run_and_read_it_back(demo, api, operator):
     run = Run.objects.get(id=body["id"])
     assert run.started_by == operator
 
-    detail = api("get", f"/runs/{run.id}").json()
+    with django_assert_num_queries(3):  # the token, the run with its workflow, the tasks with their agents
+        detail = api("get", f"/runs/{run.id}").json()
     assert detail["usage"] == {"steps": 0, "tokens": 0, "tool_calls": 0, "cost_usd": 0.0}
     assert [(t["key"], t["agent"], t["status"], t["attempts"], t["depends_on"]) for t in detail["tasks"]] == [
         ("inventory", "inventory-agent", "ready", 0, []),

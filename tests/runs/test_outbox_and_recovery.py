@@ -118,3 +118,35 @@ def test_the_heartbeat_renews_only_leases_still_held(demo):
     LeaseKeeper.beat([(inventory.id, held.token), (risk.id, lost.token)])
     assert Task.objects.get(id=inventory.id).heartbeat_at >= before
     assert Task.objects.get(id=risk.id).heartbeat_at < before
+
+
+@pytest.mark.services
+def test_concurrent_sweepers_resend_each_outbox_row_once(demo_tx, monkeypatch):
+    monkeypatch.setattr("runs.services.outbox.outbox_deliver", lambda rows: 0)
+    for _ in range(5):
+        run_start(workflow="deploy-review")
+    monkeypatch.undo()
+    Outbox.objects.update(created_at=timezone.now() - timedelta(seconds=30))
+    sent, lock = [], threading.Lock()
+
+    def record(self, **kw):
+        with lock:
+            sent.append(kw["kwargs"]["task_id"])
+
+    monkeypatch.setattr("dramatiq.Actor.send_with_options", record)
+    barrier = threading.Barrier(4)
+
+    def sweeper():
+        barrier.wait()
+        from runs.services.recovery import resend_outbox
+
+        resend_outbox(timezone.now())
+        connection.close()
+
+    threads = [threading.Thread(target=sweeper) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(sent) == sorted(Task.objects.filter(status="ready").values_list("id", flat=True))
+    assert len(sent) == 10 and not Outbox.objects.exists()
