@@ -34,3 +34,21 @@ def test_a_fresh_worker_resumes_after_a_crash_between_two_side_effects(demo_tx, 
     second = Span.objects.filter(task=w3, attempt=2, kind="tool_call").order_by("step")
     assert [s.name for s in second] == ["crm.update", "email.send"]
     assert Span.objects.filter(run=run, kind="recovery", task=w3).exists()
+
+
+@pytest.mark.services
+@pytest.mark.processes
+def test_workers_reconnect_after_their_database_connections_are_killed(demo_tx, processes):
+    from django.db import connection
+
+    processes.worker(threads=2)
+    first = run_start(workflow="deploy-review")
+    wait_for(lambda: Run.objects.get(id=first.id).is_terminal, timeout=30, message="a first run")
+    with connection.cursor() as cursor:  # what a PostgreSQL restart does to every open connection
+        cursor.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND pid <> pg_backend_pid()"
+        )
+    second = run_start(workflow="deploy-review")
+    wait_for(lambda: Run.objects.get(id=second.id).is_terminal, timeout=30, message="a run after the reconnect")
+    assert Run.objects.get(id=second.id).status == Run.Status.COMPLETED
