@@ -44,6 +44,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "template_partials",
+    "ninja",  # serves the API docs' Swagger UI from our own static files, not a CDN
     "channels",
     "django_dramatiq",
     "runs",

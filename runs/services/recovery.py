@@ -15,6 +15,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from ..models import Outbox, Run, Span, Task
+from ..transitions import check_task_transition
 from .completion import fail_task
 from .leases import record_lease_expiry
 from .outbox import outbox_add, outbox_deliver
@@ -51,12 +52,15 @@ def expire_leases(now) -> int:
             )
             task.refresh_from_db()
             if run.status == Run.Status.CANCELLING:
+                check_task_transition(task.status, Task.Status.CANCELLED)
                 Task.objects.filter(id=task.id).update(status=Task.Status.CANCELLED, finished_at=now)
+                Span.objects.filter(task=task, ended_at__isnull=True).update(ended_at=now, status=Span.Status.ERROR)
                 run_finish_cancel_if_idle(run=run, now=now)
             elif task.recoveries > settings.WARDEN["MAX_RECOVERIES"]:
                 fail_task(task=task, run=run, failure_class=Task.FailureClass.CRASH,
-                           reason=f"its worker was lost {task.recoveries} times", now=now)
+                          reason=f"its worker was lost {task.recoveries} times", now=now)
             else:
+                check_task_transition(task.status, Task.Status.READY)
                 Task.objects.filter(id=task.id).update(status=Task.Status.READY, ready_at=now)
                 if run.status == Run.Status.RUNNING:
                     outbox_add(actor=EXECUTE, kwargs={"run_id": run.id, "task_id": task.id})
