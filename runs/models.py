@@ -121,6 +121,7 @@ class Task(models.Model):
     max_tokens = models.PositiveBigIntegerField(null=True, blank=True)
     max_tool_calls = models.PositiveIntegerField(null=True, blank=True)
     max_cost_micros = models.PositiveBigIntegerField(null=True, blank=True)
+    max_seconds = models.PositiveIntegerField(null=True, blank=True, help_text="Wall-clock limit from its first start")
     steps_used = models.PositiveIntegerField(default=0)
     tokens_used = models.PositiveBigIntegerField(default=0)
     tool_calls_used = models.PositiveIntegerField(default=0)

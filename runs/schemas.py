@@ -48,6 +48,7 @@ class PlannedTaskIn(BaseModel):
     agent: str = Field(min_length=1, max_length=64)
     objective: str = Field(min_length=1, max_length=4000)
     depends_on: list[str] = Field(default_factory=list, max_length=200)
+    budget: BudgetIn = Field(default_factory=BudgetIn)
 
 
 class PlanIn(BaseModel):

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 from dramatiq.middleware import TimeLimitExceeded
 
@@ -19,7 +19,7 @@ from agents.gateway import ModelRequest, ModelResponse, model_complete
 from agents.models import Agent
 from agents.prompts import build_prompt
 
-from ..errors import InvalidInput, LeaseLost, StepFailure, TransientFailure
+from ..errors import BudgetExceeded, InvalidInput, LeaseLost, StepFailure, TransientFailure
 from ..faults import crash_now
 from ..heartbeat import lease_keeper
 from ..models import Payload, Run, Span, Task
@@ -90,7 +90,7 @@ class _LoopState:
 _CONTEXT_SQL = (
     "SELECT t.key, t.objective, t.depends_on, t.dependents, t.output_schema, t.allowed_tools, t.plan_version, "
     "t.depth, t.agent_id, t.steps_used, t.tokens_used, t.tool_calls_used, t.cost_micros, t.max_steps, t.max_tokens, "
-    "t.max_tool_calls, t.max_cost_micros, a.slug, a.instructions, a.provider, a.model, a.script, a.is_planner, "
+    "t.max_tool_calls, t.max_cost_micros, t.max_seconds, t.started_at, a.slug, a.instructions, a.provider, a.model, a.script, a.is_planner, "
     "r.input, r.status, r.steps_used, r.tokens_used, r.tool_calls_used, r.cost_micros, r.max_steps, r.max_tokens, "
     "r.max_tool_calls, r.max_cost_micros, r.plan_version, w.max_tasks "
     "FROM runs_task t JOIN agents_agent a ON a.id = t.agent_id JOIN runs_run r ON r.id = t.run_id "
@@ -103,7 +103,8 @@ def _load_context(lease: Lease) -> tuple[Run, Task, Agent, dict]:
     row = sql.fetchone(_CONTEXT_SQL, [lease.task_id])
     (key, objective, depends_on, dependents, output_schema, allowed_tools, plan_version, depth, agent_id,
      *rest) = row
-    t_usage, (slug, instructions, provider, model, script, is_planner), rest = rest[:8], rest[8:14], rest[14:]
+    t_usage, (max_seconds, started_at), rest = rest[:8], rest[8:10], rest[10:]
+    (slug, instructions, provider, model, script, is_planner), rest = rest[:6], rest[6:]
     run_input, r_status, *r_usage, r_plan, max_tasks = rest
     agent = Agent(id=agent_id, slug=slug, instructions=instructions, provider=provider, model=model,
                   script=sql.loads(script), is_planner=bool(is_planner))
@@ -118,6 +119,7 @@ def _load_context(lease: Lease) -> tuple[Run, Task, Agent, dict]:
                 **dict(zip(["steps_used", "tokens_used", "tool_calls_used", "cost_micros", "max_steps", "max_tokens",
                             "max_tool_calls", "max_cost_micros"], t_usage)))
     task.agent, task.run = agent, run
+    task.max_seconds, task.started_at = max_seconds, sql.parse_ts(started_at)
     deps = {}
     if task.depends_on:
         where, keys = sql.in_list("t.key", task.depends_on)
@@ -143,8 +145,14 @@ def _attempt(lease: Lease):
     state = _LoopState.replay([] if lease.fresh else _load_journal(task.id))
     run_usage, task_usage = Usage.of(run), Usage.of(task)
     slice_ends = lease.claimed_at + settings.WARDEN["SLICE_SECONDS"]
+    # The task's wall-clock budget, counted from its first start, on the monotonic clock from here on.
+    task_ends = None
+    if task.max_seconds and task.started_at:
+        task_ends = time.monotonic() + task.max_seconds - (timezone.now() - task.started_at).total_seconds()
     try:
         while True:
+            if task_ends is not None and time.monotonic() > task_ends:
+                raise BudgetExceeded("deadline", f"{task.max_seconds}s", f"{task.max_seconds}s", "task")
             if state.pending_tool is not None:
                 run_usage.check_before_step("run", tool_call=True)
                 task_usage.check_before_step("task", tool_call=True)
@@ -184,6 +192,14 @@ def _attempt(lease: Lease):
         return task_fail_or_retry(lease, exc)
     except TimeLimitExceeded:
         return task_fail_or_retry(lease, TransientFailure("the attempt ran past the worker's time limit"))
+    except LeaseLost:
+        raise
+    except DatabaseError as exc:  # the database went away mid-attempt: worth another attempt
+        log.warning("task %s attempt %s: database error %r", lease.task_id, lease.attempt, exc)
+        return task_fail_or_retry(lease, TransientFailure(f"database error: {exc}"))
+    except Exception as exc:  # a bug must not leave the task leased until the lease expires
+        log.exception("task %s attempt %s failed unexpectedly", lease.task_id, lease.attempt)
+        return task_fail_or_retry(lease, StepFailure(f"internal error: {exc!r}", "permanent"))
 
 
 def _final(lease: Lease, run: Run, task: Task, agent: Agent, state: _LoopState, response: ModelResponse, started):

@@ -71,10 +71,13 @@ def tasks_create(*, run: Run, planned, agents: dict[str, Agent], depth: int, now
     tasks = []
     for p in planned:
         waiting = len([d for d in p.depends_on if d not in done])
+        limits = _budget_fields(p.budget, now)
         tasks.append(Task(
             run=run, key=p.key, agent=agents[p.agent], objective=p.objective, depends_on=p.depends_on,
             allowed_tools=list(agents[p.agent].allowed_tools), output_schema=agents[p.agent].output_schema,
-            max_attempts=agents[p.agent].max_attempts, max_steps=agents[p.agent].max_steps,
+            max_attempts=agents[p.agent].max_attempts, max_steps=limits["max_steps"] or agents[p.agent].max_steps,
+            max_tokens=limits["max_tokens"], max_tool_calls=limits["max_tool_calls"],
+            max_cost_micros=limits["max_cost_micros"], max_seconds=p.budget.deadline_seconds,
             depth=depth, plan_version=run.plan_version, pending_deps=waiting,
             status=Task.Status.PENDING if waiting else Task.Status.READY, ready_at=None if waiting else now,
         ))

@@ -28,6 +28,16 @@ def ts(value):
     return connection.ops.adapt_datetimefield_value(value)
 
 
+def parse_ts(value):
+    """Timestamps come back as datetimes from PostgreSQL and as text from SQLite."""
+    from datetime import timezone as tz
+
+    from django.utils.dateparse import parse_datetime
+
+    parsed = parse_datetime(value) if isinstance(value, str) else value
+    return parsed.replace(tzinfo=tz.utc) if parsed is not None and parsed.tzinfo is None else parsed
+
+
 def jsonb() -> str:
     return "::jsonb" if connection.vendor == "postgresql" else ""
 

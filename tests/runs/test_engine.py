@@ -246,3 +246,36 @@ def test_retry_backoff_grows_with_jitter_and_a_cap(settings):
         delays = {retry_delay_seconds(attempt) for _ in range(50)}
         assert all(ceiling / 2 <= d <= ceiling for d in delays)
         assert len(delays) > 1  # jittered
+
+
+def test_a_task_budget_from_the_plan_stops_that_task(transactional_db, worker):
+    agent = Agent.objects.create(slug="ponder", name="p", script=[{"say": "hmm", "delay": 0.3, "repeat": 50}, {"final": {}}])
+    Workflow.objects.create(slug="budgeted", name="b", tasks=[
+        {"key": "quick", "agent": agent.slug, "objective": "x", "budget": {"deadline_seconds": 1}},
+        {"key": "short", "agent": agent.slug, "objective": "x", "budget": {"max_steps": 3}},
+    ])
+    run = finished(run_start(workflow="budgeted"), timeout=15)
+    assert run.status == Run.Status.NEEDS_ATTENTION
+    # the first failure hands the run to a human; the other task still ends its attempt
+    wait_for(lambda: not run.tasks.exclude(status=Task.Status.FAILED).exists(), timeout=10, message="both tasks")
+    quick, short = run.tasks.get(key="quick"), run.tasks.get(key="short")
+    assert quick.failure_class == "budget" and "task budget exceeded: deadline" in quick.status_reason
+    assert quick.steps_used <= 4
+    assert short.failure_class == "budget" and short.status_reason == "task budget exceeded: steps (3 of 3)"
+    assert short.steps_used == 3
+
+
+def test_large_step_bodies_are_stored_by_reference_and_replayed(transactional_db, worker):
+    from runs.models import Payload
+
+    wf = scripted_workflow("bulky", [
+        {"say": "{input[blob]}"},
+        {"fail": "transient", "on_attempts": [1], "final": {"size": "{turn}"}},
+    ])
+    run = finished(run_start(workflow=wf.slug, input={"blob": "x" * 40_000}))
+    assert run.status == Run.Status.COMPLETED
+    big = Span.objects.get(run=run, step=1)
+    assert big.body is None and big.payload.size > 40_000
+    assert Payload.objects.get(id=big.payload_id).body["text"] == "x" * 40_000
+    assert run.tasks.get().attempts == 2  # the retry replayed step 1 from its payload
+    assert Span.objects.filter(run=run, step__isnull=False).count() == 2
