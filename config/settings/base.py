@@ -119,7 +119,12 @@ _dramatiq_middleware = [
 if REDIS_URL:
     DRAMATIQ_BROKER = {
         "BROKER": "dramatiq.brokers.redis.RedisBroker",
-        "OPTIONS": {"url": REDIS_URL, "namespace": os.environ.get("WARDEN_QUEUE_NAMESPACE", "warden")},
+        # Timeouts: a Redis that stops answering must not hang a request or a worker (the outbox keeps
+        # what could not be sent).
+        "OPTIONS": {
+            "url": REDIS_URL, "namespace": os.environ.get("WARDEN_QUEUE_NAMESPACE", "warden"),
+            "socket_timeout": 5, "socket_connect_timeout": 5,
+        },
         "MIDDLEWARE": _dramatiq_middleware,
     }
     CHANNEL_LAYERS = {

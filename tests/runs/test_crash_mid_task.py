@@ -52,3 +52,18 @@ def test_workers_reconnect_after_their_database_connections_are_killed(demo_tx, 
     second = run_start(workflow="deploy-review")
     wait_for(lambda: Run.objects.get(id=second.id).is_terminal, timeout=30, message="a run after the reconnect")
     assert Run.objects.get(id=second.id).status == Run.Status.COMPLETED
+
+
+@pytest.mark.services
+@pytest.mark.processes
+def test_many_runs_across_several_workers_converge_without_duplicate_effects(demo_tx, processes):
+    runs = [run_start(workflow="incident-fanout") for _ in range(8)] + [run_start(workflow="deploy-review") for _ in range(4)]
+    processes.worker(threads=4)
+    processes.worker(threads=4)
+    wait_for(lambda: all(Run.objects.get(id=r.id).is_terminal for r in runs), timeout=120, message="all runs")
+    assert set(Run.objects.values_list("status", flat=True)) == {Run.Status.COMPLETED}
+    effects = list(SandboxCall.objects.filter(is_effect=True).values_list("tool", "idempotency_key"))
+    assert len(effects) == len(set(effects)) == 8 * 15
+    assert SandboxCall.objects.filter(system="deployments").count() == 4
+    # every task ran exactly one attempt, except risk's scripted retry
+    assert set(Task.objects.filter(run__in=runs).exclude(key="risk").values_list("attempts", flat=True)) == {1}
