@@ -104,7 +104,7 @@ def claim(task: Task, *, owner: str, now) -> Lease | None:
     fresh = attempt == 1 and not continuing
     if fresh:
         task_span_id = sql.insert_span(
-            run_id=task.run_id, task_id=task.id, kind=Span.Kind.TASK, name=f"task {task.key}",
+            run_id=task.run_id, task_id=task.id, parent_id=sql.RUN_ROOT, kind=Span.Kind.TASK, name=f"task {task.key}",
             status=Span.Status.RUNNING, started_at=now, attributes={"agent": task.agent_id},
         )
     else:
@@ -136,7 +136,8 @@ WITH c AS (
 ), ts AS (
     INSERT INTO runs_span (run_id, task_id, parent_id, kind, name, status, attempt, step, fencing_token, started_at,
         ended_at, tokens_in, tokens_out, cost_micros, attributes, body, payload_id)
-    SELECT %(run)s, c.id, NULL, 'task', %(task_name)s, 'running', NULL, NULL, NULL, %(now)s, NULL, 0, 0, 0,
+    SELECT %(run)s, c.id, (SELECT id FROM runs_span WHERE run_id = %(run)s AND kind = 'run' ORDER BY id LIMIT 1),
+        'task', %(task_name)s, 'running', NULL, NULL, NULL, %(now)s, NULL, 0, 0, 0,
         %(task_attrs)s::jsonb, NULL, NULL FROM c
     RETURNING id
 ), a AS (
@@ -254,6 +255,7 @@ def record_lease_expiry(*, task: Task, now) -> None:
     )
     Span.objects.create(
         run_id=task.run_id, task=task, kind=Span.Kind.RECOVERY, name=f"lease expired: {task.key}",
+        parent_id=Span.objects.filter(task=task, kind=Span.Kind.TASK).values_list("id", flat=True).first(),
         started_at=now, ended_at=now,
         attributes={"previous_owner": task.lease_owner, "fencing_token": task.fencing_token, "attempt": task.attempts},
     )

@@ -30,9 +30,13 @@ def _seconds_ago(now, seconds: float):
 
 
 def _recovery_span(*, run_id: int, task_id: int | None, name: str, now, **attributes) -> None:
+    """A recovery in the trace: under the task's span when it concerns a task, else under the run's."""
+    parent = Span.objects.filter(run_id=run_id, kind=Span.Kind.TASK if task_id else Span.Kind.RUN)
+    if task_id:
+        parent = parent.filter(task_id=task_id)
     Span.objects.create(
         run_id=run_id, task_id=task_id, kind=Span.Kind.RECOVERY, name=name, started_at=now, ended_at=now,
-        attributes=attributes,
+        parent_id=parent.values_list("id", flat=True).first(), attributes=attributes,
     )
 
 

@@ -86,15 +86,21 @@ def in_list(column: str, values) -> tuple[str, list]:
     return f"{column} IN ({', '.join(['%s'] * len(values))})", values
 
 
+RUN_ROOT = object()
+ROOT_SPAN_SQL = "(SELECT id FROM runs_span WHERE run_id = %s AND kind = 'run' ORDER BY id LIMIT 1)"
+
+
 def insert_span(*, run_id: int, kind: str, name: str, started_at, task_id=None, parent_id=None, status="ok",
                 attempt=None, step=None, fencing_token=None, ended_at=None, tokens_in=0, tokens_out=0,
                 cost_micros=0, attributes=None, body=None, payload_id=None) -> int:
+    """Insert a span; with ``parent_id=RUN_ROOT`` its parent is the run's root span."""
     j = jsonb()
+    parent_sql, parent_params = (ROOT_SPAN_SQL, [run_id]) if parent_id is RUN_ROOT else ("%s", [parent_id])
     return fetchone(
         "INSERT INTO runs_span (run_id, task_id, parent_id, kind, name, status, attempt, step, fencing_token, "
         "started_at, ended_at, tokens_in, tokens_out, cost_micros, attributes, body, payload_id) "
-        f"VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s{j}, %s{j}, %s) RETURNING id",
-        [run_id, task_id, parent_id, kind, name, status, attempt, step, fencing_token, ts(started_at),
+        f"VALUES (%s, %s, {parent_sql}, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s{j}, %s{j}, %s) RETURNING id",
+        [run_id, task_id, *parent_params, kind, name, status, attempt, step, fencing_token, ts(started_at),
          ts(ended_at) if ended_at else None, tokens_in, tokens_out, cost_micros, dumps(attributes or {}),
          dumps(body), payload_id],
     )[0]

@@ -279,3 +279,19 @@ def test_large_step_bodies_are_stored_by_reference_and_replayed(transactional_db
     assert Payload.objects.get(id=big.payload_id).body["text"] == "x" * 40_000
     assert run.tasks.get().attempts == 2  # the retry replayed step 1 from its payload
     assert Span.objects.filter(run=run, step__isnull=False).count() == 2
+
+
+def test_the_trace_is_one_tree_run_task_attempt_call(demo_tx, worker):
+    run = finished(run_start(workflow="deploy-review"))
+    spans = {s.id: s for s in Span.objects.filter(run=run)}
+    roots = [s for s in spans.values() if s.parent_id is None]
+    assert [r.kind for r in roots] == ["run"]
+    expected_parent = {"task": "run", "attempt": "task", "model_call": "attempt", "tool_call": "attempt"}
+    for span in spans.values():
+        if span.kind in expected_parent:
+            assert spans[span.parent_id].kind == expected_parent[span.kind], span
+            if span.kind != "task":
+                assert spans[span.parent_id].task_id == span.task_id
+    # usage on the spans adds up to the run's
+    assert sum(s.tokens_in + s.tokens_out for s in spans.values()) == run.tokens_used
+    assert sum(s.cost_micros for s in spans.values()) == run.cost_micros
