@@ -178,23 +178,22 @@ def task_reserve(*, run_id: int, task_id: int, owner: str):
     """
     now = timezone.now()
     with transaction.atomic():
-        run_row = sql.fetchone(
+        # The run (locked: the run lock orders all writers of a run) and the task, in one round trip.
+        row = sql.fetchone(
             "SELECT r.status, r.code_version, (r.deadline IS NOT NULL AND r.deadline < %s), r.steps_used, "
             "r.tokens_used, r.tool_calls_used, r.cost_micros, r.max_steps, r.max_tokens, r.max_tool_calls, "
-            "r.max_cost_micros, r.input, w.max_concurrent_tasks "
-            "FROM runs_run r JOIN agents_workflow w ON w.id = r.workflow_id WHERE r.id = %s" + sql.for_update("r"),
-            [sql.ts(now), run_id],
+            "r.max_cost_micros, r.input, w.max_concurrent_tasks, "
+            "t.status, t.fencing_token, t.attempts, t.max_attempts, t.recoveries, t.continuing, t.key, t.agent_id, "
+            "(t.status = %s AND t.lease_expires_at < %s), (t.not_before IS NULL OR t.not_before <= %s) "
+            "FROM runs_run r JOIN agents_workflow w ON w.id = r.workflow_id JOIN runs_task t ON t.run_id = r.id "
+            "WHERE r.id = %s AND t.id = %s" + sql.for_update("r"),
+            [sql.ts(now), Task.Status.RUNNING, sql.ts(now), sql.ts(now), run_id, task_id],
         )
-        task_row = sql.fetchone(
-            "SELECT status, fencing_token, attempts, max_attempts, recoveries, continuing, key, agent_id, "
-            "(status = %s AND lease_expires_at < %s), (not_before IS NULL OR not_before <= %s) "
-            "FROM runs_task WHERE id = %s AND run_id = %s" + sql.for_update(),
-            [Task.Status.RUNNING, sql.ts(now), sql.ts(now), task_id, run_id],
-        )
-        if run_row is None or task_row is None:
+        if row is None:
             return None
-        status, code_version, overdue, *usage, run_input, max_concurrent = run_row
-        t_status, token, attempts, max_attempts, recoveries, continuing, key, agent_id, expired, due = task_row
+        status, code_version, overdue, *usage = row[:11]
+        run_input, max_concurrent = row[11:13]
+        t_status, token, attempts, max_attempts, recoveries, continuing, key, agent_id, expired, due = row[13:]
         claimable = (
             t_status == Task.Status.READY
             or (t_status == Task.Status.RETRY_WAIT and due)
@@ -219,6 +218,7 @@ def task_reserve(*, run_id: int, task_id: int, owner: str):
             fail_task(task=Task.objects.get(id=task_id), run=Run.objects.get(id=run_id),
                       failure_class=exc.failure_class, reason=str(exc), now=now)
             return None
+        # Counted after the lock, in a statement of its own, so it sees siblings claimed meanwhile.
         running = sql.fetchone(
             "SELECT COUNT(*) FROM runs_task WHERE run_id = %s AND status = %s AND id <> %s",
             [run_id, Task.Status.RUNNING, task_id],
