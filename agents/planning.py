@@ -17,7 +17,9 @@ def pydantic_errors(exc: ValidationError, prefix: str = "") -> list[dict]:
     ]
 
 
-def plan_validate(raw, *, max_tasks: int, existing_keys: frozenset[str] = frozenset()) -> tuple[list[PlannedTaskIn], dict[str, Agent]]:
+def plan_validate(
+    raw, *, max_tasks: int, existing_keys: frozenset[str] = frozenset()
+) -> tuple[list[PlannedTaskIn], dict[str, Agent]]:
     try:
         plan = PlanIn.model_validate(raw if isinstance(raw, dict) else {"tasks": raw})
     except ValidationError as exc:

@@ -17,7 +17,9 @@ def _digest(raw: str) -> str:
 def api_token_create(*, user, name: str = "", expires_at=None) -> tuple[ApiToken, str]:
     """Returns the row and the secret, which is never shown again."""
     raw = TOKEN_PREFIX + secrets.token_urlsafe(32)
-    token = ApiToken.objects.create(user=user, name=name, prefix=raw[:10], token_hash=_digest(raw), expires_at=expires_at)
+    token = ApiToken.objects.create(
+        user=user, name=name, prefix=raw[:10], token_hash=_digest(raw), expires_at=expires_at
+    )
     return token, raw
 
 

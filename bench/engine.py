@@ -35,8 +35,13 @@ def ensure_database(url: str) -> None:
 
     parts = urlparse(url)
     name = parts.path.lstrip("/")
-    admin = psycopg.connect(host=parts.hostname, port=parts.port or 5432, user=parts.username or "postgres",
-                            dbname="postgres", autocommit=True)
+    admin = psycopg.connect(
+        host=parts.hostname,
+        port=parts.port or 5432,
+        user=parts.username or "postgres",
+        dbname="postgres",
+        autocommit=True,
+    )
     admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     admin.execute(f'CREATE DATABASE "{name}"')
     admin.close()
@@ -53,10 +58,28 @@ def pg_commit_floor(url: str, clients: int, seconds: int = 5) -> float:
     with tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False) as script:
         script.write("INSERT INTO bench_commit (v) VALUES (1);\n")
     out = subprocess.run(
-        ["pgbench", "-n", "-f", script.name, "-c", str(clients), "-j", str(clients), "-T", str(seconds),
-         "-h", parts.hostname, "-p", str(parts.port or 5432), "-U", parts.username or "postgres",
-         parts.path.lstrip("/")],
-        capture_output=True, text=True, check=True,
+        [
+            "pgbench",
+            "-n",
+            "-f",
+            script.name,
+            "-c",
+            str(clients),
+            "-j",
+            str(clients),
+            "-T",
+            str(seconds),
+            "-h",
+            parts.hostname,
+            "-p",
+            str(parts.port or 5432),
+            "-U",
+            parts.username or "postgres",
+            parts.path.lstrip("/"),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     return float(re.search(r"tps = ([\d.]+)", out).group(1))
 
@@ -77,7 +100,10 @@ class Workers:
     def __init__(self, processes: int, threads: int):
         self.proc = subprocess.Popen(
             [sys.executable, "manage.py", "rundramatiq", "--processes", str(processes), "--threads", str(threads)],
-            cwd=ROOT, env=dict(os.environ), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            cwd=ROOT,
+            env=dict(os.environ),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
             start_new_session=True,
         )
         deadline = time.monotonic() + 30
@@ -105,16 +131,28 @@ class Workers:
 def setup_workflows(steps: int, run_steps: int, chain: int):
     from agents.models import Agent, Workflow
 
-    long = Agent.objects.create(slug="bench-long", name="long", script=[
-        {"say": "step {turn}", "repeat": steps - 1}, {"final": {"done": True}}])
-    short = Agent.objects.create(slug="bench-short", name="short", script=[
-        {"say": "step {turn}", "repeat": run_steps - 1}, {"final": {"done": True}}])
+    long = Agent.objects.create(
+        slug="bench-long", name="long", script=[{"say": "step {turn}", "repeat": steps - 1}, {"final": {"done": True}}]
+    )
+    short = Agent.objects.create(
+        slug="bench-short",
+        name="short",
+        script=[{"say": "step {turn}", "repeat": run_steps - 1}, {"final": {"done": True}}],
+    )
     hop = Agent.objects.create(slug="bench-hop", name="hop", script=[{"final": {"done": True}}])
     Workflow.objects.create(slug="bench-long", name="long", tasks=[{"key": "t", "agent": long.slug, "objective": "go"}])
-    Workflow.objects.create(slug="bench-short", name="short", tasks=[{"key": "t", "agent": short.slug, "objective": "go"}])
-    Workflow.objects.create(slug="bench-chain", name="chain", max_tasks=chain, tasks=[
-        {"key": f"t{i}", "agent": hop.slug, "objective": "hop", "depends_on": [f"t{i - 1}"] if i else []}
-        for i in range(chain)])
+    Workflow.objects.create(
+        slug="bench-short", name="short", tasks=[{"key": "t", "agent": short.slug, "objective": "go"}]
+    )
+    Workflow.objects.create(
+        slug="bench-chain",
+        name="chain",
+        max_tasks=chain,
+        tasks=[
+            {"key": f"t{i}", "agent": hop.slug, "objective": "hop", "depends_on": [f"t{i - 1}"] if i else []}
+            for i in range(chain)
+        ],
+    )
 
 
 def wait_done(run_ids, timeout=600):
@@ -152,8 +190,13 @@ def main():
     parser.add_argument("--runs", type=int, default=100)
     parser.add_argument("--run-steps", type=int, default=10)
     parser.add_argument("--chain", type=int, default=100)
-    parser.add_argument("--processes", type=int, default=2, choices=[1, 2, 4],
-                        help="worker processes for (2); the 4 worker threads are spread over them")
+    parser.add_argument(
+        "--processes",
+        type=int,
+        default=2,
+        choices=[1, 2, 4],
+        help="worker processes for (2); the 4 worker threads are spread over them",
+    )
     parser.add_argument("--repeat", type=int, default=3, help="repetitions of each scenario (medians are printed)")
     args = parser.parse_args()
 
@@ -181,8 +224,15 @@ def main():
         long_runs = [timed(workers, lambda: [run_start(workflow="bench-long").id]) for _ in range(reps)]
         rate1 = statistics.median(steps / elapsed for _, elapsed, steps, _ in long_runs)
         cpu1 = statistics.median(cpu / steps * 1000 for _, _, steps, cpu in long_runs)
-        rows.append((f"(1) 1 task × {args.steps} steps, 1 worker thread", f"{rate1:,.0f} steps/s",
-                     f"1-client floor {floor1:,.0f} commits/s", f"{rate1 / floor1:.2f}×", "≥ 0.20×"))
+        rows.append(
+            (
+                f"(1) 1 task × {args.steps} steps, 1 worker thread",
+                f"{rate1:,.0f} steps/s",
+                f"1-client floor {floor1:,.0f} commits/s",
+                f"{rate1 / floor1:.2f}×",
+                "≥ 0.20×",
+            )
+        )
 
         print(f"(3) a chain of {args.chain} dependent one-step tasks, {reps}× …", flush=True)
         hops, cpu3 = [], []
@@ -203,16 +253,27 @@ def main():
     workers = Workers(processes=args.processes, threads=4 // args.processes)
     try:
         print(f"(2) {args.runs} concurrent runs × {args.run_steps} steps, {reps}× …", flush=True)
-        many = [timed(workers, lambda: [run_start(workflow="bench-short").id for _ in range(args.runs)])
-                for _ in range(reps)]
+        many = [
+            timed(workers, lambda: [run_start(workflow="bench-short").id for _ in range(args.runs)])
+            for _ in range(reps)
+        ]
         rate2 = statistics.median(steps / elapsed for _, elapsed, steps, _ in many)
         cpu2 = statistics.median(cpu / steps * 1000 for _, _, steps, cpu in many)
-        rows.append((f"(2) {args.runs} runs × {args.run_steps} steps, {args.processes}×{4 // args.processes} worker threads", f"{rate2:,.0f} steps/s",
-                     f"4-client floor {floor4:,.0f} commits/s", f"{rate2 / floor4:.2f}×", "≥ 0.06×"))
+        rows.append(
+            (
+                f"(2) {args.runs} runs × {args.run_steps} steps, {args.processes}×{4 // args.processes} worker threads",
+                f"{rate2:,.0f} steps/s",
+                f"4-client floor {floor4:,.0f} commits/s",
+                f"{rate2 / floor4:.2f}×",
+                "≥ 0.06×",
+            )
+        )
     finally:
         workers.stop()
 
-    rows.append((f"(3) chain of {args.chain} tasks: hop p50 / p99", f"{p50:.2f} / {p99:.2f} ms", "—", "—", "p50 ≤ 4 ms"))
+    rows.append(
+        (f"(3) chain of {args.chain} tasks: hop p50 / p99", f"{p50:.2f} / {p99:.2f} ms", "—", "—", "p50 ≤ 4 ms")
+    )
     rows.append(("worker CPU per step (1)", f"{cpu1:.3f} ms", "—", "—", "≤ 0.5 ms"))
     rows.append(("worker CPU per step (2)", f"{cpu2:.3f} ms", "—", "—", "≤ 0.5 ms"))
     rows.append(("worker CPU per task hop (3)", f"{statistics.median(cpu3):.3f} ms", "—", "—", "—"))
@@ -221,7 +282,7 @@ def main():
     widths = [max(len(r[i]) for r in rows + [("figure", "value", "reference", "ratio", "goal")]) for i in range(5)]
     print()
     for row in [("figure", "value", "reference", "ratio", "goal"), tuple("-" * w for w in widths), *rows]:
-        print(" | ".join(cell.ljust(w) for cell, w in zip(row, widths)))
+        print(" | ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)))
 
 
 if __name__ == "__main__":

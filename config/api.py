@@ -18,7 +18,10 @@ class BearerToken(HttpBearer):
 
 
 api = NinjaAPI(
-    title="Warden API", version="1", urls_namespace="api-v1", auth=BearerToken(),
+    title="Warden API",
+    version="1",
+    urls_namespace="api-v1",
+    auth=BearerToken(),
     description="Start and inspect durable multi-agent runs.",
 )
 api.add_router("/", runs_router)

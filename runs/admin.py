@@ -43,14 +43,36 @@ class TaskInline(admin.TabularInline):
 
 @admin.register(Run)
 class RunAdmin(admin.ModelAdmin):
-    list_display = ["id", "workflow", "status", "goal", "steps_used", "tokens_used", "cost_usd", "started_by", "created_at"]
+    list_display = [
+        "id",
+        "workflow",
+        "status",
+        "goal",
+        "steps_used",
+        "tokens_used",
+        "cost_usd",
+        "started_by",
+        "created_at",
+    ]
     list_filter = ["status", "workflow", "created_at"]
     search_fields = ["=id", "goal", "status_reason", "started_by__username"]
     date_hierarchy = "created_at"
     list_select_related = ["workflow", "started_by"]
     readonly_fields = [
-        "workflow", "status", "status_reason", "plan_version", "steps_used", "tokens_used", "tool_calls_used",
-        "cost_micros", "started_by", "code_version", "created_at", "started_at", "finished_at", "cancel_requested_at",
+        "workflow",
+        "status",
+        "status_reason",
+        "plan_version",
+        "steps_used",
+        "tokens_used",
+        "tool_calls_used",
+        "cost_micros",
+        "started_by",
+        "code_version",
+        "created_at",
+        "started_at",
+        "finished_at",
+        "cancel_requested_at",
     ]
     inlines = [TaskInline]
     actions = ["cancel_runs", "resume_runs"]
@@ -71,10 +93,31 @@ class TaskAdmin(admin.ModelAdmin):
     search_fields = ["key", "=run__id", "status_reason", "lease_owner"]
     list_select_related = ["run", "agent"]
     readonly_fields = [
-        "run", "key", "agent", "depends_on", "status", "status_reason", "failure_class", "attempts", "recoveries",
-        "lease_owner", "lease_expires_at", "heartbeat_at", "fencing_token", "ready_at", "not_before", "continuing",
-        "steps_used", "tokens_used", "tool_calls_used", "cost_micros", "plan_version", "depth",
-        "created_at", "started_at", "finished_at",
+        "run",
+        "key",
+        "agent",
+        "depends_on",
+        "status",
+        "status_reason",
+        "failure_class",
+        "attempts",
+        "recoveries",
+        "lease_owner",
+        "lease_expires_at",
+        "heartbeat_at",
+        "fencing_token",
+        "ready_at",
+        "not_before",
+        "continuing",
+        "steps_used",
+        "tokens_used",
+        "tool_calls_used",
+        "cost_micros",
+        "plan_version",
+        "depth",
+        "created_at",
+        "started_at",
+        "finished_at",
     ]
     actions = ["retry_tasks"]
 
@@ -85,7 +128,20 @@ class TaskAdmin(admin.ModelAdmin):
 
 @admin.register(Span)
 class SpanAdmin(ReadOnlyAdmin):
-    list_display = ["id", "run", "task", "kind", "name", "status", "attempt", "step", "tokens_in", "tokens_out", "cost_micros", "started_at"]
+    list_display = [
+        "id",
+        "run",
+        "task",
+        "kind",
+        "name",
+        "status",
+        "attempt",
+        "step",
+        "tokens_in",
+        "tokens_out",
+        "cost_micros",
+        "started_at",
+    ]
     list_filter = ["kind", "status"]
     search_fields = ["name", "=run__id", "task__key"]
     list_select_related = ["run", "task"]

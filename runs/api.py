@@ -3,7 +3,6 @@
 from datetime import datetime
 from typing import Any
 
-from django.db import transaction
 from ninja import Field, Router, Schema, Status
 
 from .models import Run
@@ -67,27 +66,53 @@ class RunOut(Schema):
 
 def run_out(run: Run) -> dict:
     return {
-        "id": run.id, "workflow": run.workflow_id and run.workflow.slug, "goal": run.goal, "status": run.status,
-        "status_reason": run.status_reason, "plan_version": run.plan_version, "code_version": run.code_version,
+        "id": run.id,
+        "workflow": run.workflow_id and run.workflow.slug,
+        "goal": run.goal,
+        "status": run.status,
+        "status_reason": run.status_reason,
+        "plan_version": run.plan_version,
+        "code_version": run.code_version,
         "input": run.input,
-        "budget": {"max_steps": run.max_steps, "max_tokens": run.max_tokens, "max_tool_calls": run.max_tool_calls,
-                   "max_cost_usd": run.max_cost_usd, "deadline": run.deadline},
-        "usage": {"steps": run.steps_used, "tokens": run.tokens_used, "tool_calls": run.tool_calls_used,
-                  "cost_usd": run.cost_usd},
+        "budget": {
+            "max_steps": run.max_steps,
+            "max_tokens": run.max_tokens,
+            "max_tool_calls": run.max_tool_calls,
+            "max_cost_usd": run.max_cost_usd,
+            "deadline": run.deadline,
+        },
+        "usage": {
+            "steps": run.steps_used,
+            "tokens": run.tokens_used,
+            "tool_calls": run.tool_calls_used,
+            "cost_usd": run.cost_usd,
+        },
         "tasks": [
-            {"key": t.key, "agent": t.agent_id and t.agent.slug, "status": t.status, "status_reason": t.status_reason,
-             "attempts": t.attempts, "max_attempts": t.max_attempts, "depends_on": t.depends_on}
+            {
+                "key": t.key,
+                "agent": t.agent_id and t.agent.slug,
+                "status": t.status,
+                "status_reason": t.status_reason,
+                "attempts": t.attempts,
+                "max_attempts": t.max_attempts,
+                "depends_on": t.depends_on,
+            }
             for t in run.tasks.select_related("agent").order_by("id")
         ],
-        "created_at": run.created_at, "started_at": run.started_at, "finished_at": run.finished_at,
+        "created_at": run.created_at,
+        "started_at": run.started_at,
+        "finished_at": run.finished_at,
     }
 
 
 @router.post("/runs", response={201: RunOut}, summary="Start a run of a workflow")
 def create_run(request, payload: RunIn):
     run = run_start(
-        workflow=payload.workflow, input=payload.input, goal=payload.goal,
-        budget=payload.budget.model_dump(exclude_none=True), started_by=request.auth.user,
+        workflow=payload.workflow,
+        input=payload.input,
+        goal=payload.goal,
+        budget=payload.budget.model_dump(exclude_none=True),
+        started_by=request.auth.user,
     )
     return Status(201, run_out(run_get(run_id=run.id)))
 

@@ -183,8 +183,13 @@ class Span(models.Model):
     # Spans go with their run (run and task cascade); the tree is built from a run's spans at once, so
     # parent needs neither an index nor a constraint, which keeps the journal's insert lean.
     parent = models.ForeignKey(
-        "self", null=True, blank=True, on_delete=models.DO_NOTHING, related_name="children",
-        db_index=False, db_constraint=False,
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.DO_NOTHING,
+        related_name="children",
+        db_index=False,
+        db_constraint=False,
     )
     kind = models.CharField(max_length=16, choices=Kind.choices)
     name = models.CharField(max_length=200)
@@ -235,9 +240,7 @@ class Artifact(models.Model):
     schema = models.JSONField(default=dict, blank=True)
     content = models.JSONField()
     provenance = models.JSONField(default=dict, blank=True)
-    verification = models.CharField(
-        max_length=16, choices=Verification.choices, default=Verification.UNVERIFIED
-    )
+    verification = models.CharField(max_length=16, choices=Verification.choices, default=Verification.UNVERIFIED)
     version = models.PositiveIntegerField(default=1)
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -294,6 +297,4 @@ class FaultFiring(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
-        constraints = [
-            models.UniqueConstraint(fields=["run", "task_key", "point", "mode"], name="fault_fires_once")
-        ]
+        constraints = [models.UniqueConstraint(fields=["run", "task_key", "point", "mode"], name="fault_fires_once")]

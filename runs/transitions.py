@@ -21,9 +21,7 @@ TASK_TRANSITIONS: dict[str, frozenset[str]] = {
     TS.PENDING: frozenset({TS.READY, TS.CANCELLED}),
     TS.READY: frozenset({TS.RUNNING, TS.FAILED, TS.CANCELLED}),
     # running -> ready: a lease expired (crash) or the attempt handed its rest to a fresh message
-    TS.RUNNING: frozenset(
-        {TS.COMPLETED, TS.RETRY_WAIT, TS.READY, TS.FAILED, TS.CANCELLED, TS.WAITING_FOR_APPROVAL}
-    ),
+    TS.RUNNING: frozenset({TS.COMPLETED, TS.RETRY_WAIT, TS.READY, TS.FAILED, TS.CANCELLED, TS.WAITING_FOR_APPROVAL}),
     TS.RETRY_WAIT: frozenset({TS.RUNNING, TS.READY, TS.FAILED, TS.CANCELLED}),
     TS.WAITING_FOR_APPROVAL: frozenset({TS.READY, TS.FAILED, TS.CANCELLED}),
     TS.FAILED: frozenset({TS.READY}),  # an operator's retry

@@ -24,8 +24,12 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "services" in item.keywords and not SCALED:
             if require:
-                raise pytest.UsageError("WARDEN_REQUIRE_SERVICES=1 but DATABASE_URL/REDIS_URL do not point at PostgreSQL + Redis")
-            item.add_marker(pytest.mark.skip(reason="scaled mode only: run with DATABASE_URL=postgres://… REDIS_URL=redis://…"))
+                raise pytest.UsageError(
+                    "WARDEN_REQUIRE_SERVICES=1 but DATABASE_URL/REDIS_URL do not point at PostgreSQL + Redis"
+                )
+            item.add_marker(
+                pytest.mark.skip(reason="scaled mode only: run with DATABASE_URL=postgres://… REDIS_URL=redis://…")
+            )
         if "embedded" in item.keywords and not (SQLITE and not settings.REDIS_URL):
             item.add_marker(pytest.mark.skip(reason="embedded mode only (SQLite, in-memory broker)"))
 
@@ -108,7 +112,11 @@ class Processes:
     def _start(self, args, env, name):
         log = open(self.tmp_path / f"{name}-{len(self.started)}.log", "w")
         proc = subprocess.Popen(
-            [sys.executable, "manage.py", *args], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+            [sys.executable, "manage.py", *args],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
             start_new_session=True,
         )
         proc.log_path = log.name

@@ -45,15 +45,21 @@ def tool_call(*, run: Run, task: Task, step: int, call_number: int, name: str, a
         args = spec.arguments.model_validate(arguments)
     except ValidationError as exc:
         fields = [{"field": ".".join(map(str, e["loc"])), "message": e["msg"]} for e in exc.errors()]
-        return ToolOutcome(error={"code": "invalid_arguments", "message": f"invalid arguments for {name}", "fields": fields})
+        return ToolOutcome(
+            error={"code": "invalid_arguments", "message": f"invalid arguments for {name}", "fields": fields}
+        )
 
     key = idempotency_key(run_id=run.id, task_key=task.key, step=step)
     for mode in faults_at(run.input, task.key, call=call_number):
         if mode == "error":
             raise StepFailure(f"{name} failed permanently (drill fault)", "permanent")
-        if mode == "transient" and fault_fire_once(run_id=run.id, task_key=task.key, point=f"call:{call_number}", mode=mode):
+        if mode == "transient" and fault_fire_once(
+            run_id=run.id, task_key=task.key, point=f"call:{call_number}", mode=mode
+        ):
             raise TransientFailure(f"{name} failed transiently (drill fault)")
-        if mode == "crash" and fault_fire_once(run_id=run.id, task_key=task.key, point=f"call:{call_number}", mode=mode):
+        if mode == "crash" and fault_fire_once(
+            run_id=run.id, task_key=task.key, point=f"call:{call_number}", mode=mode
+        ):
             from runs.faults import crash_now
 
             crash_now()

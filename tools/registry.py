@@ -3,8 +3,8 @@ counted from outside the engine. (The full broker and ledger come with the tools
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from pydantic import BaseModel, Field
 
@@ -32,8 +32,13 @@ class ToolSpec:
 
 def _record(spec_name: str, system: str, operation: str, key: str, args: BaseModel, result: dict, effect: bool):
     SandboxCall.objects.create(
-        system=system, operation=operation, tool=spec_name, idempotency_key=key, is_effect=effect,
-        arguments=args.model_dump(), result=result,
+        system=system,
+        operation=operation,
+        tool=spec_name,
+        idempotency_key=key,
+        is_effect=effect,
+        arguments=args.model_dump(),
+        result=result,
     )
     return result
 
@@ -109,15 +114,32 @@ TOOLS: dict[str, ToolSpec] = {
         ToolSpec("deployments.read", "deployments", ToolClass.READ_ONLY, True, DeploymentsReadArgs, _deployments_read),
         ToolSpec("crm.read", "crm", ToolClass.READ_ONLY, True, CrmReadArgs, _crm_read),
         ToolSpec(
-            "tickets.create", "tickets", ToolClass.IDEMPOTENT_WRITE, True, TicketsCreateArgs, _tickets_create,
-            lookup=lambda key: _prior_effect("tickets.create", key), honours_keys=True,
+            "tickets.create",
+            "tickets",
+            ToolClass.IDEMPOTENT_WRITE,
+            True,
+            TicketsCreateArgs,
+            _tickets_create,
+            lookup=lambda key: _prior_effect("tickets.create", key),
+            honours_keys=True,
         ),
         ToolSpec(
-            "crm.update", "crm", ToolClass.IDEMPOTENT_WRITE, True, CrmUpdateArgs, _crm_update,
-            lookup=lambda key: _prior_effect("crm.update", key), honours_keys=True,
+            "crm.update",
+            "crm",
+            ToolClass.IDEMPOTENT_WRITE,
+            True,
+            CrmUpdateArgs,
+            _crm_update,
+            lookup=lambda key: _prior_effect("crm.update", key),
+            honours_keys=True,
         ),
         ToolSpec(
-            "email.send", "email", ToolClass.NON_IDEMPOTENT_WRITE, False, EmailSendArgs, _email_send,
+            "email.send",
+            "email",
+            ToolClass.NON_IDEMPOTENT_WRITE,
+            False,
+            EmailSendArgs,
+            _email_send,
             lookup=lambda key: _prior_effect("email.send", key),
         ),
     ]

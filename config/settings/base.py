@@ -122,8 +122,10 @@ if REDIS_URL:
         # Timeouts: a Redis that stops answering must not hang a request or a worker (the outbox keeps
         # what could not be sent).
         "OPTIONS": {
-            "url": REDIS_URL, "namespace": os.environ.get("WARDEN_QUEUE_NAMESPACE", "warden"),
-            "socket_timeout": 5, "socket_connect_timeout": 5,
+            "url": REDIS_URL,
+            "namespace": os.environ.get("WARDEN_QUEUE_NAMESPACE", "warden"),
+            "socket_timeout": 5,
+            "socket_connect_timeout": 5,
         },
         "MIDDLEWARE": _dramatiq_middleware,
     }

@@ -34,7 +34,9 @@ def output_validate(output, schema: dict) -> None:
     try:
         _validator(json.dumps(schema or {}, sort_keys=True)).validate(output)
     except jsonschema.ValidationError as exc:
-        raise StepFailure(f"output does not match the schema: {exc.message} at {list(exc.absolute_path)}", "validation") from exc
+        raise StepFailure(
+            f"output does not match the schema: {exc.message} at {list(exc.absolute_path)}", "validation"
+        ) from exc
 
 
 def quarantine(lease: Lease, task: Task, *, step: int | None, body) -> None:
@@ -47,8 +49,14 @@ def quarantine(lease: Lease, task: Task, *, step: int | None, body) -> None:
     else:
         reason = QuarantinedResult.Reason.LEASE_LOST
     QuarantinedResult.objects.create(
-        run_id=lease.run_id, task_id=lease.task_id, reason=reason, fencing_token=lease.token,
-        plan_version=task.plan_version, step=step, body=body, worker=lease.owner,
+        run_id=lease.run_id,
+        task_id=lease.task_id,
+        reason=reason,
+        fencing_token=lease.token,
+        plan_version=task.plan_version,
+        step=step,
+        body=body,
+        worker=lease.owner,
     )
     log.warning("quarantined step %s of task %s (token %s): %s", step, lease.task_id, lease.token, reason)
 
@@ -98,30 +106,62 @@ def task_finish(lease: Lease, run: Run, task: Task, *, step: int, response, star
     now = timezone.now()
     tokens, cost = response.tokens_in + response.tokens_out, response.cost_micros
     body = response.as_journal()
-    provenance = {"task": task.key, "agent": task.agent_id, "attempt": lease.attempt, "fencing_token": lease.token,
-                  "model": response.model, "step": step, "inputs": sorted(task.depends_on)}
+    provenance = {
+        "task": task.key,
+        "agent": task.agent_id,
+        "attempt": lease.attempt,
+        "fencing_token": lease.token,
+        "model": response.model,
+        "step": step,
+        "inputs": sorted(task.depends_on),
+    }
     check_task_transition(Task.Status.RUNNING, Task.Status.COMPLETED)
     try:
         with transaction.atomic():
             if connection.vendor == "postgresql":
                 # One statement for the whole completion: the task-to-task hop is mostly round trips.
-                *usage, plan_version, held_back, completed, ready_rows = sql.fetchone(_PG_FINISH, {
-                    "run": run.id, "task": task.id, "token": lease.token, "plan": task.plan_version,
-                    "tokens": tokens, "cost": cost, "now": now, "started": started, "parent": lease.span_id,
-                    "model": response.model, "attempt": lease.attempt, "step": step,
-                    "tokens_in": response.tokens_in, "tokens_out": response.tokens_out, "body": sql.dumps(body),
-                    "key": task.key, "schema": sql.dumps(task.output_schema), "content": sql.dumps(response.final),
-                    "provenance": sql.dumps(provenance), "spans": [i for i in (lease.span_id, lease.task_span_id) if i],
-                    "dependents": [int(i) for i in task.dependents],
-                })
+                *usage, plan_version, held_back, completed, ready_rows = sql.fetchone(
+                    _PG_FINISH,
+                    {
+                        "run": run.id,
+                        "task": task.id,
+                        "token": lease.token,
+                        "plan": task.plan_version,
+                        "tokens": tokens,
+                        "cost": cost,
+                        "now": now,
+                        "started": started,
+                        "parent": lease.span_id,
+                        "model": response.model,
+                        "attempt": lease.attempt,
+                        "step": step,
+                        "tokens_in": response.tokens_in,
+                        "tokens_out": response.tokens_out,
+                        "body": sql.dumps(body),
+                        "key": task.key,
+                        "schema": sql.dumps(task.output_schema),
+                        "content": sql.dumps(response.final),
+                        "provenance": sql.dumps(provenance),
+                        "spans": [i for i in (lease.span_id, lease.task_span_id) if i],
+                        "dependents": [int(i) for i in task.dependents],
+                    },
+                )
                 if not completed:
                     raise LeaseLost(f"task {task.id}: token {lease.token} no longer holds the lease")
                 ready = [_ready_task(run.id, r) for r in sql.loads(ready_rows) if r[1] == Task.Status.READY]
                 run_usage = Usage(*usage)
             else:
-                run_usage, held_back, ready = _finish_generic(lease, run, task, step=step, response=response,
-                                                              started=started, now=now, body=body,
-                                                              provenance=provenance)
+                run_usage, held_back, ready = _finish_generic(
+                    lease,
+                    run,
+                    task,
+                    step=step,
+                    response=response,
+                    started=started,
+                    now=now,
+                    body=body,
+                    provenance=provenance,
+                )
             run.status = run_usage.status
             if planned is not None:
                 from .runs import tasks_create
@@ -142,15 +182,28 @@ def task_finish(lease: Lease, run: Run, task: Task, *, step: int, response, star
 
 def _ready_task(run_id: int, row) -> Task:
     task_id, status, key, token, attempts, continuing, agent_id = row
-    return Task(id=task_id, run_id=run_id, status=status, key=key, fencing_token=token, attempts=attempts,
-                continuing=bool(continuing), agent_id=agent_id)
+    return Task(
+        id=task_id,
+        run_id=run_id,
+        status=status,
+        key=key,
+        fencing_token=token,
+        attempts=attempts,
+        continuing=bool(continuing),
+        agent_id=agent_id,
+    )
 
 
 def _finish_generic(lease: Lease, run: Run, task: Task, *, step, response, started, now, body, provenance):
     tokens, cost = response.tokens_in + response.tokens_out, response.cost_micros
     # The usage update takes the run's row lock first (lock order: run, then tasks).
     *usage, plan_version, held_back = sql.add_usage(
-        "runs_run", run.id, steps=1, tokens=tokens, tool_calls=0, cost=cost,
+        "runs_run",
+        run.id,
+        steps=1,
+        tokens=tokens,
+        tool_calls=0,
+        cost=cost,
         returning=f"{sql.USAGE_COLUMNS}, plan_version, held_back",
     )
     run_usage = Usage(*usage)
@@ -165,15 +218,34 @@ def _finish_generic(lease: Lease, run: Run, task: Task, *, step, response, start
     if completed != 1:
         raise LeaseLost(f"task {task.id}: token {lease.token} no longer holds the lease")
     sql.insert_span(
-        run_id=run.id, task_id=task.id, parent_id=lease.span_id, kind=Span.Kind.MODEL_CALL, name=response.model,
-        attempt=lease.attempt, step=step, fencing_token=lease.token, started_at=started, ended_at=now,
-        tokens_in=response.tokens_in, tokens_out=response.tokens_out, cost_micros=cost, body=body,
+        run_id=run.id,
+        task_id=task.id,
+        parent_id=lease.span_id,
+        kind=Span.Kind.MODEL_CALL,
+        name=response.model,
+        attempt=lease.attempt,
+        step=step,
+        fencing_token=lease.token,
+        started_at=started,
+        ended_at=now,
+        tokens_in=response.tokens_in,
+        tokens_out=response.tokens_out,
+        cost_micros=cost,
+        body=body,
     )
     sql.execute(
         "INSERT INTO runs_artifact (run_id, task_id, key, schema, content, provenance, verification, version, "
         "created_at) VALUES (%s, %s, %s, %s, %s, %s, %s, 1, %s)",
-        [run.id, task.id, task.key, sql.dumps(task.output_schema), sql.dumps(response.final), sql.dumps(provenance),
-         "unverified", sql.ts(now)],
+        [
+            run.id,
+            task.id,
+            task.key,
+            sql.dumps(task.output_schema),
+            sql.dumps(response.final),
+            sql.dumps(provenance),
+            "unverified",
+            sql.ts(now),
+        ],
     )
     sql.end_spans([lease.span_id, lease.task_span_id], now=now, status=Span.Status.OK)
     ready = []
@@ -229,8 +301,12 @@ def fail_task(*, task: Task, run: Run, failure_class: str, reason: str, now) -> 
     """Fail a task for good and hand its run to a human. Call with the run (and task) locked."""
     check_task_transition(task.status, Task.Status.FAILED)
     Task.objects.filter(id=task.id).update(
-        status=Task.Status.FAILED, failure_class=failure_class, status_reason=reason[:4000], finished_at=now,
-        lease_owner="", lease_expires_at=None,
+        status=Task.Status.FAILED,
+        failure_class=failure_class,
+        status_reason=reason[:4000],
+        finished_at=now,
+        lease_owner="",
+        lease_expires_at=None,
     )
     Span.objects.filter(task=task, kind=Span.Kind.TASK, ended_at__isnull=True).update(
         ended_at=now, status=Span.Status.ERROR, attributes={"error": reason[:2000]}
@@ -269,8 +345,12 @@ def task_fail_or_retry(lease: Lease, exc: StepFailure) -> None:
                 delay = retry_delay_seconds(task.attempts)
                 check_task_transition(task.status, Task.Status.RETRY_WAIT)
                 Task.objects.filter(id=task.id).update(
-                    status=Task.Status.RETRY_WAIT, failure_class=exc.failure_class, status_reason=reason[:4000],
-                    not_before=now + timezone.timedelta(seconds=delay), lease_owner="", lease_expires_at=None,
+                    status=Task.Status.RETRY_WAIT,
+                    failure_class=exc.failure_class,
+                    status_reason=reason[:4000],
+                    not_before=now + timezone.timedelta(seconds=delay),
+                    lease_owner="",
+                    lease_expires_at=None,
                 )
                 outbox_add(actor=EXECUTE, kwargs={"run_id": run.id, "task_id": task.id}, delay_ms=int(delay * 1000))
             elif run.status == Run.Status.CANCELLING:
@@ -284,7 +364,11 @@ def task_fail_or_retry(lease: Lease, exc: StepFailure) -> None:
 def _cancel_own(task: Task, run: Run, now) -> None:
     check_task_transition(task.status, Task.Status.CANCELLED)
     Task.objects.filter(id=task.id).update(
-        status=Task.Status.CANCELLED, status_reason="run cancelled", finished_at=now, lease_owner="", lease_expires_at=None
+        status=Task.Status.CANCELLED,
+        status_reason="run cancelled",
+        finished_at=now,
+        lease_owner="",
+        lease_expires_at=None,
     )
     Span.objects.filter(task=task, ended_at__isnull=True).update(ended_at=now, status=Span.Status.ERROR)
     run_finish_cancel_if_idle(run=run, now=now)

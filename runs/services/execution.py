@@ -90,7 +90,8 @@ class _LoopState:
 _CONTEXT_SQL = (
     "SELECT t.key, t.objective, t.depends_on, t.dependents, t.output_schema, t.allowed_tools, t.plan_version, "
     "t.depth, t.agent_id, t.steps_used, t.tokens_used, t.tool_calls_used, t.cost_micros, t.max_steps, t.max_tokens, "
-    "t.max_tool_calls, t.max_cost_micros, t.max_seconds, t.started_at, a.slug, a.instructions, a.provider, a.model, a.script, a.is_planner, "
+    "t.max_tool_calls, t.max_cost_micros, t.max_seconds, t.started_at, "
+    "a.slug, a.instructions, a.provider, a.model, a.script, a.is_planner, "
     "r.input, r.status, r.steps_used, r.tokens_used, r.tool_calls_used, r.cost_micros, r.max_steps, r.max_tokens, "
     "r.max_tool_calls, r.max_cost_micros, r.plan_version, w.max_tasks "
     "FROM runs_task t JOIN agents_agent a ON a.id = t.agent_id JOIN runs_run r ON r.id = t.run_id "
@@ -101,23 +102,44 @@ _CONTEXT_SQL = (
 def _load_context(lease: Lease) -> tuple[Run, Task, Agent, dict]:
     """The task, its agent and run, and its dependencies' artifacts, in two queries."""
     row = sql.fetchone(_CONTEXT_SQL, [lease.task_id])
-    (key, objective, depends_on, dependents, output_schema, allowed_tools, plan_version, depth, agent_id,
-     *rest) = row
+    (key, objective, depends_on, dependents, output_schema, allowed_tools, plan_version, depth, agent_id, *rest) = row
     t_usage, (max_seconds, started_at), rest = rest[:8], rest[8:10], rest[10:]
     (slug, instructions, provider, model, script, is_planner), rest = rest[:6], rest[6:]
     run_input, r_status, *r_usage, r_plan, max_tasks = rest
-    agent = Agent(id=agent_id, slug=slug, instructions=instructions, provider=provider, model=model,
-                  script=sql.loads(script), is_planner=bool(is_planner))
-    run = Run(id=lease.run_id, input=sql.loads(run_input), status=r_status, plan_version=r_plan,
-              **dict(zip(["steps_used", "tokens_used", "tool_calls_used", "cost_micros", "max_steps", "max_tokens",
-                          "max_tool_calls", "max_cost_micros"], r_usage)))
+    agent = Agent(
+        id=agent_id,
+        slug=slug,
+        instructions=instructions,
+        provider=provider,
+        model=model,
+        script=sql.loads(script),
+        is_planner=bool(is_planner),
+    )
+    run = Run(
+        id=lease.run_id,
+        input=sql.loads(run_input),
+        status=r_status,
+        plan_version=r_plan,
+        **dict(zip(sql.USAGE_FIELDS, r_usage, strict=True)),
+    )
     run.max_tasks = max_tasks
-    task = Task(id=lease.task_id, run_id=lease.run_id, key=key, objective=objective, depends_on=sql.loads(depends_on),
-                dependents=sql.loads(dependents), output_schema=sql.loads(output_schema),
-                allowed_tools=sql.loads(allowed_tools), plan_version=plan_version, depth=depth, agent_id=agent_id,
-                status=Task.Status.RUNNING, attempts=lease.attempt, fencing_token=lease.token,
-                **dict(zip(["steps_used", "tokens_used", "tool_calls_used", "cost_micros", "max_steps", "max_tokens",
-                            "max_tool_calls", "max_cost_micros"], t_usage)))
+    task = Task(
+        id=lease.task_id,
+        run_id=lease.run_id,
+        key=key,
+        objective=objective,
+        depends_on=sql.loads(depends_on),
+        dependents=sql.loads(dependents),
+        output_schema=sql.loads(output_schema),
+        allowed_tools=sql.loads(allowed_tools),
+        plan_version=plan_version,
+        depth=depth,
+        agent_id=agent_id,
+        status=Task.Status.RUNNING,
+        attempts=lease.attempt,
+        fencing_token=lease.token,
+        **dict(zip(sql.USAGE_FIELDS, t_usage, strict=True)),
+    )
     task.agent, task.run = agent, run
     task.max_seconds, task.started_at = max_seconds, sql.parse_ts(started_at)
     deps = {}
@@ -163,24 +185,38 @@ def _attempt(lease: Lease):
                 run_usage.check_before_step("run")
                 task_usage.check_before_step("task")
                 request = ModelRequest(
-                    agent_slug=agent.slug, instructions=agent.instructions, turn=state.model_turns + 1,
+                    agent_slug=agent.slug,
+                    instructions=agent.instructions,
+                    turn=state.model_turns + 1,
                     attempt=lease.attempt,
-                    prompt=build_prompt(objective=task.objective, output_schema=task.output_schema,
-                                        dependencies=deps, journal=state.journal),
+                    prompt=build_prompt(
+                        objective=task.objective,
+                        output_schema=task.output_schema,
+                        dependencies=deps,
+                        journal=state.journal,
+                    ),
                     context={"deps": deps, "last": state.last_result or {}, "input": run.input, "task": task.key},
                 )
                 started = timezone.now()
                 try:
-                    response = model_complete(provider=agent.provider, script=agent.script, model=agent.model,
-                                              request=request)
+                    response = model_complete(
+                        provider=agent.provider, script=agent.script, model=agent.model, request=request
+                    )
                 except StepFailure as exc:
                     _error_span(lease, kind=Span.Kind.MODEL_CALL, name=agent.model, started=started, message=str(exc))
                     raise
                 if response.final is not None:
                     return _final(lease, run, task, agent, state, response, started)
                 run_usage, task_usage = _journal(
-                    lease, task, step=state.next_step, kind=Span.Kind.MODEL_CALL, name=agent.model,
-                    body=response.as_journal(), started=started, response=response, state=state,
+                    lease,
+                    task,
+                    step=state.next_step,
+                    kind=Span.Kind.MODEL_CALL,
+                    name=agent.model,
+                    body=response.as_journal(),
+                    started=started,
+                    response=response,
+                    state=state,
                 )
                 if response.tool_call:
                     _loop_guard(state, response.tool_call)
@@ -207,8 +243,17 @@ def _final(lease: Lease, run: Run, task: Task, agent: Agent, state: _LoopState, 
     try:
         output_validate(response.final, task.output_schema)
     except StepFailure:
-        _journal(lease, task, step=state.next_step, kind=Span.Kind.MODEL_CALL, name=response.model,
-                 body=response.as_journal(), started=started, response=response, state=state)
+        _journal(
+            lease,
+            task,
+            step=state.next_step,
+            kind=Span.Kind.MODEL_CALL,
+            name=response.model,
+            body=response.as_journal(),
+            started=started,
+            response=response,
+            state=state,
+        )
         raise
     planned = None
     if agent.is_planner:
@@ -218,7 +263,8 @@ def _final(lease: Lease, run: Run, task: Task, agent: Agent, state: _LoopState, 
             raise StepFailure(f"planning depth {task.depth + 1} is over the cap", "policy")
         try:
             planned = plan_validate(
-                response.final, max_tasks=run.max_tasks or settings.WARDEN["MAX_TASKS_PER_RUN"],
+                response.final,
+                max_tasks=run.max_tasks or settings.WARDEN["MAX_TASKS_PER_RUN"],
                 existing_keys=frozenset(Task.objects.filter(run_id=run.id).values_list("key", flat=True)),
             )
         except InvalidInput as exc:
@@ -241,15 +287,26 @@ def _tool_step(lease: Lease, run: Run, task: Task, state: _LoopState):
     started = timezone.now()
     try:
         outcome = tool_call(
-            run=run, task=task, step=state.next_step, call_number=state.tool_calls + 1,
-            name=str(call.get("name")), arguments=call.get("arguments") or {},
+            run=run,
+            task=task,
+            step=state.next_step,
+            call_number=state.tool_calls + 1,
+            name=str(call.get("name")),
+            arguments=call.get("arguments") or {},
         )
     except StepFailure as exc:
         _error_span(lease, kind=Span.Kind.TOOL_CALL, name=str(call.get("name")), started=started, message=str(exc))
         raise
     return _journal(
-        lease, task, step=state.next_step, kind=Span.Kind.TOOL_CALL, name=str(call.get("name")),
-        body=outcome.body, started=started, state=state, tool_call=True,
+        lease,
+        task,
+        step=state.next_step,
+        kind=Span.Kind.TOOL_CALL,
+        name=str(call.get("name")),
+        body=outcome.body,
+        started=started,
+        state=state,
+        tool_call=True,
     )
 
 
@@ -277,18 +334,40 @@ SELECT r.*, t.* FROM r, t
 """
 
 
-def _journal(lease: Lease, task: Task, *, step: int, kind: str, name: str, body, started, state: _LoopState,
-             response: ModelResponse | None = None, tool_call: bool = False) -> tuple[Usage, Usage]:
+def _journal(
+    lease: Lease,
+    task: Task,
+    *,
+    step: int,
+    kind: str,
+    name: str,
+    body,
+    started,
+    state: _LoopState,
+    response: ModelResponse | None = None,
+    tool_call: bool = False,
+) -> tuple[Usage, Usage]:
     """Journal one step and count it on the task and the run, atomically, as a compare-and-set on the
     lease. On PostgreSQL this is one statement (one round trip, one commit); elsewhere one transaction.
     The row update is HOT-friendly: it touches no indexed column (the heartbeat renews the lease)."""
     now = timezone.now()
     params = {
-        "run": lease.run_id, "task": lease.task_id, "token": lease.token, "parent": lease.span_id,
-        "attempt": lease.attempt, "step": step, "kind": kind, "name": name, "started": sql.ts(started),
-        "now": sql.ts(now), "started_dt": started, "now_dt": now, "tool_calls": int(tool_call),
+        "run": lease.run_id,
+        "task": lease.task_id,
+        "token": lease.token,
+        "parent": lease.span_id,
+        "attempt": lease.attempt,
+        "step": step,
+        "kind": kind,
+        "name": name,
+        "started": sql.ts(started),
+        "now": sql.ts(now),
+        "started_dt": started,
+        "now_dt": now,
+        "tool_calls": int(tool_call),
         "tokens": (response.tokens_in + response.tokens_out) if response else 0,
-        "tokens_in": response.tokens_in if response else 0, "tokens_out": response.tokens_out if response else 0,
+        "tokens_in": response.tokens_in if response else 0,
+        "tokens_out": response.tokens_out if response else 0,
         "cost": response.cost_micros if response else 0,
     }
     body_json = json.dumps(body, default=str)
@@ -311,27 +390,55 @@ def _journal(lease: Lease, task: Task, *, step: int, kind: str, name: str, body,
 def _journal_generic(p: dict, body, body_json: str) -> tuple[Usage, Usage]:
     with transaction.atomic():
         task_row = sql.add_usage(
-            "runs_task", p["task"], steps=1, tokens=p["tokens"], tool_calls=p["tool_calls"], cost=p["cost"],
-            extra_set=", heartbeat_at = %s", extra_set_params=(p["now"],),
-            extra_where="AND fencing_token = %s AND status = %s", extra_params=(p["token"], Task.Status.RUNNING),
+            "runs_task",
+            p["task"],
+            steps=1,
+            tokens=p["tokens"],
+            tool_calls=p["tool_calls"],
+            cost=p["cost"],
+            extra_set=", heartbeat_at = %s",
+            extra_set_params=(p["now"],),
+            extra_where="AND fencing_token = %s AND status = %s",
+            extra_params=(p["token"], Task.Status.RUNNING),
         )
         if task_row is None:
             raise LeaseLost(f"task {p['task']}: token {p['token']} no longer holds the lease")
-        run_row = sql.add_usage("runs_run", p["run"], steps=1, tokens=p["tokens"], tool_calls=p["tool_calls"], cost=p["cost"])
+        run_row = sql.add_usage(
+            "runs_run", p["run"], steps=1, tokens=p["tokens"], tool_calls=p["tool_calls"], cost=p["cost"]
+        )
         large = len(body_json) > INLINE_BODY_LIMIT
         payload_id = Payload.objects.create(body=body, size=len(body_json)).id if large else None
         sql.insert_span(
-            run_id=p["run"], task_id=p["task"], parent_id=p["parent"], kind=p["kind"], name=p["name"],
-            attempt=p["attempt"], step=p["step"], fencing_token=p["token"], started_at=p["started_dt"],
-            ended_at=p["now_dt"], tokens_in=p["tokens_in"], tokens_out=p["tokens_out"], cost_micros=p["cost"],
-            body=None if large else body, payload_id=payload_id,
+            run_id=p["run"],
+            task_id=p["task"],
+            parent_id=p["parent"],
+            kind=p["kind"],
+            name=p["name"],
+            attempt=p["attempt"],
+            step=p["step"],
+            fencing_token=p["token"],
+            started_at=p["started_dt"],
+            ended_at=p["now_dt"],
+            tokens_in=p["tokens_in"],
+            tokens_out=p["tokens_out"],
+            cost_micros=p["cost"],
+            body=None if large else body,
+            payload_id=payload_id,
         )
     return Usage(*run_row), Usage(*task_row)
 
 
 def _error_span(lease: Lease, *, kind: str, name: str, started, message: str) -> None:
     Span.objects.create(
-        run_id=lease.run_id, task_id=lease.task_id, parent_id=lease.span_id, kind=kind, name=name,
-        status=Span.Status.ERROR, attempt=lease.attempt, fencing_token=lease.token, started_at=started,
-        ended_at=timezone.now(), attributes={"error": message[:2000]},
+        run_id=lease.run_id,
+        task_id=lease.task_id,
+        parent_id=lease.span_id,
+        kind=kind,
+        name=name,
+        status=Span.Status.ERROR,
+        attempt=lease.attempt,
+        fencing_token=lease.token,
+        started_at=started,
+        ended_at=timezone.now(),
+        attributes={"error": message[:2000]},
     )

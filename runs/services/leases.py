@@ -57,8 +57,15 @@ class Usage:
     @classmethod
     def of(cls, obj) -> "Usage":
         return cls(
-            getattr(obj, "status", ""), obj.steps_used, obj.tokens_used, obj.tool_calls_used, obj.cost_micros,
-            obj.max_steps, obj.max_tokens, obj.max_tool_calls, obj.max_cost_micros,
+            getattr(obj, "status", ""),
+            obj.steps_used,
+            obj.tokens_used,
+            obj.tool_calls_used,
+            obj.cost_micros,
+            obj.max_steps,
+            obj.max_tokens,
+            obj.max_tool_calls,
+            obj.max_cost_micros,
         )
 
     def check_before_step(self, scope: str, *, tool_call: bool = False) -> None:
@@ -96,21 +103,42 @@ def claim(task: Task, *, owner: str, now) -> Lease | None:
         "UPDATE runs_task SET status = %s, attempts = %s, fencing_token = %s, lease_owner = %s, "
         "lease_expires_at = %s, heartbeat_at = %s, continuing = %s, started_at = COALESCE(started_at, %s), "
         "not_before = NULL WHERE id = %s AND fencing_token = %s AND status = %s",
-        [Task.Status.RUNNING, attempt, token, owner, sql.ts(lease_expiry(now)), sql.ts(now), False, sql.ts(now),
-         task.id, task.fencing_token, task.status],
+        [
+            Task.Status.RUNNING,
+            attempt,
+            token,
+            owner,
+            sql.ts(lease_expiry(now)),
+            sql.ts(now),
+            False,
+            sql.ts(now),
+            task.id,
+            task.fencing_token,
+            task.status,
+        ],
     )
     if claimed != 1:
         return None
     fresh = attempt == 1 and not continuing
     if fresh:
         task_span_id = sql.insert_span(
-            run_id=task.run_id, task_id=task.id, parent_id=sql.RUN_ROOT, kind=Span.Kind.TASK, name=f"task {task.key}",
-            status=Span.Status.RUNNING, started_at=now, attributes={"agent": task.agent_id},
+            run_id=task.run_id,
+            task_id=task.id,
+            parent_id=sql.RUN_ROOT,
+            kind=Span.Kind.TASK,
+            name=f"task {task.key}",
+            status=Span.Status.RUNNING,
+            started_at=now,
+            attributes={"agent": task.agent_id},
         )
     else:
-        task_span_id = (sql.fetchone(
-            "SELECT id FROM runs_span WHERE task_id = %s AND kind = %s ORDER BY id LIMIT 1", [task.id, Span.Kind.TASK]
-        ) or [None])[0]
+        task_span_id = (
+            sql.fetchone(
+                "SELECT id FROM runs_span WHERE task_id = %s AND kind = %s ORDER BY id LIMIT 1",
+                [task.id, Span.Kind.TASK],
+            )
+            or [None]
+        )[0]
     if continuing:
         span_id = sql.fetchone(
             "SELECT id FROM runs_span WHERE task_id = %s AND kind = %s AND attempt = %s ORDER BY id DESC LIMIT 1",
@@ -118,15 +146,30 @@ def claim(task: Task, *, owner: str, now) -> Lease | None:
         )[0]
     else:
         span_id = sql.insert_span(
-            run_id=task.run_id, task_id=task.id, parent_id=task_span_id, kind=Span.Kind.ATTEMPT,
-            name=f"attempt {attempt}", status=Span.Status.RUNNING, attempt=attempt, fencing_token=token,
-            started_at=now, attributes={"worker": owner},
+            run_id=task.run_id,
+            task_id=task.id,
+            parent_id=task_span_id,
+            kind=Span.Kind.ATTEMPT,
+            name=f"attempt {attempt}",
+            status=Span.Status.RUNNING,
+            attempt=attempt,
+            fencing_token=token,
+            started_at=now,
+            attributes={"worker": owner},
         )
-    return Lease(task_id=task.id, run_id=task.run_id, token=token, attempt=attempt, span_id=span_id, owner=owner,
-                 task_span_id=task_span_id, fresh=fresh)
+    return Lease(
+        task_id=task.id,
+        run_id=task.run_id,
+        token=token,
+        attempt=attempt,
+        span_id=span_id,
+        owner=owner,
+        task_span_id=task_span_id,
+        fresh=fresh,
+    )
 
 
-_PG_CLAIM_FRESH = f"""
+_PG_CLAIM_FRESH = """
 WITH c AS (
     UPDATE runs_task SET status = 'running', attempts = 1, fencing_token = %(token)s, lease_owner = %(owner)s,
         lease_expires_at = %(expires)s, heartbeat_at = %(now)s, continuing = false,
@@ -153,15 +196,34 @@ SELECT (SELECT id FROM ts), (SELECT id FROM a)
 
 def _claim_fresh_pg(task: Task, *, owner: str, now, token: int) -> Lease | None:
     """A first attempt's claim and its two spans in one statement (the hop between chained tasks)."""
-    task_span_id, span_id = sql.fetchone(_PG_CLAIM_FRESH, {
-        "token": token, "owner": owner, "expires": lease_expiry(now), "now": now, "task": task.id,
-        "old": task.fencing_token, "status": task.status, "run": task.run_id, "task_name": f"task {task.key}",
-        "task_attrs": sql.dumps({"agent": task.agent_id}), "attempt_attrs": sql.dumps({"worker": owner}),
-    })
+    task_span_id, span_id = sql.fetchone(
+        _PG_CLAIM_FRESH,
+        {
+            "token": token,
+            "owner": owner,
+            "expires": lease_expiry(now),
+            "now": now,
+            "task": task.id,
+            "old": task.fencing_token,
+            "status": task.status,
+            "run": task.run_id,
+            "task_name": f"task {task.key}",
+            "task_attrs": sql.dumps({"agent": task.agent_id}),
+            "attempt_attrs": sql.dumps({"worker": owner}),
+        },
+    )
     if span_id is None:
         return None
-    return Lease(task_id=task.id, run_id=task.run_id, token=token, attempt=1, span_id=span_id, owner=owner,
-                 task_span_id=task_span_id, fresh=True)
+    return Lease(
+        task_id=task.id,
+        run_id=task.run_id,
+        token=token,
+        attempt=1,
+        span_id=span_id,
+        owner=owner,
+        task_span_id=task_span_id,
+        fresh=True,
+    )
 
 
 def start_crash_due(run_input: dict, run_id: int, task_key: str) -> bool:
@@ -203,8 +265,10 @@ def task_reserve(*, run_id: int, task_id: int, owner: str):
             return None  # a duplicate or stale message; a paused run is re-driven by its resume
         problem = ""
         if code_version != settings.WARDEN["CODE_VERSION"]:
-            problem = (f"code version changed from {code_version} to {settings.WARDEN['CODE_VERSION']}; "
-                       "resume to continue under it")
+            problem = (
+                f"code version changed from {code_version} to {settings.WARDEN['CODE_VERSION']}; "
+                "resume to continue under it"
+            )
         elif overdue:
             problem = "run budget exceeded: deadline"
         if problem:
@@ -215,8 +279,13 @@ def task_reserve(*, run_id: int, task_id: int, owner: str):
         except BudgetExceeded as exc:
             from .completion import fail_task
 
-            fail_task(task=Task.objects.get(id=task_id), run=Run.objects.get(id=run_id),
-                      failure_class=exc.failure_class, reason=str(exc), now=now)
+            fail_task(
+                task=Task.objects.get(id=task_id),
+                run=Run.objects.get(id=run_id),
+                failure_class=exc.failure_class,
+                reason=str(exc),
+                now=now,
+            )
             return None
         # Counted after the lock, in a statement of its own, so it sees siblings claimed meanwhile.
         running = sql.fetchone(
@@ -225,12 +294,22 @@ def task_reserve(*, run_id: int, task_id: int, owner: str):
         )[0]
         if running >= (max_concurrent or settings.WARDEN["MAX_CONCURRENT_TASKS_PER_RUN"]):
             # Held back: the next sibling to finish (or the sweeper) sends it again.
-            sql.execute("UPDATE runs_task SET ready_at = %s WHERE id = %s AND status = %s",
-                        [sql.ts(now), task_id, Task.Status.READY])
+            sql.execute(
+                "UPDATE runs_task SET ready_at = %s WHERE id = %s AND status = %s",
+                [sql.ts(now), task_id, Task.Status.READY],
+            )
             sql.execute("UPDATE runs_run SET held_back = held_back + 1 WHERE id = %s", [run_id])
             return None
-        task = Task(id=task_id, run_id=run_id, status=t_status, fencing_token=token, attempts=attempts,
-                    continuing=bool(continuing), key=key, agent_id=agent_id)
+        task = Task(
+            id=task_id,
+            run_id=run_id,
+            status=t_status,
+            fencing_token=token,
+            attempts=attempts,
+            continuing=bool(continuing),
+            key=key,
+            agent_id=agent_id,
+        )
         if t_status == Task.Status.RUNNING:
             record_lease_expiry(task=Task.objects.get(id=task_id), now=now)
             recoveries += 1
@@ -238,8 +317,13 @@ def task_reserve(*, run_id: int, task_id: int, owner: str):
             from .completion import fail_task
 
             full = Task.objects.get(id=task_id)
-            fail_task(task=full, run=Run.objects.get(id=run_id), failure_class=full.failure_class or "permanent",
-                      reason=f"no attempts left ({attempts} made)", now=now)
+            fail_task(
+                task=full,
+                run=Run.objects.get(id=run_id),
+                failure_class=full.failure_class or "permanent",
+                reason=f"no attempts left ({attempts} made)",
+                now=now,
+            )
             return None
         if start_crash_due(sql.loads(run_input), run_id, key):
             return CRASH
@@ -254,8 +338,12 @@ def record_lease_expiry(*, task: Task, now) -> None:
         ended_at=now, status=Span.Status.ERROR
     )
     Span.objects.create(
-        run_id=task.run_id, task=task, kind=Span.Kind.RECOVERY, name=f"lease expired: {task.key}",
+        run_id=task.run_id,
+        task=task,
+        kind=Span.Kind.RECOVERY,
+        name=f"lease expired: {task.key}",
         parent_id=Span.objects.filter(task=task, kind=Span.Kind.TASK).values_list("id", flat=True).first(),
-        started_at=now, ended_at=now,
+        started_at=now,
+        ended_at=now,
         attributes={"previous_owner": task.lease_owner, "fencing_token": task.fencing_token, "attempt": task.attempts},
     )

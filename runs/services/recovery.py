@@ -35,14 +35,22 @@ def _recovery_span(*, run_id: int, task_id: int | None, name: str, now, **attrib
     if task_id:
         parent = parent.filter(task_id=task_id)
     Span.objects.create(
-        run_id=run_id, task_id=task_id, kind=Span.Kind.RECOVERY, name=name, started_at=now, ended_at=now,
-        parent_id=parent.values_list("id", flat=True).first(), attributes=attributes,
+        run_id=run_id,
+        task_id=task_id,
+        kind=Span.Kind.RECOVERY,
+        name=name,
+        started_at=now,
+        ended_at=now,
+        parent_id=parent.values_list("id", flat=True).first(),
+        attributes=attributes,
     )
 
 
 def expire_leases(now) -> int:
     count = 0
-    expired = Task.objects.filter(status=Task.Status.RUNNING, lease_expires_at__lt=now).values_list("id", "run_id")[:BATCH]
+    expired = Task.objects.filter(status=Task.Status.RUNNING, lease_expires_at__lt=now).values_list("id", "run_id")[
+        :BATCH
+    ]
     for task_id, run_id in list(expired):
         with transaction.atomic():
             run = Run.objects.select_for_update().get(id=run_id)
@@ -61,8 +69,13 @@ def expire_leases(now) -> int:
                 Span.objects.filter(task=task, ended_at__isnull=True).update(ended_at=now, status=Span.Status.ERROR)
                 run_finish_cancel_if_idle(run=run, now=now)
             elif task.recoveries > settings.WARDEN["MAX_RECOVERIES"]:
-                fail_task(task=task, run=run, failure_class=Task.FailureClass.CRASH,
-                          reason=f"its worker was lost {task.recoveries} times", now=now)
+                fail_task(
+                    task=task,
+                    run=run,
+                    failure_class=Task.FailureClass.CRASH,
+                    reason=f"its worker was lost {task.recoveries} times",
+                    now=now,
+                )
             else:
                 check_task_transition(task.status, Task.Status.READY)
                 Task.objects.filter(id=task.id).update(status=Task.Status.READY, ready_at=now)
@@ -77,7 +90,9 @@ def resend_outbox(now) -> int:
     compare-and-set, so of several sweepers one sends each row), then sent outside any transaction."""
     stale = _seconds_ago(now, settings.WARDEN["OUTBOX_RESEND_AFTER_SECONDS"])
     rows = list(Outbox.objects.filter(created_at__lt=stale).order_by("id")[:BATCH])
-    claimed = [row for row in rows if Outbox.objects.filter(id=row.id, created_at=row.created_at).update(created_at=now)]
+    claimed = [
+        row for row in rows if Outbox.objects.filter(id=row.id, created_at=row.created_at).update(created_at=now)
+    ]
     return outbox_deliver(rows=claimed) if claimed else 0
 
 
@@ -85,11 +100,13 @@ def redrive_ready(now) -> int:
     """Ready tasks nobody picked up (a lost message, a restarted embedded server) get a new message."""
     stale = _seconds_ago(now, settings.WARDEN["REDRIVE_AFTER_SECONDS"])
     candidates = list(
-        Task.objects.filter(run__status=Run.Status.RUNNING, status=Task.Status.READY, ready_at__lt=stale)
-        .values_list("id", "run_id", "ready_at")[:BATCH]
+        Task.objects.filter(run__status=Run.Status.RUNNING, status=Task.Status.READY, ready_at__lt=stale).values_list(
+            "id", "run_id", "ready_at"
+        )[:BATCH]
     ) + list(
-        Task.objects.filter(run__status=Run.Status.RUNNING, status=Task.Status.RETRY_WAIT, not_before__lt=stale)
-        .values_list("id", "run_id", "not_before")[:BATCH]
+        Task.objects.filter(
+            run__status=Run.Status.RUNNING, status=Task.Status.RETRY_WAIT, not_before__lt=stale
+        ).values_list("id", "run_id", "not_before")[:BATCH]
     )
     actor = dramatiq.get_broker().get_actor(EXECUTE)
     sent = 0
@@ -97,10 +114,14 @@ def redrive_ready(now) -> int:
         # Compare-and-set on the timestamp: of several sweepers, one re-drives.
         bumped = Task.objects.filter(id=task_id, ready_at=since).update(ready_at=now) if since else 0
         if not bumped:
-            bumped = Task.objects.filter(id=task_id, status=Task.Status.RETRY_WAIT, not_before=since).update(not_before=now)
+            bumped = Task.objects.filter(id=task_id, status=Task.Status.RETRY_WAIT, not_before=since).update(
+                not_before=now
+            )
         if bumped:
             actor.send(run_id=run_id, task_id=task_id)
-            _recovery_span(run_id=run_id, task_id=task_id, name="re-driven: not picked up", now=now, waited_since=str(since))
+            _recovery_span(
+                run_id=run_id, task_id=task_id, name="re-driven: not picked up", now=now, waited_since=str(since)
+            )
             sent += 1
     return sent
 
@@ -109,21 +130,30 @@ def reap_cancelled(now) -> int:
     """Cancellation is cooperative; past the grace period the reaper forces the final state."""
     grace = _seconds_ago(now, settings.WARDEN["CANCEL_GRACE_SECONDS"])
     reaped = 0
-    for run_id in list(Run.objects.filter(status=Run.Status.CANCELLING, cancel_requested_at__lt=grace).values_list("id", flat=True)[:BATCH]):
+    for run_id in list(
+        Run.objects.filter(status=Run.Status.CANCELLING, cancel_requested_at__lt=grace).values_list("id", flat=True)[
+            :BATCH
+        ]
+    ):
         with transaction.atomic():
             run = Run.objects.select_for_update().get(id=run_id)
             if run.status != Run.Status.CANCELLING:
                 continue
             stuck = list(run.tasks.select_for_update().exclude(status__in=Task.TERMINAL))
             Task.objects.filter(id__in=[t.id for t in stuck]).update(
-                status=Task.Status.CANCELLED, status_reason="forced by the reaper after the grace period",
-                fencing_token=F("fencing_token") + 1, lease_owner="", lease_expires_at=None, finished_at=now,
+                status=Task.Status.CANCELLED,
+                status_reason="forced by the reaper after the grace period",
+                fencing_token=F("fencing_token") + 1,
+                lease_owner="",
+                lease_expires_at=None,
+                finished_at=now,
             )
             Span.objects.filter(run=run, ended_at__isnull=True).exclude(kind=Span.Kind.RUN).update(
                 ended_at=now, status=Span.Status.ERROR
             )
-            _recovery_span(run_id=run.id, task_id=None, name="reaper: forced cancellation", now=now,
-                           tasks=[t.key for t in stuck])
+            _recovery_span(
+                run_id=run.id, task_id=None, name="reaper: forced cancellation", now=now, tasks=[t.key for t in stuck]
+            )
             run_transition(run=run, to=Run.Status.CANCELLED, reason=run.status_reason, now=now)
             reaped += 1
     return reaped
@@ -131,7 +161,9 @@ def reap_cancelled(now) -> int:
 
 def stop_overdue(now) -> int:
     overdue = 0
-    for run_id in list(Run.objects.filter(status=Run.Status.RUNNING, deadline__lt=now).values_list("id", flat=True)[:BATCH]):
+    for run_id in list(
+        Run.objects.filter(status=Run.Status.RUNNING, deadline__lt=now).values_list("id", flat=True)[:BATCH]
+    ):
         with transaction.atomic():
             run = Run.objects.select_for_update().get(id=run_id)
             if run.status == Run.Status.RUNNING:

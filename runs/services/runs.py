@@ -59,7 +59,9 @@ def _budget_fields(budget: BudgetIn, now) -> dict:
         "max_tokens": budget.max_tokens,
         "max_tool_calls": budget.max_tool_calls,
         "max_cost_micros": None if budget.max_cost_usd is None else round(budget.max_cost_usd * 1_000_000),
-        "deadline": None if budget.deadline_seconds is None else now + timezone.timedelta(seconds=budget.deadline_seconds),
+        "deadline": None
+        if budget.deadline_seconds is None
+        else now + timezone.timedelta(seconds=budget.deadline_seconds),
     }
 
 
@@ -72,15 +74,28 @@ def tasks_create(*, run: Run, planned, agents: dict[str, Agent], depth: int, now
     for p in planned:
         waiting = len([d for d in p.depends_on if d not in done])
         limits = _budget_fields(p.budget, now)
-        tasks.append(Task(
-            run=run, key=p.key, agent=agents[p.agent], objective=p.objective, depends_on=p.depends_on,
-            allowed_tools=list(agents[p.agent].allowed_tools), output_schema=agents[p.agent].output_schema,
-            max_attempts=agents[p.agent].max_attempts, max_steps=limits["max_steps"] or agents[p.agent].max_steps,
-            max_tokens=limits["max_tokens"], max_tool_calls=limits["max_tool_calls"],
-            max_cost_micros=limits["max_cost_micros"], max_seconds=p.budget.deadline_seconds,
-            depth=depth, plan_version=run.plan_version, pending_deps=waiting,
-            status=Task.Status.PENDING if waiting else Task.Status.READY, ready_at=None if waiting else now,
-        ))
+        tasks.append(
+            Task(
+                run=run,
+                key=p.key,
+                agent=agents[p.agent],
+                objective=p.objective,
+                depends_on=p.depends_on,
+                allowed_tools=list(agents[p.agent].allowed_tools),
+                output_schema=agents[p.agent].output_schema,
+                max_attempts=agents[p.agent].max_attempts,
+                max_steps=limits["max_steps"] or agents[p.agent].max_steps,
+                max_tokens=limits["max_tokens"],
+                max_tool_calls=limits["max_tool_calls"],
+                max_cost_micros=limits["max_cost_micros"],
+                max_seconds=p.budget.deadline_seconds,
+                depth=depth,
+                plan_version=run.plan_version,
+                pending_deps=waiting,
+                status=Task.Status.PENDING if waiting else Task.Status.READY,
+                ready_at=None if waiting else now,
+            )
+        )
     created = Task.objects.bulk_create(tasks)
     by_key = {**existing, **{t.key: t for t in created}}
     upstream = {}
@@ -94,11 +109,15 @@ def tasks_create(*, run: Run, planned, agents: dict[str, Agent], depth: int, now
     return created
 
 
-def run_start(*, workflow: str, input: dict | None = None, budget: dict | None = None, goal: str = "", started_by=None) -> Run:
+def run_start(
+    *, workflow: str, input: dict | None = None, budget: dict | None = None, goal: str = "", started_by=None
+) -> Run:
     try:
         wf = Workflow.objects.select_related("planner_agent").get(slug=workflow)
     except Workflow.DoesNotExist:
-        raise InvalidInput(f"unknown workflow {workflow!r}", [{"field": "workflow", "message": "no such workflow"}]) from None
+        raise InvalidInput(
+            f"unknown workflow {workflow!r}", [{"field": "workflow", "message": "no such workflow"}]
+        ) from None
     try:
         run_input = RunInputIn.model_validate(input or {})
     except ValidationError as exc:
@@ -122,11 +141,18 @@ def run_start(*, workflow: str, input: dict | None = None, budget: dict | None =
     now = timezone.now()
     with transaction.atomic():
         run = Run.objects.create(
-            workflow=wf, goal=goal or wf.default_goal, input=run_input.model_dump(mode="json"),
-            status=Run.Status.RUNNING, started_at=now, started_by=started_by,
-            code_version=cfg["CODE_VERSION"], **_budget_fields(limits, now),
+            workflow=wf,
+            goal=goal or wf.default_goal,
+            input=run_input.model_dump(mode="json"),
+            status=Run.Status.RUNNING,
+            started_at=now,
+            started_by=started_by,
+            code_version=cfg["CODE_VERSION"],
+            **_budget_fields(limits, now),
         )
-        Span.objects.create(run=run, kind=Span.Kind.RUN, name=f"run {wf.slug}", status=Span.Status.RUNNING, started_at=now)
+        Span.objects.create(
+            run=run, kind=Span.Kind.RUN, name=f"run {wf.slug}", status=Span.Status.RUNNING, started_at=now
+        )
         tasks = tasks_create(run=run, planned=planned, agents=agents, depth=0, now=now)
         if wf.planner == Workflow.Planner.AGENT:
             tasks[0].output_schema = PLAN_OUTPUT_SCHEMA

@@ -7,11 +7,23 @@ single-statement step in execution.py, which has a portable fallback.
 """
 
 import json
+from datetime import UTC
 
 from django.db import connection
 
+USAGE_FIELDS = (
+    "steps_used",
+    "tokens_used",
+    "tool_calls_used",
+    "cost_micros",
+    "max_steps",
+    "max_tokens",
+    "max_tool_calls",
+    "max_cost_micros",
+)
 USAGE_COLUMNS = (
-    "status, steps_used, tokens_used, tool_calls_used, cost_micros, max_steps, max_tokens, max_tool_calls, max_cost_micros"
+    "status, steps_used, tokens_used, tool_calls_used, cost_micros, "
+    "max_steps, max_tokens, max_tool_calls, max_cost_micros"
 )
 
 
@@ -30,12 +42,11 @@ def ts(value):
 
 def parse_ts(value):
     """Timestamps come back as datetimes from PostgreSQL and as text from SQLite."""
-    from datetime import timezone as tz
 
     from django.utils.dateparse import parse_datetime
 
     parsed = parse_datetime(value) if isinstance(value, str) else value
-    return parsed.replace(tzinfo=tz.utc) if parsed is not None and parsed.tzinfo is None else parsed
+    return parsed.replace(tzinfo=UTC) if parsed is not None and parsed.tzinfo is None else parsed
 
 
 def jsonb() -> str:
@@ -90,9 +101,26 @@ RUN_ROOT = object()
 ROOT_SPAN_SQL = "(SELECT id FROM runs_span WHERE run_id = %s AND kind = 'run' ORDER BY id LIMIT 1)"
 
 
-def insert_span(*, run_id: int, kind: str, name: str, started_at, task_id=None, parent_id=None, status="ok",
-                attempt=None, step=None, fencing_token=None, ended_at=None, tokens_in=0, tokens_out=0,
-                cost_micros=0, attributes=None, body=None, payload_id=None) -> int:
+def insert_span(
+    *,
+    run_id: int,
+    kind: str,
+    name: str,
+    started_at,
+    task_id=None,
+    parent_id=None,
+    status="ok",
+    attempt=None,
+    step=None,
+    fencing_token=None,
+    ended_at=None,
+    tokens_in=0,
+    tokens_out=0,
+    cost_micros=0,
+    attributes=None,
+    body=None,
+    payload_id=None,
+) -> int:
     """Insert a span; with ``parent_id=RUN_ROOT`` its parent is the run's root span."""
     j = jsonb()
     parent_sql, parent_params = (ROOT_SPAN_SQL, [run_id]) if parent_id is RUN_ROOT else ("%s", [parent_id])
@@ -100,9 +128,25 @@ def insert_span(*, run_id: int, kind: str, name: str, started_at, task_id=None, 
         "INSERT INTO runs_span (run_id, task_id, parent_id, kind, name, status, attempt, step, fencing_token, "
         "started_at, ended_at, tokens_in, tokens_out, cost_micros, attributes, body, payload_id) "
         f"VALUES (%s, %s, {parent_sql}, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s{j}, %s{j}, %s) RETURNING id",
-        [run_id, task_id, *parent_params, kind, name, status, attempt, step, fencing_token, ts(started_at),
-         ts(ended_at) if ended_at else None, tokens_in, tokens_out, cost_micros, dumps(attributes or {}),
-         dumps(body), payload_id],
+        [
+            run_id,
+            task_id,
+            *parent_params,
+            kind,
+            name,
+            status,
+            attempt,
+            step,
+            fencing_token,
+            ts(started_at),
+            ts(ended_at) if ended_at else None,
+            tokens_in,
+            tokens_out,
+            cost_micros,
+            dumps(attributes or {}),
+            dumps(body),
+            payload_id,
+        ],
     )[0]
 
 
@@ -120,8 +164,20 @@ def end_spans(ids, *, now, status: str, attributes: dict | None = None) -> None:
         )
 
 
-def add_usage(table: str, row_id: int, *, steps: int, tokens: int, tool_calls: int, cost: int, extra_set: str = "",
-              extra_set_params=(), extra_where: str = "", extra_params=(), returning: str = USAGE_COLUMNS):
+def add_usage(
+    table: str,
+    row_id: int,
+    *,
+    steps: int,
+    tokens: int,
+    tool_calls: int,
+    cost: int,
+    extra_set: str = "",
+    extra_set_params=(),
+    extra_where: str = "",
+    extra_params=(),
+    returning: str = USAGE_COLUMNS,
+):
     """Add usage to a run or task row and return its new totals (UPDATE … RETURNING, one round trip)."""
     return fetchone(
         f"UPDATE {table} SET steps_used = steps_used + %s, tokens_used = tokens_used + %s, "

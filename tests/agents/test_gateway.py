@@ -7,8 +7,9 @@ from runs.errors import StepFailure, TransientFailure
 
 
 def ask(script, turn=1, attempt=1, **context):
-    request = ModelRequest(agent_slug="a", instructions="", prompt="p" * 400, turn=turn, attempt=attempt,
-                           context=context)
+    request = ModelRequest(
+        agent_slug="a", instructions="", prompt="p" * 400, turn=turn, attempt=attempt, context=context
+    )
     return model_complete(provider="scripted", script=script, model="scripted-1", request=request)
 
 
@@ -20,8 +21,11 @@ def test_turns_are_played_in_order_and_repeat_stands_for_several_calls():
 
 
 def test_a_turn_quotes_dependencies_and_the_last_tool_result():
-    response = ask([{"final": {"v": "{deps[inventory][summary]} / {last[version]}"}}],
-                   deps={"inventory": {"summary": "ok"}}, last={"version": "v43"})
+    response = ask(
+        [{"final": {"v": "{deps[inventory][summary]} / {last[version]}"}}],
+        deps={"inventory": {"summary": "ok"}},
+        last={"version": "v43"},
+    )
     assert response.final == {"v": "ok / v43"}
     assert response.tokens_in == 100 and response.cost_micros > 0
 
@@ -43,5 +47,9 @@ def test_failures_happen_on_the_attempts_they_name():
 
 def test_an_unknown_provider_is_a_validation_error():
     with pytest.raises(StepFailure, match="unknown model provider"):
-        model_complete(provider="nope", script=[], model="m",
-                       request=ModelRequest(agent_slug="a", instructions="", prompt="", turn=1, attempt=1))
+        model_complete(
+            provider="nope",
+            script=[],
+            model="m",
+            request=ModelRequest(agent_slug="a", instructions="", prompt="", turn=1, attempt=1),
+        )

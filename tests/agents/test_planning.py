@@ -22,16 +22,19 @@ def test_a_valid_plan(agent):
     assert [t.key for t in tasks] == ["a", "b"] and set(agents) == {"w"}
 
 
-@pytest.mark.parametrize("raw, message", [
-    (plan({"key": "a", "depends_on": ["b"]}, {"key": "b", "depends_on": ["a"]}), "dependency cycle"),
-    (plan({"key": "a"}, {"key": "a"}), "task keys used twice: a"),
-    (plan({"key": "a", "depends_on": ["ghost"]}), "unknown tasks or agents"),
-    (plan({"key": "a", "agent": "nobody"}), "unknown tasks or agents"),
-    (plan(*({"key": f"t{i}"} for i in range(6))), "at most 5"),
-    ({"tasks": []}, "malformed"),
-    ({"tasks": [{"key": "bad key!", "agent": "w", "objective": "x"}]}, "malformed"),
-    ("not a plan", "malformed"),
-])
+@pytest.mark.parametrize(
+    "raw, message",
+    [
+        (plan({"key": "a", "depends_on": ["b"]}, {"key": "b", "depends_on": ["a"]}), "dependency cycle"),
+        (plan({"key": "a"}, {"key": "a"}), "task keys used twice: a"),
+        (plan({"key": "a", "depends_on": ["ghost"]}), "unknown tasks or agents"),
+        (plan({"key": "a", "agent": "nobody"}), "unknown tasks or agents"),
+        (plan(*({"key": f"t{i}"} for i in range(6))), "at most 5"),
+        ({"tasks": []}, "malformed"),
+        ({"tasks": [{"key": "bad key!", "agent": "w", "objective": "x"}]}, "malformed"),
+        ("not a plan", "malformed"),
+    ],
+)
 def test_invalid_plans_are_refused_with_a_reason(agent, raw, message):
     with pytest.raises(InvalidInput, match=message):
         plan_validate(raw, max_tasks=5)

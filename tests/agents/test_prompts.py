@@ -4,7 +4,10 @@ from agents.prompts import build_prompt
 
 
 def journal(n):
-    return [{"step": i, "kind": "model_call", "name": "m", "body": {"text": f"thought {i} " + "x" * 50}} for i in range(1, n + 1)]
+    return [
+        {"step": i, "kind": "model_call", "name": "m", "body": {"text": f"thought {i} " + "x" * 50}}
+        for i in range(1, n + 1)
+    ]
 
 
 def test_prompt_size_stays_bounded_however_long_the_task_runs():
@@ -15,7 +18,11 @@ def test_prompt_size_stays_bounded_however_long_the_task_runs():
 
 
 def test_prompt_carries_objective_schema_and_dependency_artifacts_only():
-    prompt = build_prompt(objective="Give the verdict", output_schema={"type": "object"},
-                          dependencies={"risk": {"summary": "low"}}, journal=[])
+    prompt = build_prompt(
+        objective="Give the verdict",
+        output_schema={"type": "object"},
+        dependencies={"risk": {"summary": "low"}},
+        journal=[],
+    )
     assert "Objective: Give the verdict" in prompt and '"type": "object"' in prompt
     assert 'Input from risk: {"summary": "low"}' in prompt

@@ -41,7 +41,8 @@ def test_cancel_action_goes_through_the_engine(demo, admin_client):
     Run.objects.filter(id=finished.id).update(status=Run.Status.COMPLETED)
     response = admin_client.post(
         reverse("admin:runs_run_changelist"),
-        {"action": "cancel_runs", "_selected_action": [running.id, finished.id]}, follow=True,
+        {"action": "cancel_runs", "_selected_action": [running.id, finished.id]},
+        follow=True,
     )
     text = response.content.decode()
     assert "cannot go from completed to cancelling" in text
@@ -55,7 +56,9 @@ def test_start_action_on_a_workflow_starts_a_run(demo, admin_client):
     from agents.models import Workflow
 
     wf = Workflow.objects.get(slug="deploy-review")
-    admin_client.post(reverse("admin:agents_workflow_changelist"), {"action": "start_runs", "_selected_action": [wf.id]})
+    admin_client.post(
+        reverse("admin:agents_workflow_changelist"), {"action": "start_runs", "_selected_action": [wf.id]}
+    )
     run = Run.objects.get()
     assert run.workflow == wf and run.started_by.username == "root"
 

@@ -46,16 +46,34 @@ def test_start_a_run_and_read_it_back(demo, api, operator, django_assert_num_que
     "body, status, field, message",
     [
         ({"workflow": "no-such-flow"}, 422, "workflow", "unknown workflow 'no-such-flow'"),
-        ({"workflow": "deploy-review", "budget": {"max_tokens": -5}}, 422, "budget.max_tokens", "the request is invalid"),
-        ({"workflow": "deploy-review", "budget": {"max_tokens": "lots"}}, 422, "budget.max_tokens", "the request is invalid"),
+        (
+            {"workflow": "deploy-review", "budget": {"max_tokens": -5}},
+            422,
+            "budget.max_tokens",
+            "the request is invalid",
+        ),
+        (
+            {"workflow": "deploy-review", "budget": {"max_tokens": "lots"}},
+            422,
+            "budget.max_tokens",
+            "the request is invalid",
+        ),
         ({"workflow": "deploy-review", "budget": {"tokens": 5}}, 422, "budget.tokens", "the request is invalid"),
         ({"workflow": "deploy-review", "budget": [1, 2]}, 422, "budget", "the request is invalid"),
         ({"workflow": 12}, 422, "workflow", "the request is invalid"),
         ({"workflow": "deploy-review", "input": "not an object"}, 422, "input", "the request is invalid"),
-        ({"workflow": "deploy-review", "input": {"faults": [{"task": "verify", "mode": "explode"}]}}, 422,
-         "input.faults.0.mode", "the run's input is invalid"),
-        ({"workflow": "deploy-review", "input": {"faults": [{"task": "verify", "mode": "error"}]}}, 422,
-         "input.faults.0", "the run's input is invalid"),
+        (
+            {"workflow": "deploy-review", "input": {"faults": [{"task": "verify", "mode": "explode"}]}},
+            422,
+            "input.faults.0.mode",
+            "the run's input is invalid",
+        ),
+        (
+            {"workflow": "deploy-review", "input": {"faults": [{"task": "verify", "mode": "error"}]}},
+            422,
+            "input.faults.0",
+            "the run's input is invalid",
+        ),
         ({}, 422, "workflow", "the request is invalid"),
     ],
 )
@@ -70,8 +88,9 @@ def test_bad_input_gets_a_clear_json_error_and_writes_nothing(demo, api, body, s
 
 
 def test_malformed_json_is_refused(demo, client, token):
-    response = client.post("/api/v1/runs", data="{not json", content_type="application/json",
-                           HTTP_AUTHORIZATION=f"Bearer {token}")
+    response = client.post(
+        "/api/v1/runs", data="{not json", content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {token}"
+    )
     assert response.status_code in (400, 422)
     assert "message" in response.json()
     assert not Run.objects.exists()
@@ -80,7 +99,9 @@ def test_malformed_json_is_refused(demo, client, token):
 @pytest.mark.parametrize("header", [None, "Bearer wrong", "Bearer wdn_not-a-real-token", "Basic abc"])
 def test_missing_or_wrong_token_is_refused_and_writes_nothing(demo, client, header):
     headers = {"HTTP_AUTHORIZATION": header} if header else {}
-    response = client.post("/api/v1/runs", data={"workflow": "deploy-review"}, content_type="application/json", **headers)
+    response = client.post(
+        "/api/v1/runs", data={"workflow": "deploy-review"}, content_type="application/json", **headers
+    )
     assert response.status_code == 401
     assert response.json()["code"] == "unauthenticated"
     assert not Run.objects.exists()

@@ -13,8 +13,7 @@ SHORT_LEASE = {"WARDEN_LEASE_SECONDS": 2, "WARDEN_HEARTBEAT_SECONDS": 0.5}
 @pytest.mark.services
 @pytest.mark.processes
 def test_a_fresh_worker_resumes_after_a_crash_between_two_side_effects(demo_tx, processes):
-    run = run_start(workflow="incident-fanout",
-                    input={"faults": [{"task": "worker-3", "call": 3, "mode": "crash"}]})
+    run = run_start(workflow="incident-fanout", input={"faults": [{"task": "worker-3", "call": 3, "mode": "crash"}]})
     # One thread, so the crash cannot catch another task between a call and its journal entry.
     first = processes.worker(threads=1, **SHORT_LEASE)
     wait_for(lambda: first.poll() is not None, timeout=60, message="the worker to die at worker-3's third call")
@@ -57,7 +56,9 @@ def test_workers_reconnect_after_their_database_connections_are_killed(demo_tx, 
 @pytest.mark.services
 @pytest.mark.processes
 def test_many_runs_across_several_workers_converge_without_duplicate_effects(demo_tx, processes):
-    runs = [run_start(workflow="incident-fanout") for _ in range(8)] + [run_start(workflow="deploy-review") for _ in range(4)]
+    runs = [run_start(workflow="incident-fanout") for _ in range(8)] + [
+        run_start(workflow="deploy-review") for _ in range(4)
+    ]
     processes.worker(threads=4)
     processes.worker(threads=4)
     wait_for(lambda: all(Run.objects.get(id=r.id).is_terminal for r in runs), timeout=120, message="all runs")

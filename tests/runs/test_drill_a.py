@@ -55,7 +55,9 @@ def test_deploy_review_resumes_on_a_fresh_worker_after_sigkill(demo_tx, processe
     wait_for(lambda: first.poll() is not None, timeout=60, message="the first worker to die")
     assert FaultFiring.objects.filter(run=run, task_key="verify").exists()
     assert {t.key: t.status for t in run.tasks.all()} == {
-        "inventory": "completed", "risk": "completed", "verify": "ready",
+        "inventory": "completed",
+        "risk": "completed",
+        "verify": "ready",
     }, processes.log(first)
     assert "exited unexpectedly (code -9)" in processes.log(first)
     spans_before = Span.objects.filter(run=run).order_by("-id").values_list("id", flat=True).first()
@@ -74,7 +76,8 @@ def test_deploy_review_resumes_after_an_embedded_server_restart(demo_tx, operato
 
     def start_run():
         request = urllib.request.Request(
-            f"http://127.0.0.1:{port}/api/v1/runs", method="POST",
+            f"http://127.0.0.1:{port}/api/v1/runs",
+            method="POST",
             data=json.dumps({"workflow": "deploy-review", "input": CRASH_BEFORE_VERIFY}).encode(),
             headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
         )
@@ -103,8 +106,11 @@ def test_a_graceful_restart_during_a_retry_backoff_loses_nothing(demo_tx, proces
     slow_backoff = {"WARDEN_RETRY_BASE_SECONDS": 4, "WARDEN_RETRY_CAP_SECONDS": 8}
     run = run_start(workflow="deploy-review")
     server = processes.server(port=free_port(), **slow_backoff)
-    wait_for(lambda: _task(run, "risk").status == Task.Status.RETRY_WAIT and _task(run, "inventory").status == "completed",
-             timeout=30, message="risk to wait for its retry")
+    wait_for(
+        lambda: _task(run, "risk").status == Task.Status.RETRY_WAIT and _task(run, "inventory").status == "completed",
+        timeout=30,
+        message="risk to wait for its retry",
+    )
     server.send_signal(signal.SIGTERM)
     assert server.wait(timeout=30) is not None
     assert _task(run, "risk").status == Task.Status.RETRY_WAIT

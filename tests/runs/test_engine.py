@@ -3,7 +3,6 @@ cancellation, recovery. Embedded mode runs exactly this way."""
 
 import time
 
-import pytest
 from django.test import override_settings
 
 from agents.models import Agent, Workflow
@@ -28,8 +27,13 @@ def effects(tool):
 
 def scripted_workflow(slug, script, *, output_schema=None, tools=(), max_attempts=3, **agent):
     a = Agent.objects.create(
-        slug=f"{slug}-agent", name=slug, script=script, allowed_tools=list(tools),
-        output_schema=output_schema or {"type": "object"}, max_attempts=max_attempts, **agent,
+        slug=f"{slug}-agent",
+        name=slug,
+        script=script,
+        allowed_tools=list(tools),
+        output_schema=output_schema or {"type": "object"},
+        max_attempts=max_attempts,
+        **agent,
     )
     return Workflow.objects.create(slug=slug, name=slug, tasks=[{"key": "only", "agent": a.slug, "objective": "Do it"}])
 
@@ -37,7 +41,9 @@ def scripted_workflow(slug, script, *, output_schema=None, tools=(), max_attempt
 def test_deploy_review_completes_with_the_verdict(demo_tx, worker):
     run = finished(run_start(workflow="deploy-review"))
     assert run.status == Run.Status.COMPLETED
-    assert Artifact.objects.get(run=run, key="verify").content["verdict"].startswith("APPROVE — Deployment checkout@v43")
+    assert (
+        Artifact.objects.get(run=run, key="verify").content["verdict"].startswith("APPROVE — Deployment checkout@v43")
+    )
     assert run.steps_used == 5 and run.tokens_used > 0 and run.cost_micros > 0
     # usage of the run is the sum of its tasks' usage
     assert run.tokens_used == sum(run.tasks.values_list("tokens_used", flat=True))
@@ -54,8 +60,9 @@ def test_incident_fanout_is_planned_by_the_supervisor_and_summarised(demo_tx, wo
 
 def test_transient_failure_at_call_4_replays_calls_1_to_3_from_the_journal(demo_tx, worker):
     """Drill B1: no new effect reaches any system and call 4 reuses its idempotency key."""
-    run = finished(run_start(workflow="incident-fanout",
-                             input={"faults": [{"task": "worker-3", "call": 4, "mode": "transient"}]}))
+    run = finished(
+        run_start(workflow="incident-fanout", input={"faults": [{"task": "worker-3", "call": 4, "mode": "transient"}]})
+    )
     assert run.status == Run.Status.COMPLETED, run.status_reason
     w3 = Task.objects.get(run=run, key="worker-3")
     assert w3.attempts == 2
@@ -67,15 +74,20 @@ def test_transient_failure_at_call_4_replays_calls_1_to_3_from_the_journal(demo_
 
 
 def test_timeout_after_commit_is_reconciled_so_exactly_one_email_exists(demo_tx, worker):
-    run = finished(run_start(workflow="incident-fanout",
-                             input={"faults": [{"task": "worker-3", "call": 4, "mode": "timeout_after_commit"}]}))
+    run = finished(
+        run_start(
+            workflow="incident-fanout",
+            input={"faults": [{"task": "worker-3", "call": 4, "mode": "timeout_after_commit"}]},
+        )
+    )
     assert run.status == Run.Status.COMPLETED, run.status_reason
     assert effects("email.send").filter(idempotency_key__contains=":worker-3:").count() == 1
 
 
 def test_permanent_tool_error_stops_the_run_for_a_human_without_retry(demo_tx, worker):
-    run = finished(run_start(workflow="incident-fanout",
-                             input={"faults": [{"task": "worker-3", "call": 4, "mode": "error"}]}))
+    run = finished(
+        run_start(workflow="incident-fanout", input={"faults": [{"task": "worker-3", "call": 4, "mode": "error"}]})
+    )
     assert run.status == Run.Status.NEEDS_ATTENTION
     assert "worker-3 failed (permanent)" in run.status_reason
     w3 = Task.objects.get(run=run, key="worker-3")
@@ -111,9 +123,11 @@ def test_step_budget_stops_before_the_model_is_called(demo_tx, worker):
 
 
 def test_invalid_final_output_fails_without_retry(transactional_db, worker):
-    wf = scripted_workflow("bad-output", [{"final": {"verdict": 42}}],
-                           output_schema={"type": "object", "required": ["verdict"],
-                                          "properties": {"verdict": {"type": "string"}}})
+    wf = scripted_workflow(
+        "bad-output",
+        [{"final": {"verdict": 42}}],
+        output_schema={"type": "object", "required": ["verdict"], "properties": {"verdict": {"type": "string"}}},
+    )
     run = finished(run_start(workflow=wf.slug))
     task = run.tasks.get()
     assert (task.status, task.failure_class, task.attempts) == ("failed", "validation", 1)
@@ -122,8 +136,9 @@ def test_invalid_final_output_fails_without_retry(transactional_db, worker):
 
 
 def test_loop_guard_stops_a_task_repeating_the_same_call(demo_tx, worker):
-    wf = scripted_workflow("looping", [{"tool": "deployments.read", "arguments": {"service": "checkout"}}],
-                           tools=["deployments.read"])
+    wf = scripted_workflow(
+        "looping", [{"tool": "deployments.read", "arguments": {"service": "checkout"}}], tools=["deployments.read"]
+    )
     run = finished(run_start(workflow=wf.slug))
     task = run.tasks.get()
     assert task.failure_class == "loop"
@@ -131,8 +146,13 @@ def test_loop_guard_stops_a_task_repeating_the_same_call(demo_tx, worker):
 
 
 def test_a_tool_outside_the_allowlist_is_refused_back_to_the_model_and_not_called(demo_tx, worker):
-    wf = scripted_workflow("sneaky", [{"tool": "email.send", "arguments": {"to": "x@y.z", "subject": "s", "body": "b"}},
-                                      {"final": {"ok": "{last}"}}])
+    wf = scripted_workflow(
+        "sneaky",
+        [
+            {"tool": "email.send", "arguments": {"to": "x@y.z", "subject": "s", "body": "b"}},
+            {"final": {"ok": "{last}"}},
+        ],
+    )
     run = finished(run_start(workflow=wf.slug))
     assert run.status == Run.Status.COMPLETED
     result = Span.objects.get(run=run, kind="tool_call").body
@@ -147,8 +167,7 @@ def test_cancelled_run_reaches_cancelled_within_grace_even_if_the_worker_ignores
     started = time.monotonic()
     run_cancel(run_id=run.id)
     grace = settings.WARDEN["CANCEL_GRACE_SECONDS"]
-    wait_for(lambda: Run.objects.get(id=run.id).status == Run.Status.CANCELLED, timeout=grace + 2,
-             message="the reaper")
+    wait_for(lambda: Run.objects.get(id=run.id).status == Run.Status.CANCELLED, timeout=grace + 2, message="the reaper")
     assert time.monotonic() - started < grace + 2
     assert run.tasks.get().status == Task.Status.CANCELLED
     # the stubborn worker's late step is quarantined, not applied
@@ -162,8 +181,11 @@ def test_cooperative_cancel_stops_between_steps(demo_tx, worker):
     run = run_start(workflow=wf.slug)
     wait_for(lambda: run.tasks.filter(steps_used__gte=1).exists(), message="a first step")
     run_cancel(run_id=run.id)
-    wait_for(lambda: Run.objects.get(id=run.id).status == Run.Status.CANCELLED, timeout=1.5,
-             message="cooperative cancel (before the reaper's grace)")
+    wait_for(
+        lambda: Run.objects.get(id=run.id).status == Run.Status.CANCELLED,
+        timeout=1.5,
+        message="cooperative cancel (before the reaper's grace)",
+    )
     assert run.tasks.get().status_reason == "run cancelled"
 
 
@@ -192,8 +214,9 @@ def test_code_version_change_pauses_the_run_until_resumed(demo_tx, worker, setti
 
 
 def test_operator_retry_of_a_failed_task_resumes_the_run(demo_tx, worker):
-    run = finished(run_start(workflow="incident-fanout",
-                             input={"faults": [{"task": "worker-3", "call": 1, "mode": "error"}]}))
+    run = finished(
+        run_start(workflow="incident-fanout", input={"faults": [{"task": "worker-3", "call": 1, "mode": "error"}]})
+    )
     assert run.status == Run.Status.NEEDS_ATTENTION
     Run.objects.filter(id=run.id).update(input={})  # the operator fixed the outside system
     task_retry(task_id=Task.objects.get(run=run, key="worker-3").id)
@@ -202,10 +225,22 @@ def test_operator_retry_of_a_failed_task_resumes_the_run(demo_tx, worker):
 
 def test_planner_output_with_a_cycle_is_refused(transactional_db, worker):
     Agent.objects.create(slug="w", name="w", script=[{"final": {}}])
-    planner = Agent.objects.create(slug="cyclic-planner", name="p", is_planner=True, max_attempts=1, script=[{"final": {"tasks": [
-        {"key": "a", "agent": "w", "objective": "a", "depends_on": ["b"]},
-        {"key": "b", "agent": "w", "objective": "b", "depends_on": ["a"]},
-    ]}}])
+    planner = Agent.objects.create(
+        slug="cyclic-planner",
+        name="p",
+        is_planner=True,
+        max_attempts=1,
+        script=[
+            {
+                "final": {
+                    "tasks": [
+                        {"key": "a", "agent": "w", "objective": "a", "depends_on": ["b"]},
+                        {"key": "b", "agent": "w", "objective": "b", "depends_on": ["a"]},
+                    ]
+                }
+            }
+        ],
+    )
     Workflow.objects.create(slug="cyclic", name="c", planner="agent", planner_agent=planner)
     run = finished(run_start(workflow="cyclic"))
     assert run.status == Run.Status.NEEDS_ATTENTION
@@ -217,7 +252,9 @@ def test_planner_output_with_a_cycle_is_refused(transactional_db, worker):
 def test_concurrent_tasks_per_run_are_capped(transactional_db, worker, settings):
     settings.WARDEN = {**settings.WARDEN, "MAX_CONCURRENT_TASKS_PER_RUN": 2}
     a = Agent.objects.create(slug="sleepy", name="s", script=[{"say": "z", "delay": 0.3}, {"final": {}}])
-    Workflow.objects.create(slug="wide", name="w", tasks=[{"key": f"t{i}", "agent": a.slug, "objective": "x"} for i in range(5)])
+    Workflow.objects.create(
+        slug="wide", name="w", tasks=[{"key": f"t{i}", "agent": a.slug, "objective": "x"} for i in range(5)]
+    )
     run = run_start(workflow="wide")
     peak = 0
     deadline = time.monotonic() + 20
@@ -249,11 +286,17 @@ def test_retry_backoff_grows_with_jitter_and_a_cap(settings):
 
 
 def test_a_task_budget_from_the_plan_stops_that_task(transactional_db, worker):
-    agent = Agent.objects.create(slug="ponder", name="p", script=[{"say": "hmm", "delay": 0.3, "repeat": 50}, {"final": {}}])
-    Workflow.objects.create(slug="budgeted", name="b", tasks=[
-        {"key": "quick", "agent": agent.slug, "objective": "x", "budget": {"deadline_seconds": 1}},
-        {"key": "short", "agent": agent.slug, "objective": "x", "budget": {"max_steps": 3}},
-    ])
+    agent = Agent.objects.create(
+        slug="ponder", name="p", script=[{"say": "hmm", "delay": 0.3, "repeat": 50}, {"final": {}}]
+    )
+    Workflow.objects.create(
+        slug="budgeted",
+        name="b",
+        tasks=[
+            {"key": "quick", "agent": agent.slug, "objective": "x", "budget": {"deadline_seconds": 1}},
+            {"key": "short", "agent": agent.slug, "objective": "x", "budget": {"max_steps": 3}},
+        ],
+    )
     run = finished(run_start(workflow="budgeted"), timeout=15)
     assert run.status == Run.Status.NEEDS_ATTENTION
     # the first failure hands the run to a human; the other task still ends its attempt
@@ -268,10 +311,13 @@ def test_a_task_budget_from_the_plan_stops_that_task(transactional_db, worker):
 def test_large_step_bodies_are_stored_by_reference_and_replayed(transactional_db, worker):
     from runs.models import Payload
 
-    wf = scripted_workflow("bulky", [
-        {"say": "{input[blob]}"},
-        {"fail": "transient", "on_attempts": [1], "final": {"size": "{turn}"}},
-    ])
+    wf = scripted_workflow(
+        "bulky",
+        [
+            {"say": "{input[blob]}"},
+            {"fail": "transient", "on_attempts": [1], "final": {"size": "{turn}"}},
+        ],
+    )
     run = finished(run_start(workflow=wf.slug, input={"blob": "x" * 40_000}))
     assert run.status == Run.Status.COMPLETED
     big = Span.objects.get(run=run, step=1)

@@ -16,7 +16,9 @@ LEASE = 2.0
 @pytest.fixture
 def slow_workflow(transactional_db):
     agent = Agent.objects.create(
-        slug="slow-agent", name="Slow", output_schema={"type": "object"},
+        slug="slow-agent",
+        name="Slow",
+        output_schema={"type": "object"},
         script=[{"say": "thinking slowly", "delay": 1.5}, {"final": {"answer": "done"}}],
     )
     return Workflow.objects.create(
@@ -32,9 +34,7 @@ def test_a_worker_frozen_past_its_lease_cannot_write_after_takeover(slow_workflo
     frozen_env = {"WARDEN_LEASE_SECONDS": LEASE, "WARDEN_HEARTBEAT_SECONDS": 0.3, "WARDEN_ACTOR_TIME_LIMIT_SECONDS": 60}
     run = run_start(workflow="slow")
     first = processes.worker(**frozen_env)
-    task = wait_for(
-        lambda: Task.objects.filter(run=run, status=Task.Status.RUNNING).first(), message="the first claim"
-    )
+    task = wait_for(lambda: Task.objects.filter(run=run, status=Task.Status.RUNNING).first(), message="the first claim")
     owner_pid = int(task.lease_owner.split(":")[1])
     assert owner_pid in processes.children(first)
     os.kill(owner_pid, signal.SIGSTOP)  # frozen mid-step, heartbeat and all

@@ -17,7 +17,9 @@ class Command(BaseCommand):
             path.write_text(secrets.token_urlsafe(12))
             path.chmod(0o600)
         password = path.read_text().strip()
-        user, _ = get_user_model().objects.get_or_create(username="demo", defaults={"is_staff": True, "is_superuser": True})
+        user, _ = get_user_model().objects.get_or_create(
+            username="demo", defaults={"is_staff": True, "is_superuser": True}
+        )
         user.set_password(password)
         user.is_staff = user.is_superuser = user.is_active = True
         user.save()
