@@ -7,7 +7,8 @@ from ninja import Field, Router, Schema, Status
 
 from .models import Run
 from .schemas import BudgetIn
-from .services import run_get, run_start
+from .selectors import run_get
+from .services import run_start
 
 router = Router(tags=["runs"])
 
@@ -97,7 +98,7 @@ def run_out(run: Run) -> dict:
                 "max_attempts": t.max_attempts,
                 "depends_on": t.depends_on,
             }
-            for t in run.tasks.select_related("agent").order_by("id")
+            for t in run.tasks.all()
         ],
         "created_at": run.created_at,
         "started_at": run.started_at,

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from agents.models import Agent, Workflow
 from agents.planning import plan_validate, pydantic_errors
 
-from ..errors import Conflict, InvalidInput, NotFound
+from ..errors import Conflict, InvalidInput
 from ..models import Run, Span, Task
 from ..schemas import PLAN_OUTPUT_SCHEMA, BudgetIn, RunInputIn
 from ..transitions import check_run_transition, check_task_transition
@@ -161,13 +161,6 @@ def run_start(
             if task.status == Task.Status.READY:
                 outbox_add(actor=EXECUTE, kwargs={"run_id": run.id, "task_id": task.id})
     return run
-
-
-def run_get(*, run_id: int) -> Run:
-    try:
-        return Run.objects.select_related("workflow").get(id=run_id)
-    except Run.DoesNotExist:
-        raise NotFound(f"run {run_id} does not exist") from None
 
 
 def run_cancel(*, run_id: int, reason: str = "cancelled by operator") -> Run:
