@@ -11,7 +11,7 @@ from runs.errors import StepFailure, TransientFailure
 from runs.faults import fault_fire_once, faults_at
 from runs.models import Run, Task
 
-from .registry import TOOLS
+from .registry import TOOLS, ToolClass
 
 
 class ToolTimeout(Exception):
@@ -33,7 +33,11 @@ def idempotency_key(*, run_id: int, task_key: str, step: int) -> str:
     return f"warden:{run_id}:{task_key}:{step}"
 
 
-def tool_call(*, run: Run, task: Task, step: int, call_number: int, name: str, arguments) -> ToolOutcome:
+def tool_call(
+    *, run: Run, task: Task, step: int, call_number: int, name: str, arguments, resumed: bool = False
+) -> ToolOutcome:
+    """``resumed``: the model asked for this call in an earlier attempt, which may have made it before
+    it was lost. A write the system does not deduplicate by key is then looked up before it is made."""
     spec = TOOLS.get(name)
     if spec is None:
         return ToolOutcome(error={"code": "unknown_tool", "message": f"there is no tool named {name!r}"})
@@ -68,6 +72,15 @@ def tool_call(*, run: Run, task: Task, step: int, call_number: int, name: str, a
         ):
             spec.run(args, key)
             return _reconcile(spec, key)
+    if resumed and spec.tool_class != ToolClass.READ_ONLY and not spec.honours_keys:
+        if spec.lookup is None:
+            raise StepFailure(
+                f"{name} may have run before its worker was lost and has no status lookup: a human must check",
+                "ambiguous",
+            )
+        found = spec.lookup(key)
+        if found is not None:
+            return ToolOutcome(result=found)
     return ToolOutcome(result=spec.run(args, key))
 
 

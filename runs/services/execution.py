@@ -56,6 +56,7 @@ def _tool_digest(call: dict) -> str:
 class _LoopState:
     journal: list[dict]
     pending_tool: dict | None = None  # the last model response asked for this tool, not yet called
+    pending_replayed: bool = False  # …and that response came from an earlier attempt's journal
     model_turns: int = 0
     tool_calls: int = 0
     tool_repeats: dict = field(default_factory=dict)
@@ -66,6 +67,7 @@ class _LoopState:
         state = cls(journal=[])
         for entry in journal:
             state.apply(entry)
+        state.pending_replayed = state.pending_tool is not None
         return state
 
     def apply(self, entry: dict) -> None:
@@ -79,7 +81,7 @@ class _LoopState:
                 self.tool_repeats[digest] = self.tool_repeats.get(digest, 0) + 1
         else:
             self.tool_calls += 1
-            self.pending_tool = None
+            self.pending_tool, self.pending_replayed = None, False
             self.last_result = body.get("result")
 
     @property
@@ -293,6 +295,7 @@ def _tool_step(lease: Lease, run: Run, task: Task, state: _LoopState):
             call_number=state.tool_calls + 1,
             name=str(call.get("name")),
             arguments=call.get("arguments") or {},
+            resumed=state.pending_replayed,
         )
     except StepFailure as exc:
         _error_span(lease, kind=Span.Kind.TOOL_CALL, name=str(call.get("name")), started=started, message=str(exc))

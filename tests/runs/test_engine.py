@@ -6,6 +6,7 @@ import time
 from django.test import override_settings
 
 from agents.models import Agent, Workflow
+from runs.errors import TransientFailure
 from runs.models import Artifact, QuarantinedResult, Run, Span, Task
 from runs.services import run_cancel, run_resume, run_start, sweep_once, task_retry
 from tests.conftest import wait_for
@@ -341,3 +342,43 @@ def test_the_trace_is_one_tree_run_task_attempt_call(demo_tx, worker):
     # usage on the spans adds up to the run's
     assert sum(s.tokens_in + s.tokens_out for s in spans.values()) == run.tokens_used
     assert sum(s.cost_micros for s in spans.values()) == run.cost_micros
+
+
+def test_a_resumed_email_is_looked_up_before_it_is_sent_again(demo_tx, worker, monkeypatch):
+    """The e-mail service sent the message, then the answer was lost: the retry must not send it twice."""
+    import dataclasses
+
+    from tools import registry
+
+    spec = registry.TOOLS["email.send"]
+    lost = []
+
+    def send_then_lose_the_answer(args, key):
+        result = spec.run(args, key)
+        if ":worker-3:" in key and not lost:
+            lost.append(key)
+            raise TransientFailure("connection reset after the message was accepted")
+        return result
+
+    monkeypatch.setitem(registry.TOOLS, "email.send", dataclasses.replace(spec, run=send_then_lose_the_answer))
+    run = finished(run_start(workflow="incident-fanout"))
+    assert run.status == Run.Status.COMPLETED, run.status_reason
+    assert Task.objects.get(run=run, key="worker-3").attempts == 2
+    assert effects("email.send").filter(idempotency_key__contains=":worker-3:").count() == 1
+    assert effects("email.send").count() == 5
+
+
+def test_a_resumed_write_without_a_lookup_goes_to_a_human(demo_tx, worker, monkeypatch):
+    import dataclasses
+
+    from tools import registry
+
+    spec = registry.TOOLS["email.send"]
+    monkeypatch.setitem(registry.TOOLS, "email.send", dataclasses.replace(spec, lookup=None))
+    run = finished(
+        run_start(workflow="incident-fanout", input={"faults": [{"task": "worker-3", "call": 4, "mode": "transient"}]})
+    )
+    assert run.status == Run.Status.NEEDS_ATTENTION
+    w3 = Task.objects.get(run=run, key="worker-3")
+    assert w3.failure_class == "ambiguous" and "a human must check" in w3.status_reason
+    assert not effects("email.send").filter(idempotency_key__contains=":worker-3:").exists()
