@@ -67,3 +67,19 @@ def test_people_without_staff_status_are_sent_to_log_in(demo, client, operator):
     client.force_login(operator)
     response = client.get(reverse("admin:runs_run_changelist"))
     assert response.status_code == 302 and "/admin/login/" in response["Location"]
+
+
+def test_a_budget_raised_in_the_admin_lets_a_resumed_run_finish(demo_tx, admin_client, worker):
+    from tests.conftest import wait_for
+
+    run = run_start(workflow="deploy-review", budget={"max_steps": 2})
+    wait_for(lambda: Run.objects.get(id=run.id).status == Run.Status.NEEDS_ATTENTION, message="the budget stop")
+    failed = Task.objects.get(run=run, status=Task.Status.FAILED)
+    form = admin_client.get(reverse("admin:runs_run_change", args=[run.id])).context["adminform"].form
+    data = {k: ("" if v is None else v) for k, v in form.initial.items() if k in form.fields}
+    data.update({"max_steps": 50, "tasks-TOTAL_FORMS": "0", "tasks-INITIAL_FORMS": "0"})
+    data["input"] = "{}"
+    admin_client.post(reverse("admin:runs_run_change", args=[run.id]), data)
+    assert Run.objects.get(id=run.id).max_steps == 50
+    admin_client.post(reverse("admin:runs_task_changelist"), {"action": "retry_tasks", "_selected_action": [failed.id]})
+    wait_for(lambda: Run.objects.get(id=run.id).status == Run.Status.COMPLETED, message="the resumed run")
