@@ -15,7 +15,7 @@ from ..errors import BudgetExceeded, LeaseLost, StepFailure, TransientFailure
 from ..models import QuarantinedResult, Run, Span, Task
 from ..transitions import check_task_transition
 from . import sql
-from .leases import CRASH, Lease, Usage, claim, start_crash_due
+from .leases import CRASH, Lease, Usage, claim, claim_candidate, start_crash_due
 from .outbox import outbox_add
 from .runs import EXECUTE, run_finish_cancel_if_idle, run_transition
 
@@ -148,7 +148,7 @@ def task_finish(lease: Lease, run: Run, task: Task, *, step: int, response, star
                 )
                 if not completed:
                     raise LeaseLost(f"task {task.id}: token {lease.token} no longer holds the lease")
-                ready = [_ready_task(run.id, r) for r in sql.loads(ready_rows) if r[1] == Task.Status.READY]
+                ready = [claim_candidate(run.id, r) for r in sql.loads(ready_rows) if r[1] == Task.Status.READY]
                 run_usage = Usage(*usage)
             else:
                 run_usage, held_back, ready = _finish_generic(
@@ -178,20 +178,6 @@ def task_finish(lease: Lease, run: Run, task: Task, *, step: int, response, star
     except LeaseLost:
         quarantine(lease, task, step=step, body=body)
         return None
-
-
-def _ready_task(run_id: int, row) -> Task:
-    task_id, status, key, token, attempts, continuing, agent_id = row
-    return Task(
-        id=task_id,
-        run_id=run_id,
-        status=status,
-        key=key,
-        fencing_token=token,
-        attempts=attempts,
-        continuing=bool(continuing),
-        agent_id=agent_id,
-    )
 
 
 def _finish_generic(lease: Lease, run: Run, task: Task, *, step, response, started, now, body, provenance):
@@ -260,7 +246,7 @@ def _finish_generic(lease: Lease, run: Run, task: Task, *, step, response, start
             "RETURNING id, status, key, fencing_token, attempts, continuing, agent_id",
             [Task.Status.READY, sql.ts(now), *ids, Task.Status.PENDING],
         )
-        ready = [_ready_task(run.id, r) for r in rows if r[1] == Task.Status.READY]
+        ready = [claim_candidate(run.id, r) for r in rows if r[1] == Task.Status.READY]
     return run_usage, held_back, ready
 
 

@@ -209,17 +209,7 @@ def _attempt(lease: Lease):
                     raise
                 if response.final is not None:
                     return _final(lease, run, task, agent, state, response, started)
-                run_usage, task_usage = _journal(
-                    lease,
-                    task,
-                    step=state.next_step,
-                    kind=Span.Kind.MODEL_CALL,
-                    name=agent.model,
-                    body=response.as_journal(),
-                    started=started,
-                    response=response,
-                    state=state,
-                )
+                run_usage, task_usage = _journal_model_step(lease, task, state, response, started)
                 if response.tool_call:
                     _loop_guard(state, response.tool_call)
             if run_usage.status == Run.Status.CANCELLING:
@@ -245,17 +235,7 @@ def _final(lease: Lease, run: Run, task: Task, agent: Agent, state: _LoopState, 
     try:
         output_validate(response.final, task.output_schema)
     except StepFailure:
-        _journal(
-            lease,
-            task,
-            step=state.next_step,
-            kind=Span.Kind.MODEL_CALL,
-            name=response.model,
-            body=response.as_journal(),
-            started=started,
-            response=response,
-            state=state,
-        )
+        _journal_model_step(lease, task, state, response, started)  # the call happened and cost tokens
         raise
     planned = None
     if agent.is_planner:
@@ -273,6 +253,20 @@ def _final(lease: Lease, run: Run, task: Task, agent: Agent, state: _LoopState, 
             details = "; ".join(f"{e['field']}: {e['message']}" for e in exc.errors)
             raise StepFailure(f"invalid plan: {exc}{' (' + details + ')' if details else ''}", "validation") from exc
     return task_finish(lease, run, task, step=state.next_step, response=response, started=started, planned=planned)
+
+
+def _journal_model_step(lease: Lease, task: Task, state: _LoopState, response: ModelResponse, started):
+    return _journal(
+        lease,
+        task,
+        step=state.next_step,
+        kind=Span.Kind.MODEL_CALL,
+        name=response.model,
+        body=response.as_journal(),
+        started=started,
+        response=response,
+        state=state,
+    )
 
 
 def _loop_guard(state: _LoopState, tool_call: dict) -> None:

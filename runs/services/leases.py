@@ -87,6 +87,21 @@ class Usage:
             raise BudgetExceeded("tool_calls", self.tool_calls, self.max_tool_calls, scope)
 
 
+def claim_candidate(run_id: int, row) -> Task:
+    """The few fields ``claim`` needs, from a row (id, status, key, fencing_token, attempts, continuing, agent_id)."""
+    task_id, status, key, token, attempts, continuing, agent_id = row
+    return Task(
+        id=task_id,
+        run_id=run_id,
+        status=status,
+        key=key,
+        fencing_token=token,
+        attempts=attempts,
+        continuing=bool(continuing),
+        agent_id=agent_id,
+    )
+
+
 def lease_expiry(now):
     return now + timezone.timedelta(seconds=settings.WARDEN["LEASE_SECONDS"])
 
@@ -300,16 +315,7 @@ def task_reserve(*, run_id: int, task_id: int, owner: str):
             )
             sql.execute("UPDATE runs_run SET held_back = held_back + 1 WHERE id = %s", [run_id])
             return None
-        task = Task(
-            id=task_id,
-            run_id=run_id,
-            status=t_status,
-            fencing_token=token,
-            attempts=attempts,
-            continuing=bool(continuing),
-            key=key,
-            agent_id=agent_id,
-        )
+        task = claim_candidate(run_id, (task_id, t_status, key, token, attempts, continuing, agent_id))
         if t_status == Task.Status.RUNNING:
             record_lease_expiry(task=Task.objects.get(id=task_id), now=now)
             recoveries += 1
