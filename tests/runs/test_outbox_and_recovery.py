@@ -10,7 +10,26 @@ from django.utils import timezone
 from runs.models import Outbox, Run, Span, Task
 from runs.services import run_start, sweep_once
 from runs.services.leases import task_reserve
-from runs.services.recovery import expire_leases
+from runs.services.recovery import expire_leases, resend_outbox
+
+
+def run_at_once(n: int, work) -> list:
+    """Run ``work`` in n threads released together (each with its own database connection)."""
+    barrier, results = threading.Barrier(n), []
+
+    def worker():
+        barrier.wait()
+        try:
+            results.append(work())
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=worker) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
 
 
 @pytest.fixture
@@ -89,18 +108,7 @@ def test_concurrent_sweepers_expire_a_lease_once(demo_tx, sent):
     task = run.tasks.get(key="inventory")
     task_reserve(run_id=run.id, task_id=task.id, owner="host:1:1")
     Task.objects.filter(id=task.id).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
-    barrier, results = threading.Barrier(4), []
-
-    def sweeper():
-        barrier.wait()
-        results.append(expire_leases(timezone.now()))
-        connection.close()
-
-    threads = [threading.Thread(target=sweeper) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    results = run_at_once(4, lambda: expire_leases(timezone.now()))
     assert sum(results) == 1
     assert Span.objects.filter(run=run, kind="recovery").count() == 1
     assert Task.objects.get(id=task.id).recoveries == 1
@@ -134,19 +142,6 @@ def test_concurrent_sweepers_resend_each_outbox_row_once(demo_tx, monkeypatch):
             sent.append(kw["kwargs"]["task_id"])
 
     monkeypatch.setattr("dramatiq.Actor.send_with_options", record)
-    barrier = threading.Barrier(4)
-
-    def sweeper():
-        barrier.wait()
-        from runs.services.recovery import resend_outbox
-
-        resend_outbox(timezone.now())
-        connection.close()
-
-    threads = [threading.Thread(target=sweeper) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_at_once(4, lambda: resend_outbox(timezone.now()))
     assert sorted(sent) == sorted(Task.objects.filter(status="ready").values_list("id", flat=True))
     assert len(sent) == 10 and not Outbox.objects.exists()
