@@ -4,7 +4,6 @@ import logging
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Q
 from django.utils import timezone
 from pydantic import ValidationError
 
@@ -185,28 +184,34 @@ def run_finish_cancel_if_idle(*, run: Run, now) -> bool:
     return True
 
 
+def _resume_locked(*, run: Run, reason: str, now, skip: tuple = ()) -> None:
+    """needs_attention → running under the code version now deployed, and the tasks that were paused
+    (ready, or waiting for a retry whose message found the run paused) are sent again. Run locked."""
+    run_transition(run=run, to=Run.Status.RUNNING, reason=reason, now=now)
+    run.code_version = settings.WARDEN["CODE_VERSION"]
+    run.save(update_fields=["code_version"])
+    for task in run.tasks.filter(status__in=[Task.Status.READY, Task.Status.RETRY_WAIT]).exclude(id__in=skip):
+        if task.status == Task.Status.RETRY_WAIT:
+            task_set_ready(task=task, now=now)
+        else:
+            outbox_add(actor=EXECUTE, kwargs={"run_id": task.run_id, "task_id": task.id})
+
+
 def run_resume(*, run_id: int, reason: str = "resumed by operator") -> Run:
-    """Continue a run that needs attention, under the code version now deployed."""
-    now = timezone.now()
+    """Continue a run that needs attention."""
     with transaction.atomic():
         run = Run.objects.select_for_update().get(id=run_id)
-        run_transition(run=run, to=Run.Status.RUNNING, reason=reason, now=now)
-        run.code_version = settings.WARDEN["CODE_VERSION"]
-        run.save(update_fields=["code_version"])
-        for task in run.tasks.filter(Q(status=Task.Status.READY) | Q(status=Task.Status.RETRY_WAIT)):
-            if task.status == Task.Status.RETRY_WAIT:
-                task_set_ready(task=task, now=now)
-            else:
-                outbox_add(actor=EXECUTE, kwargs={"run_id": task.run_id, "task_id": task.id})
+        _resume_locked(run=run, reason=reason, now=timezone.now())
     return run
 
 
 def task_retry(*, task_id: int, reason: str = "retried by operator") -> Task:
-    """Give a failed task one more attempt and resume its run if it was waiting for a human."""
+    """Give a failed task one more attempt, and resume its run if it was waiting for a human."""
     now = timezone.now()
+    run_id = Task.objects.values_list("run_id", flat=True).get(id=task_id)
     with transaction.atomic():
+        run = Run.objects.select_for_update().get(id=run_id)  # lock order: run, then task
         task = Task.objects.select_for_update().get(id=task_id)
-        run = Run.objects.select_for_update().get(id=task.run_id)
         if run.is_terminal:
             raise Conflict(f"run {run.id} is {run.status}; a task of a finished run cannot be retried")
         check_task_transition(task.status, Task.Status.READY)
@@ -215,5 +220,5 @@ def task_retry(*, task_id: int, reason: str = "retried by operator") -> Task:
         task.save(update_fields=["max_attempts", "failure_class"])
         task_set_ready(task=task, now=now)
         if run.status == Run.Status.NEEDS_ATTENTION:
-            run_transition(run=run, to=Run.Status.RUNNING, reason=reason, now=now)
+            _resume_locked(run=run, reason=reason, now=now, skip=(task.id,))
     return task
