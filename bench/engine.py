@@ -184,6 +184,23 @@ def timed(workers: Workers, start_runs):
     return run_ids, (last - first).total_seconds(), steps, cpu
 
 
+def _medians(results) -> tuple[float, float]:
+    """Median steps/s and worker CPU ms per step of repeated `timed` results."""
+    rate = statistics.median(steps / elapsed for _, elapsed, steps, _ in results)
+    cpu = statistics.median(cpu / steps * 1000 for _, _, steps, cpu in results)
+    return rate, cpu
+
+
+def _throughput_row(label: str, rate: float, floor: float, clients: int, goal: str) -> tuple:
+    return (
+        label,
+        f"{rate:,.0f} steps/s",
+        f"{clients}-client floor {floor:,.0f} commits/s",
+        f"{rate / floor:.2f}×",
+        goal,
+    )
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=1000)
@@ -222,17 +239,8 @@ def main():
     try:
         print(f"(1) one task of {args.steps} journaled steps, {reps}× …", flush=True)
         long_runs = [timed(workers, lambda: [run_start(workflow="bench-long").id]) for _ in range(reps)]
-        rate1 = statistics.median(steps / elapsed for _, elapsed, steps, _ in long_runs)
-        cpu1 = statistics.median(cpu / steps * 1000 for _, _, steps, cpu in long_runs)
-        rows.append(
-            (
-                f"(1) 1 task × {args.steps} steps, 1 worker thread",
-                f"{rate1:,.0f} steps/s",
-                f"1-client floor {floor1:,.0f} commits/s",
-                f"{rate1 / floor1:.2f}×",
-                "≥ 0.20×",
-            )
-        )
+        rate1, cpu1 = _medians(long_runs)
+        rows.append(_throughput_row(f"(1) 1 task × {args.steps} steps, 1 worker thread", rate1, floor1, 1, "≥ 0.20×"))
 
         print(f"(3) a chain of {args.chain} dependent one-step tasks, {reps}× …", flush=True)
         hops, cpu3 = [], []
@@ -257,16 +265,10 @@ def main():
             timed(workers, lambda: [run_start(workflow="bench-short").id for _ in range(args.runs)])
             for _ in range(reps)
         ]
-        rate2 = statistics.median(steps / elapsed for _, elapsed, steps, _ in many)
-        cpu2 = statistics.median(cpu / steps * 1000 for _, _, steps, cpu in many)
+        rate2, cpu2 = _medians(many)
+        threads = f"{args.processes}×{4 // args.processes} worker threads"
         rows.append(
-            (
-                f"(2) {args.runs} runs × {args.run_steps} steps, {args.processes}×{4 // args.processes} worker threads",
-                f"{rate2:,.0f} steps/s",
-                f"4-client floor {floor4:,.0f} commits/s",
-                f"{rate2 / floor4:.2f}×",
-                "≥ 0.06×",
-            )
+            _throughput_row(f"(2) {args.runs} runs × {args.run_steps} steps, {threads}", rate2, floor4, 4, "≥ 0.06×")
         )
     finally:
         workers.stop()
