@@ -31,7 +31,7 @@ WORKER_TURNS = [
             "body": "We are on it; your ticket is open and we will write again when it is resolved.",
         },
     },
-    {"final": {"summary": "{task}: ticket opened, record updated, customer e-mailed ({last[message_id]})"}},
+    {"final": {"summary": "{task}: ticket opened, record updated, customer e-mail {last[status]}"}},
 ]
 
 AGENTS = [

@@ -43,6 +43,14 @@ class Workflow(models.Model):
     default_budget = models.JSONField(default=dict, blank=True)
     max_tasks = models.PositiveIntegerField(null=True, blank=True)
     max_concurrent_tasks = models.PositiveIntegerField(null=True, blank=True)
+    tool_policies = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text='Per tool, trusted: {"email.send": {"approval": "always"}} makes each call wait for a reviewer',
+    )
+    compensate_on_failure = models.BooleanField(
+        default=False, help_text="After a task fails for good, undo the run's committed effects without waiting"
+    )
 
     class Meta:
         ordering = ["slug"]

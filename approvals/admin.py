@@ -1,6 +1,9 @@
 from django.contrib import admin, messages
 
-from .models import ApiToken
+from runs.errors import WardenError
+
+from .models import ApiToken, ApprovalRequest
+from .services import approval_decide
 from .tokens import api_token_create, api_token_revoke
 
 
@@ -26,3 +29,30 @@ class ApiTokenAdmin(admin.ModelAdmin):
     def revoke(self, request, queryset):
         for token in queryset:
             api_token_revoke(token=token)
+
+
+@admin.register(ApprovalRequest)
+class ApprovalRequestAdmin(admin.ModelAdmin):
+    list_display = ["id", "run", "kind", "status", "requested_at", "decided_by", "decided_at"]
+    list_filter = ["status", "kind"]
+    search_fields = ["=id", "=run__id", "summary", "note"]
+    readonly_fields = ["run", "task", "kind", "status", "summary", "requested_at", "decided_at", "decided_by", "note"]
+    actions = ["approve", "reject"]
+
+    def has_add_permission(self, request):
+        return False
+
+    def _decide(self, request, queryset, approve: bool):
+        for approval in queryset:
+            try:
+                approval_decide(request_id=approval.id, user=request.user, approve=approve, note="in the admin")
+            except WardenError as exc:
+                self.message_user(request, f"{approval}: {exc}", messages.ERROR)
+
+    @admin.action(description="Approve the selected requests")
+    def approve(self, request, queryset):
+        self._decide(request, queryset, True)
+
+    @admin.action(description="Reject the selected requests")
+    def reject(self, request, queryset):
+        self._decide(request, queryset, False)

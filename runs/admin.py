@@ -73,9 +73,11 @@ class RunAdmin(admin.ModelAdmin):
         "started_at",
         "finished_at",
         "cancel_requested_at",
+        "ops_lease_owner",
+        "ops_lease_expires_at",
     ]
     inlines = [TaskInline]
-    actions = ["cancel_runs", "resume_runs"]
+    actions = ["cancel_runs", "resume_runs", "compensate_runs"]
 
     @admin.action(description="Cancel the selected runs")
     def cancel_runs(self, request, queryset):
@@ -84,6 +86,12 @@ class RunAdmin(admin.ModelAdmin):
     @admin.action(description="Resume the selected runs (needs attention → running)")
     def resume_runs(self, request, queryset):
         _apply(self, request, queryset, run_resume, reason=f"resumed by {request.user} in the admin")
+
+    @admin.action(description="Compensate the selected runs (undo committed effects; corrections need approval)")
+    def compensate_runs(self, request, queryset):
+        from tools.saga import run_compensate  # the tools app builds on the engine
+
+        _apply(self, request, queryset, run_compensate, reason=f"compensation requested by {request.user}")
 
 
 @admin.register(Task)

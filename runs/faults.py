@@ -8,14 +8,23 @@ from django.db import IntegrityError, transaction
 from .models import FaultFiring
 
 
-def faults_at(run_input: dict, task_key: str, *, call: int | None = None, at: str = "call") -> list[str]:
+def faults_at(
+    run_input: dict,
+    task_key: str,
+    *,
+    call: int | None = None,
+    at: str = "call",
+    with_points: bool = False,
+    any_call: bool = False,
+) -> list:
+    """The modes of the faults at this task's call (or start); ``with_points`` adds each crash's point."""
     modes = []
     for fault in (run_input or {}).get("faults", []):
         if fault.get("task") != task_key or fault.get("at", "call") != at:
             continue
-        if at == "call" and fault.get("call") != call:
+        if at == "call" and not any_call and fault.get("call") != call:
             continue
-        modes.append(fault["mode"])
+        modes.append((fault["mode"], fault.get("point", "")) if with_points else fault["mode"])
     return modes
 
 

@@ -46,6 +46,9 @@ class Run(models.Model):
     held_back = models.PositiveIntegerField(
         default=0, help_text="Ready tasks held back by the concurrency cap, to send when a slot frees"
     )
+    # The supervisor's executor of proposals and compensations holds this lease while it works.
+    ops_lease_owner = models.CharField(max_length=128, blank=True)
+    ops_lease_expires_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-id"]

@@ -21,7 +21,9 @@ class FaultIn(BaseModel):
     task: str = Field(min_length=1, max_length=64, pattern=r"^[-a-zA-Z0-9_]+$")
     at: Literal["call", "start"] = "call"
     call: int | None = Field(default=None, ge=1, le=10_000)
-    mode: Literal["error", "transient", "timeout_after_commit", "crash"]
+    mode: Literal["error", "transient", "timeout_after_commit", "slow", "crash"]
+    # Where a crash happens around a tool call (default: after the intent is committed, before the call).
+    point: Literal["", "after_intent", "after_call", "after_receipt", "after_advance", "after_enqueue"] = ""
 
     @model_validator(mode="after")
     def _call_needed(self):
@@ -29,6 +31,8 @@ class FaultIn(BaseModel):
             raise ValueError("a fault at a tool call needs 'call' (1-based, within the task)")
         if self.at == "start" and self.mode != "crash":
             raise ValueError("only 'crash' can happen at a task's start")
+        if self.point and self.mode != "crash":
+            raise ValueError("'point' applies to a crash only")
         return self
 
 

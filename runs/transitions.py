@@ -12,8 +12,9 @@ RUN_TRANSITIONS: dict[str, frozenset[str]] = {
     RS.CANCELLING: frozenset({RS.CANCELLED}),
     RS.COMPENSATING: frozenset({RS.COMPENSATED, RS.NEEDS_ATTENTION}),
     RS.COMPLETED: frozenset(),
-    RS.FAILED: frozenset(),
-    RS.CANCELLED: frozenset(),
+    # A finished run whose effects an operator wants undone can still be compensated.
+    RS.FAILED: frozenset({RS.COMPENSATING}),
+    RS.CANCELLED: frozenset({RS.COMPENSATING}),
     RS.COMPENSATED: frozenset(),
 }
 

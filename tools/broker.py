@@ -1,21 +1,48 @@
-"""The minimal broker: the only path from a model's tool call to a sandbox system.
+"""The broker: the only path from a model's chosen tool call to an external system.
 
-Refused or invalid calls come back to the model as a structured tool error and call nothing.
+For every call, in this order: look the tool up, check the task's allowlist (trusted configuration),
+validate the arguments, check the tool's rate limit and circuit breaker, classify, apply the run's
+mode and the approval policy, derive the idempotency key from run, task and step (never the attempt),
+commit the intent row, call with a deadline, commit the receipt, validate and sanitise the result.
+A refused or invalid call returns a structured tool error to the model and calls nothing.
+
+Between the intent and the receipt the outcome is unknown to us. A retry that finds an intent without a
+receipt reconciles first (the tool's lookup by key): committed → the stored answer; not committed → the
+call is made again with the same key; no lookup → a human decides. Never a blind retry.
 """
 
+import json
+import logging
+import re
+import time
 from dataclasses import dataclass
 
+from django.conf import settings
+from django.core.cache import cache
+from django.db import transaction
+from django.utils import timezone
+from django.utils.crypto import salted_hmac
 from pydantic import ValidationError
 
 from runs.errors import StepFailure, TransientFailure
-from runs.faults import fault_fire_once, faults_at
-from runs.models import Run, Task
+from runs.faults import crash_now, fault_fire_once, faults_at
 
-from .registry import TOOLS, ToolClass
+from . import sandbox
+from .models import SealedArguments, ToolOperation
+from .registry import REDACTED, TOOLS, ToolSpec, redact
+
+log = logging.getLogger("warden.tools")
+OS = ToolOperation.Status
+RESULT_TEXT_LIMIT = 4000
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 
 
-class ToolTimeout(Exception):
-    """The call's deadline passed: the effect may or may not have happened."""
+class TaskParked(Exception):
+    """The call waits for a human decision; the task is parked until the decision arrives."""
+
+    def __init__(self, operation_id: int, reason: str):
+        super().__init__(reason)
+        self.operation_id = operation_id
 
 
 @dataclass
@@ -28,67 +55,420 @@ class ToolOutcome:
         return {"result": self.result} if self.error is None else {"error": self.error}
 
 
+def _refuse(code: str, message: str, **extra) -> ToolOutcome:
+    return ToolOutcome(error={"code": code, "message": message, **extra})
+
+
 def idempotency_key(*, run_id: int, task_key: str, step: int) -> str:
     """Derived from run, task and step, never from the attempt: a retry reuses it."""
     return f"warden:{run_id}:{task_key}:{step}"
 
 
-def tool_call(
-    *, run: Run, task: Task, step: int, call_number: int, name: str, arguments, resumed: bool = False
-) -> ToolOutcome:
-    """``resumed``: the model asked for this call in an earlier attempt, which may have made it before
-    it was lost. A write the system does not deduplicate by key is then looked up before it is made."""
-    spec = TOOLS.get(name)
-    if spec is None:
-        return ToolOutcome(error={"code": "unknown_tool", "message": f"there is no tool named {name!r}"})
-    if name not in task.allowed_tools:
-        return ToolOutcome(
-            error={"code": "not_allowed", "message": f"tool {name!r} is not allowed for agent {task.agent_id}"}
-        )
+def arguments_hash(name: str, arguments: dict) -> str:
+    # Keyed, so that the hash of a low-entropy secret argument cannot be guessed back.
+    canonical = json.dumps([name, arguments], sort_keys=True, default=str)
+    return salted_hmac("warden.tools.arguments", canonical, algorithm="sha256").hexdigest()
+
+
+# --- secrets in the journal ------------------------------------------------------------------------
+
+
+def tool_call_for_journal(*, task_id: int, step: int, tool_call: dict | None) -> dict | None:
+    """The model's tool call as the journal may hold it: secret argument values are sealed apart
+    (SealedArguments) and replaced by a marker. Returns the call to journal."""
+    if not tool_call:
+        return tool_call
+    spec = TOOLS.get(str(tool_call.get("name")))
+    arguments = tool_call.get("arguments")
+    if spec is None or not spec.secret_fields or not isinstance(arguments, dict):
+        return tool_call
+    secrets = {k: arguments[k] for k in spec.secret_fields if arguments.get(k) is not None}
+    if not secrets:
+        return tool_call
+    SealedArguments.objects.update_or_create(task_id=task_id, step=step, defaults={"values": secrets})
+    return {**tool_call, "arguments": redact(spec, arguments)}
+
+
+def _unseal(spec: ToolSpec, task_id: int, step: int, arguments: dict) -> dict:
+    if not spec.secret_fields or not any(arguments.get(k) == REDACTED for k in spec.secret_fields):
+        return arguments
+    sealed = SealedArguments.objects.filter(task_id=task_id, step=step).values_list("values", flat=True).first()
+    return {**arguments, **(sealed or {})}
+
+
+# --- rate limit and circuit breaker (shared by all workers through the cache) ---------------------
+
+
+def _circuit_key(tool: str) -> str:
+    return f"warden:circuit:{tool}"
+
+
+def circuit_reset(tool: str | None = None) -> None:
+    cache.delete_many([_circuit_key(t) for t in ([tool] if tool else TOOLS)])
+
+
+def _circuit_open_for(tool: str) -> float:
+    state = cache.get(_circuit_key(tool)) or {}
+    return max(0.0, state.get("open_until", 0) - time.time())
+
+
+def _circuit_record(tool: str, ok: bool) -> None:
+    key = _circuit_key(tool)
+    if ok:
+        if cache.get(key):
+            cache.delete(key)
+        return
+    cfg = settings.WARDEN
+    state = cache.get(key) or {"failures": 0, "open_until": 0}
+    state["failures"] += 1
+    if state["failures"] >= cfg["TOOL_CIRCUIT_FAILURES"]:
+        state = {"failures": 0, "open_until": time.time() + cfg["TOOL_CIRCUIT_OPEN_SECONDS"]}
+        log.warning("circuit for %s opened for %ss", tool, cfg["TOOL_CIRCUIT_OPEN_SECONDS"])
+    cache.set(key, state, timeout=max(60, int(cfg["TOOL_CIRCUIT_OPEN_SECONDS"]) + 1))
+
+
+def _rate_limited(spec: ToolSpec) -> float:
+    """Seconds until the next call may go, or 0. A fixed one-minute window per tool."""
+    if not spec.rate_per_minute:
+        return 0.0
+    window = int(time.time() // 60)
+    key = f"warden:rate:{spec.name}:{window}"
+    cache.add(key, 0, timeout=120)
     try:
-        args = spec.arguments.model_validate(arguments)
-    except ValidationError as exc:
-        fields = [{"field": ".".join(map(str, e["loc"])), "message": e["msg"]} for e in exc.errors()]
-        return ToolOutcome(
-            error={"code": "invalid_arguments", "message": f"invalid arguments for {name}", "fields": fields}
+        count = cache.incr(key)
+    except ValueError:  # expired between add and incr
+        cache.set(key, 1, timeout=120)
+        count = 1
+    return 0.0 if count <= spec.rate_per_minute else 60 - time.time() % 60
+
+
+# --- faults and crash points -----------------------------------------------------------------------
+
+
+@dataclass
+class Faults:
+    """The drill faults that apply to one call (SCENARIOS.md): the mode passed to the external system,
+    and the crash points at which this worker dies."""
+
+    run_id: int
+    task_key: str
+    call: int
+    system: str | None = None
+    crash_points: tuple = ()
+
+    @classmethod
+    def at(cls, run_input: dict, *, run_id: int, task_key: str, call: int) -> "Faults":
+        system, points = None, []
+        for mode, point in faults_at(run_input, task_key, call=call, with_points=True):
+            point_name = f"call:{call}" if point in ("", "after_intent") else f"call:{call}:{point}"
+            if mode == "crash":
+                points.append((point or "after_intent", point_name))
+            elif mode in ("error", "slow"):
+                system = mode  # every time: the system keeps refusing, or keeps being slow
+            elif fault_fire_once(run_id=run_id, task_key=task_key, point=point_name, mode=mode):
+                system = mode  # once: a retry succeeds
+        return cls(run_id=run_id, task_key=task_key, call=call, system=system, crash_points=tuple(points))
+
+    def crash(self, point: str) -> None:
+        for name, point_name in self.crash_points:
+            if name == point and fault_fire_once(
+                run_id=self.run_id, task_key=self.task_key, point=point_name, mode="crash"
+            ):
+                crash_now()
+
+
+def crash_point(run_input: dict, *, run_id: int, task_key: str, call: int | None, point: str) -> None:
+    """A crash fault at an engine point after a call (after_advance, after_enqueue)."""
+    for mode, fault_point in faults_at(run_input, task_key, call=call, with_points=True, any_call=call is None):
+        if mode == "crash" and fault_point == point:
+            name = f"{point}" if call is None else f"call:{call}:{point}"
+            if fault_fire_once(run_id=run_id, task_key=task_key, point=name, mode="crash"):
+                crash_now()
+
+
+# --- the agent's path --------------------------------------------------------------------------------
+
+
+def tool_call(*, run, task, step: int, call_number: int, name: str, arguments, resumed: bool = False) -> ToolOutcome:
+    """One tool call asked for by a task's model. ``resumed``: the model asked for it in an earlier
+    attempt (replayed from the journal); the ledger row of that attempt, if any, is found by key."""
+    spec = TOOLS.get(name)
+    if spec is None or spec.internal:
+        return _refuse("unknown_tool", f"there is no tool named {name!r}", available=sorted(task.allowed_tools))
+    if name not in task.allowed_tools:
+        return _refuse(
+            "not_allowed", f"tool {name!r} is not allowed for this task", available=sorted(task.allowed_tools)
         )
+    if not isinstance(arguments, dict):
+        return _refuse("invalid_arguments", f"the arguments of {name} must be an object")
+    arguments = _unseal(spec, task.id, step, arguments)
+    try:
+        args = spec.arguments.model_validate(arguments).model_dump()
+    except ValidationError as exc:
+        fields = [{"field": ".".join(map(str, e["loc"])) or "arguments", "message": e["msg"]} for e in exc.errors()]
+        return _refuse("invalid_arguments", f"invalid arguments for {name}", fields=fields)
 
     key = idempotency_key(run_id=run.id, task_key=task.key, step=step)
-    for mode in faults_at(run.input, task.key, call=call_number):
-        if mode == "error":
-            raise StepFailure(f"{name} failed permanently (drill fault)", "permanent")
-        if mode == "transient" and fault_fire_once(
-            run_id=run.id, task_key=task.key, point=f"call:{call_number}", mode=mode
-        ):
-            raise TransientFailure(f"{name} failed transiently (drill fault)")
-        if mode == "crash" and fault_fire_once(
-            run_id=run.id, task_key=task.key, point=f"call:{call_number}", mode=mode
-        ):
-            from runs.faults import crash_now
+    digest = arguments_hash(name, args)
+    existing = ToolOperation.objects.filter(idempotency_key=key).first()
+    if existing is None:
+        wait = _circuit_open_for(name)
+        if wait:
+            return _refuse("circuit_open", f"{name} is failing; calls are paused", retry_after=round(wait, 1))
+        wait = _rate_limited(spec)
+        if wait:
+            return _refuse("rate_limited", f"{name} is over its rate limit", retry_after=round(wait, 1))
+    elif existing.arguments_hash != digest:
+        raise StepFailure(f"{name}: idempotency key {key} was used before with other arguments", "permanent")
 
-            crash_now()
-        if mode == "timeout_after_commit" and fault_fire_once(
-            run_id=run.id, task_key=task.key, point=f"call:{call_number}", mode=mode
-        ):
-            spec.run(args, key)
-            return _reconcile(spec, key)
-    if resumed and spec.tool_class != ToolClass.READ_ONLY and not spec.honours_keys:
-        if spec.lookup is None:
-            raise StepFailure(
-                f"{name} may have run before its worker was lost and has no status lookup: a human must check",
-                "ambiguous",
-            )
-        found = spec.lookup(key)
+    faults = Faults.at(run.input, run_id=run.id, task_key=task.key, call=call_number)
+    if existing is not None:
+        return _resume_operation(existing, spec, args, faults, task_id=task.id)
+    if not spec.is_write:
+        return _read(
+            run=run,
+            task=task,
+            step=step,
+            call_number=call_number,
+            spec=spec,
+            args=args,
+            key=key,
+            digest=digest,
+            faults=faults,
+        )
+
+    propose = name in (run.input or {}).get("propose_tools", [])
+    policy = _policy(run, name)
+    status = OS.PROPOSED if propose else OS.AWAITING_APPROVAL if policy.get("approval") == "always" else OS.EXECUTING
+    with transaction.atomic():
+        op = ToolOperation.objects.create(
+            run_id=run.id,
+            task_id=task.id,
+            step=step,
+            call_number=call_number,
+            tool=name,
+            idempotency_key=key,
+            arguments_hash=digest,
+            arguments=redact(spec, args),
+            tool_class=spec.tool_class,
+            reversibility=spec.reversibility,
+            proposed=propose,
+            status=status,
+            compensation=_undo_plan(spec),
+            attempts=1 if status == OS.EXECUTING else 0,
+            started_at=timezone.now() if status == OS.EXECUTING else None,
+        )
+        if status == OS.AWAITING_APPROVAL:
+            from approvals.services import approval_request_for_operation
+
+            approval_request_for_operation(op)
+    if status == OS.PROPOSED:
+        return _proposed(op)
+    if status == OS.AWAITING_APPROVAL:
+        raise TaskParked(op.id, f"{name} waits for a reviewer's approval")
+    faults.crash("after_intent")
+    return _call_and_receipt(op, spec, args, faults)
+
+
+def _policy(run, tool: str) -> dict:
+    """The workflow's trusted per-tool policy, e.g. {"email.send": {"approval": "always"}}."""
+    from agents.models import Workflow
+
+    policies = Workflow.objects.filter(runs__id=run.id).values_list("tool_policies", flat=True).first() or {}
+    return policies.get(tool) or {}
+
+
+def _undo_plan(spec: ToolSpec) -> dict | None:
+    """Recorded with the intent: what would undo (or correct) this effect, before it exists."""
+    if spec.undo is None:
+        return None
+    kind = "compensation" if spec.reversibility == "reversible" else "correction"
+    return {"kind": kind, "by": spec.undo.__name__.lstrip("_")}
+
+
+def _proposed(op: ToolOperation) -> ToolOutcome:
+    return ToolOutcome(
+        result={
+            "status": "proposed",
+            "operation": op.id,
+            "note": "proposed, not done: the supervisor executes proposals after the run's other work, once approved",
+        }
+    )
+
+
+def _read(*, run, task, step, call_number, spec: ToolSpec, args: dict, key: str, digest: str, faults: Faults):
+    """A read has no effect to protect: it is called, then recorded (one write, not two)."""
+    if spec.cacheable:
+        cached = (
+            ToolOperation.objects.filter(run_id=run.id, tool=spec.name, arguments_hash=digest, status=OS.COMMITTED)
+            .values_list("id", "result")
+            .first()
+        )
+        if cached is not None:
+            _record_read(run, task, step, call_number, spec, args, key, digest, cached[1], f"cached from {cached[0]}")
+            return ToolOutcome(result=cached[1])
+    faults.crash("after_intent")  # a read has no intent row: this is just before the call
+    result = _external(spec, args, key=key, fault=faults.system)
+    faults.crash("after_call")
+    outcome = _validated(spec, result)
+    _record_read(run, task, step, call_number, spec, args, key, digest, outcome.result, "")
+    faults.crash("after_receipt")
+    return outcome
+
+
+def _record_read(run, task, step, call_number, spec, args, key, digest, result, reason: str) -> None:
+    now = timezone.now()
+    ToolOperation.objects.create(
+        run_id=run.id,
+        task_id=task.id,
+        step=step,
+        call_number=call_number,
+        tool=spec.name,
+        idempotency_key=key,
+        arguments_hash=digest,
+        arguments=redact(spec, args),
+        tool_class=spec.tool_class,
+        status=OS.COMMITTED,
+        status_reason=reason,
+        result=result,
+        attempts=0 if reason else 1,
+        started_at=now,
+        committed_at=now,
+        ended_at=now,
+    )
+
+
+def _resume_operation(op: ToolOperation, spec: ToolSpec, args: dict, faults: Faults, *, task_id: int) -> ToolOutcome:
+    """The step's call has a ledger row already: a retry, a resumed attempt or a duplicate delivery."""
+    if op.status in (OS.COMMITTED, OS.COMPENSATING, OS.COMPENSATED, OS.COMPENSATION_FAILED):
+        return ToolOutcome(result=op.result) if op.result is not None else _validated(spec, op.result)
+    if op.status == OS.PROPOSED or (op.proposed and op.status in (OS.AWAITING_APPROVAL, OS.APPROVED)):
+        return _proposed(op)
+    if op.status == OS.REJECTED:
+        return _refuse("rejected", f"{op.tool} was not done: {op.status_reason or 'a reviewer rejected it'}")
+    if op.status == OS.AWAITING_APPROVAL:
+        raise TaskParked(op.id, f"{op.tool} waits for a reviewer's approval")
+    if op.status in (OS.EXECUTING, OS.AMBIGUOUS):
+        found = reconcile(op, spec)
         if found is not None:
-            return ToolOutcome(result=found)
-    return ToolOutcome(result=spec.run(args, key))
+            return found
+    return operation_execute(op, spec, args, faults)
 
 
-def _reconcile(spec, key: str) -> ToolOutcome:
-    """After an ambiguous write, ask the system by key before anything else happens."""
+def reconcile(op: ToolOperation, spec: ToolSpec) -> ToolOutcome | None:
+    """An intent without a receipt: ask the system by key. Committed → its answer (recorded as the
+    receipt); not committed → None, and the caller may call again with the same key."""
     if spec.lookup is None:
-        raise StepFailure(f"{spec.name} timed out and has no status lookup: a human must check", "ambiguous")
-    found = spec.lookup(key)
-    if found is not None:
-        return ToolOutcome(result=found)
-    raise TransientFailure(f"{spec.name} timed out and did not commit")
+        _set(op, status=OS.AMBIGUOUS, status_reason="no receipt, and the tool has no status lookup: a human must check")
+        raise StepFailure(
+            f"{op.tool} ({op.idempotency_key}) may or may not have happened: a human must check", "ambiguous"
+        )
+    found = spec.lookup(op.idempotency_key)
+    if found is None:
+        _set(op, status=OS.APPROVED, status_reason="reconciled: not committed; calling again with the same key")
+        log.info("reconciled %s %s: not committed", op.tool, op.idempotency_key)
+        return None
+    log.info("reconciled %s %s: committed", op.tool, op.idempotency_key)
+    return _receipt(op, spec, found, reason="reconciled: committed")
+
+
+def _set(op: ToolOperation, **changes) -> None:
+    for name, value in changes.items():
+        setattr(op, name, value)
+    ToolOperation.objects.filter(id=op.id).update(**changes)
+
+
+def operation_execute(op: ToolOperation, spec: ToolSpec, args: dict, faults: Faults) -> ToolOutcome:
+    """Make the call of an operation that may go (approved, or failed and being retried)."""
+    now = timezone.now()
+    changed = (
+        ToolOperation.objects.filter(id=op.id, attempts=op.attempts)
+        .exclude(status__in=ToolOperation.TERMINAL - {OS.FAILED})
+        .update(status=OS.EXECUTING, attempts=op.attempts + 1, started_at=now, status_reason="")
+    )
+    if not changed:
+        raise TransientFailure(f"{op.tool} ({op.idempotency_key}) is being executed elsewhere")
+    op.status, op.attempts = OS.EXECUTING, op.attempts + 1
+    faults.crash("after_intent")
+    return _call_and_receipt(op, spec, args, faults)
+
+
+def _call_and_receipt(op: ToolOperation, spec: ToolSpec, args: dict, faults: Faults) -> ToolOutcome:
+    try:
+        result = _external(spec, args, key=op.idempotency_key, fault=faults.system)
+    except sandbox.SystemTimeout as exc:
+        _set(op, status=OS.AMBIGUOUS, status_reason=str(exc))
+        found = reconcile(op, spec)
+        if found is not None:
+            return found
+        raise TransientFailure(f"{op.tool} timed out and did not take effect; it will be tried again") from exc
+    except sandbox.SystemTransient as exc:
+        _set(op, status=OS.FAILED, status_reason=str(exc), ended_at=timezone.now())
+        raise TransientFailure(f"{op.tool}: {exc}") from exc
+    except sandbox.SystemError_ as exc:
+        _set(op, status=OS.FAILED, status_reason=str(exc), ended_at=timezone.now())
+        raise StepFailure(f"{op.tool}: {exc}", "permanent") from exc
+    faults.crash("after_call")
+    outcome = _receipt(op, spec, result)
+    faults.crash("after_receipt")
+    return outcome
+
+
+def _external(spec: ToolSpec, args: dict, *, key: str, fault: str | None) -> dict:
+    """The call itself, with the tool's deadline; feeds the circuit breaker."""
+    try:
+        result = spec.execute(args, key=key, logged=_logged(spec, args), fault=fault, deadline=spec.timeout_seconds)
+    except (sandbox.SystemTimeout, sandbox.SystemTransient, sandbox.SystemError_):
+        _circuit_record(spec.name, ok=False)
+        raise
+    _circuit_record(spec.name, ok=True)
+    return result
+
+
+def _logged(spec: ToolSpec, args: dict) -> dict:
+    return redact(spec, args)
+
+
+def _receipt(op: ToolOperation, spec: ToolSpec, result: dict, reason: str = "") -> ToolOutcome:
+    outcome = _validated(spec, result)
+    now = timezone.now()
+    external_id = ""
+    if isinstance(result, dict):
+        external_id = str(result.get("ticket_id") or result.get("message_id") or result.get("customer_id") or "")[:200]
+    _set(
+        op,
+        status=OS.COMMITTED,
+        status_reason=reason if outcome.error is None else f"{reason} {outcome.error['message']}".strip(),
+        result=outcome.result if outcome.error is None else {"invalid": True},
+        external_id=external_id,
+        committed_at=now,
+        ended_at=now,
+    )
+    if outcome.error is None and op.compensation is not None and spec.undo is not None:
+        tool, undo_args = spec.undo(op.arguments, outcome.result)
+        plan = {**op.compensation, "tool": tool, "arguments": undo_args}
+        _set(op, compensation=plan)
+    return outcome
+
+
+def _validated(spec: ToolSpec, result) -> ToolOutcome:
+    """The result as the model may see it: checked against the tool's result model, extra keys dropped,
+    text bounded and stripped of control characters. An invalid result is an error, not data."""
+    try:
+        clean = spec.result.model_validate(result).model_dump()
+    except ValidationError as exc:
+        return _refuse(
+            "invalid_result",
+            f"{spec.name} returned a result that does not match its schema: {exc.error_count()} errors",
+        )
+    return ToolOutcome(result=_sanitised(clean))
+
+
+def _sanitised(value):
+    if isinstance(value, str):
+        return _CONTROL.sub("", value)[:RESULT_TEXT_LIMIT]
+    if isinstance(value, dict):
+        return {str(k)[:200]: _sanitised(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_sanitised(v) for v in value[:200]]
+    return value

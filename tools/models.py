@@ -1,16 +1,117 @@
-"""Sandbox external systems: each call that reaches one is a row, so tests and operators can count
-effects (and duplicates by idempotency key) from outside the engine."""
+"""The side-effect ledger, and the sandbox external systems the demo, the drills and the tests call.
+
+The sandbox systems live in their own tables, as another service's database would: Warden reaches them
+only through the tool functions in ``tools.sandbox``. ``SandboxCall`` logs every request that reached
+one, so effects (and duplicates by idempotency key) can be counted from outside the engine.
+"""
 
 from django.db import models
 
 
+class ToolOperation(models.Model):
+    """One tool call, from its intent (committed before the call) to its receipt, reconciliation or
+    compensation. Keyed by a stable idempotency key: a retry of the same step finds this row again."""
+
+    class Status(models.TextChoices):
+        PROPOSED = "proposed"  # propose mode: waits for the supervisor's bundled execution
+        AWAITING_APPROVAL = "awaiting_approval"
+        APPROVED = "approved"  # may be executed
+        REJECTED = "rejected"
+        EXECUTING = "executing"  # intent committed; the call may be under way
+        COMMITTED = "committed"
+        FAILED = "failed"
+        AMBIGUOUS = "ambiguous"  # the call may or may not have taken effect; reconciliation decides
+        COMPENSATING = "compensating"
+        COMPENSATED = "compensated"
+        COMPENSATION_FAILED = "compensation_failed"
+
+    TERMINAL = frozenset(
+        {Status.REJECTED, Status.COMMITTED, Status.FAILED, Status.COMPENSATED, Status.COMPENSATION_FAILED}
+    )
+
+    class Kind(models.TextChoices):
+        ACTION = "action"  # asked for by an agent
+        COMPENSATION = "compensation"  # undoes a reversible action
+        CORRECTION = "correction"  # follows an irreversible action (a correction e-mail)
+
+    class ToolClass(models.TextChoices):
+        READ_ONLY = "read_only"
+        IDEMPOTENT_WRITE = "idempotent_write"
+        NON_IDEMPOTENT_WRITE = "non_idempotent_write"
+
+    class Reversibility(models.TextChoices):
+        NONE = "", "not a write"
+        REVERSIBLE = "reversible"
+        IRREVERSIBLE = "irreversible"
+
+    run = models.ForeignKey("runs.Run", on_delete=models.CASCADE, related_name="operations")
+    task = models.ForeignKey("runs.Task", null=True, blank=True, on_delete=models.CASCADE, related_name="operations")
+    step = models.PositiveIntegerField(null=True, blank=True, help_text="Journal step of the task")
+    call_number = models.PositiveIntegerField(null=True, blank=True, help_text="1-based tool call within the task")
+    kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.ACTION)
+    tool = models.CharField(max_length=64)
+    idempotency_key = models.CharField(max_length=200, unique=True)
+    arguments_hash = models.CharField(max_length=64, help_text="SHA-256 of the canonical arguments")
+    arguments = models.JSONField(default=dict, blank=True, help_text="Secret fields are redacted")
+    tool_class = models.CharField(max_length=24, choices=ToolClass.choices)
+    reversibility = models.CharField(max_length=16, choices=Reversibility.choices, blank=True)
+    proposed = models.BooleanField(default=False, help_text="Made in propose mode; executed by the supervisor")
+    status = models.CharField(max_length=24, choices=Status.choices, db_index=True)
+    status_reason = models.TextField(blank=True)
+    result = models.JSONField(null=True, blank=True)
+    external_id = models.CharField(max_length=200, blank=True)
+    attempts = models.PositiveIntegerField(default=0, help_text="Calls made to the external system")
+    # The undo or correction planned with the intent: {"tool": ..., "arguments": {...}} (may quote the result).
+    compensation = models.JSONField(null=True, blank=True)
+    compensates = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.CASCADE, related_name="compensations"
+    )
+    order = models.PositiveIntegerField(default=0, help_text="Execution order among supervisor operations")
+    approval = models.ForeignKey(
+        "approvals.ApprovalRequest", null=True, blank=True, on_delete=models.SET_NULL, related_name="operations"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    committed_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["id"]
+        indexes = [
+            models.Index(fields=["run", "status"]),
+            models.Index(fields=["run", "tool", "arguments_hash"]),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tool} {self.idempotency_key} ({self.status})"
+
+    @property
+    def is_write(self) -> bool:
+        return self.tool_class != self.ToolClass.READ_ONLY
+
+
+class SealedArguments(models.Model):
+    """The real values of secret argument fields of one journaled tool call. Spans, the ledger, logs,
+    pages and API responses hold only the redacted form; the broker alone reads this, to make the call."""
+
+    task = models.ForeignKey("runs.Task", on_delete=models.CASCADE, related_name="+")
+    step = models.PositiveIntegerField()
+    values = models.JSONField(default=dict)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["task", "step"], name="sealed_arguments_task_step")]
+
+
 class SandboxCall(models.Model):
-    system = models.CharField(max_length=32, db_index=True)  # deployments, crm, tickets, email
+    """Every request that reached a sandbox system; ``is_effect`` marks those that changed it."""
+
+    system = models.CharField(max_length=32, db_index=True)  # deployments, crm, tickets, email, search
     operation = models.CharField(max_length=32)
     tool = models.CharField(max_length=64)
     idempotency_key = models.CharField(max_length=200, db_index=True)
     is_effect = models.BooleanField(default=False, help_text="Changed the outside world (not a read)")
-    arguments = models.JSONField(default=dict)
+    object_id = models.CharField(max_length=100, blank=True)
+    arguments = models.JSONField(default=dict, help_text="Secret fields are stored as a hash")
     result = models.JSONField(default=dict)
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -19,3 +120,74 @@ class SandboxCall(models.Model):
 
     def __str__(self) -> str:
         return f"{self.tool} {self.idempotency_key}"
+
+
+class SandboxTicket(models.Model):
+    """The ticket tracker. It honours idempotency keys, as Jira-like trackers with request ids do."""
+
+    ticket_id = models.CharField(max_length=32, unique=True)
+    idempotency_key = models.CharField(max_length=200, unique=True)
+    customer_id = models.CharField(max_length=64)
+    title = models.CharField(max_length=200)
+    status = models.CharField(max_length=16, default="open")
+    created_at = models.DateTimeField(auto_now_add=True)
+    closed_at = models.DateTimeField(null=True, blank=True)
+    close_key = models.CharField(max_length=200, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.ticket_id} ({self.status})"
+
+
+class SandboxRecord(models.Model):
+    """A CRM record."""
+
+    customer_id = models.CharField(max_length=64, unique=True)
+    name = models.CharField(max_length=200)
+    tier = models.CharField(max_length=32, default="gold")
+    fields = models.JSONField(default=dict, blank=True)
+    version = models.PositiveIntegerField(default=1)
+
+    def __str__(self) -> str:
+        return self.customer_id
+
+
+class SandboxRecordChange(models.Model):
+    """A CRM update or restore, with the record's before-image; the key makes a repeat a no-op."""
+
+    record = models.ForeignKey(SandboxRecord, on_delete=models.CASCADE, related_name="changes")
+    idempotency_key = models.CharField(max_length=200, unique=True)
+    kind = models.CharField(max_length=16)  # update, restore
+    before = models.JSONField(default=dict)
+    after = models.JSONField(default=dict)
+    version = models.PositiveIntegerField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+
+class SandboxEmail(models.Model):
+    """The e-mail service's sent folder. It does NOT enforce idempotency keys: a repeated send is a real
+    duplicate. The key travels as a header, so the sent folder can be searched by it."""
+
+    message_id = models.CharField(max_length=64, unique=True)
+    idempotency_key = models.CharField(max_length=200, db_index=True)
+    to = models.CharField(max_length=200)
+    subject = models.CharField(max_length=200)
+    body = models.TextField(blank=True)
+    kind = models.CharField(max_length=16, default="message")  # message, correction
+    in_reply_to = models.CharField(max_length=64, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+
+class SandboxDeployment(models.Model):
+    """The deployment inventory."""
+
+    service = models.CharField(max_length=100, unique=True)
+    version = models.CharField(max_length=32)
+    pods = models.PositiveIntegerField(default=1)
+    region = models.CharField(max_length=32)
+
+
+class SandboxDocument(models.Model):
+    """The search index: runbooks and past incidents."""
+
+    title = models.CharField(max_length=200)
+    body = models.TextField()

@@ -1,14 +1,17 @@
-"""Typed stand-in tools over sandbox systems. Each call is a SandboxCall row, so effects can be
-counted from outside the engine. (The full broker and ledger come with the tools issue.)"""
+"""Typed tools: arguments and result as pydantic models, a class, a reversibility and what undoes or
+corrects an effect. The registry is trusted configuration; what a model asks for is checked against it."""
 
 import hashlib
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
-from .models import SandboxCall
+from . import sandbox
+
+SECRET = {"secret": True}  # json_schema_extra of an argument field that must never be shown
+REDACTED = "[secret]"
 
 
 class ToolClass:
@@ -17,134 +20,275 @@ class ToolClass:
     NON_IDEMPOTENT_WRITE = "non_idempotent_write"
 
 
+class Reversibility:
+    NONE = ""
+    REVERSIBLE = "reversible"
+    IRREVERSIBLE = "irreversible"
+
+
+class _Args(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class _Result(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
 @dataclass(frozen=True)
 class ToolSpec:
     name: str
     system: str
     tool_class: str
-    reversible: bool
+    reversibility: str
     arguments: type[BaseModel]
-    run: Callable[[BaseModel, str], dict]
+    result: type[BaseModel]
+    # execute(validated_args_dict, key=..., logged=..., fault=..., deadline=...) -> dict
+    execute: Callable[..., dict]
     # Status lookup by idempotency key, for reconciling an ambiguous write; None when the system has none.
     lookup: Callable[[str], dict | None] | None = None
-    honours_keys: bool = False
+    # For a reversible write, the undo; for an irreversible one, the correction: (arguments, result) -> (tool, args)
+    undo: Callable[[dict, dict], tuple[str, dict]] | None = None
+    cacheable: bool = False  # a read whose result may be reused within a run
+    timeout_seconds: float = 10.0
+    rate_per_minute: int | None = None
+    internal: bool = False  # used by the engine (compensations); not for agents' allowlists
+    description: str = ""
+    secret_fields: frozenset = field(default=frozenset())
+
+    @property
+    def is_write(self) -> bool:
+        return self.tool_class != ToolClass.READ_ONLY
 
 
-def _record(spec_name: str, system: str, operation: str, key: str, args: BaseModel, result: dict, effect: bool):
-    SandboxCall.objects.create(
-        system=system,
-        operation=operation,
-        tool=spec_name,
-        idempotency_key=key,
-        is_effect=effect,
-        arguments=args.model_dump(),
-        result=result,
-    )
-    return result
+def _secret_fields(model: type[BaseModel]) -> frozenset:
+    return frozenset(name for name, info in model.model_fields.items() if (info.json_schema_extra or {}).get("secret"))
 
 
-def _short_id(prefix: str, key: str) -> str:
-    return f"{prefix}-{hashlib.sha256(key.encode()).hexdigest()[:10]}"
+def redact(spec: ToolSpec, arguments: dict) -> dict:
+    """The arguments with secret fields replaced; safe for spans, the ledger, logs, pages and the API."""
+    if not spec.secret_fields or not isinstance(arguments, dict):
+        return arguments
+    return {k: (REDACTED if k in spec.secret_fields and v is not None else v) for k, v in arguments.items()}
 
 
-def _prior_effect(tool: str, key: str) -> dict | None:
-    row = SandboxCall.objects.filter(tool=tool, idempotency_key=key, is_effect=True).order_by("id").first()
-    return None if row is None else row.result
+def canonical_hash(name: str, arguments) -> str:
+    return hashlib.sha256(json.dumps([name, arguments], sort_keys=True, default=str).encode()).hexdigest()
 
 
-class DeploymentsReadArgs(BaseModel):
+# --- argument and result models ------------------------------------------------------------------
+
+
+class DeploymentsReadArgs(_Args):
     service: str = Field(min_length=1, max_length=100)
 
 
-def _deployments_read(args, key):
-    result = {"service": args.service, "version": "v43", "pods": 12, "region": "eu-west-1"}
-    return _record("deployments.read", "deployments", "read", key, args, result, effect=False)
+class DeploymentsReadResult(_Result):
+    service: str
+    version: str
+    pods: int
+    region: str
 
 
-class CrmReadArgs(BaseModel):
-    customer_id: str = Field(min_length=1, max_length=64)
+class CrmReadArgs(_Args):
+    customer_id: str = Field(min_length=1, max_length=64, pattern=r"^[-a-zA-Z0-9_]+$")
 
 
-def _crm_read(args, key):
-    result = {"customer_id": args.customer_id, "name": f"Customer {args.customer_id}", "tier": "gold"}
-    return _record("crm.read", "crm", "read", key, args, result, effect=False)
-
-
-class TicketsCreateArgs(BaseModel):
-    customer_id: str = Field(min_length=1, max_length=64)
-    title: str = Field(min_length=1, max_length=200)
-
-
-def _tickets_create(args, key):
-    prior = _prior_effect("tickets.create", key)
-    if prior is not None:  # the tracker honours idempotency keys
-        return prior
-    result = {"ticket_id": _short_id("T", key), "status": "open"}
-    return _record("tickets.create", "tickets", "create", key, args, result, effect=True)
-
-
-class CrmUpdateArgs(BaseModel):
-    customer_id: str = Field(min_length=1, max_length=64)
+class CrmReadResult(_Result):
+    customer_id: str
+    name: str
+    tier: str
     fields: dict[str, str]
 
 
-def _crm_update(args, key):
-    prior = _prior_effect("crm.update", key)
-    if prior is not None:
-        return prior
-    result = {"customer_id": args.customer_id, "updated": sorted(args.fields), "before": {"status": "active"}}
-    return _record("crm.update", "crm", "update", key, args, result, effect=True)
+class SearchQueryArgs(_Args):
+    query: str = Field(min_length=1, max_length=500)
+    limit: int = Field(default=5, ge=1, le=20)
 
 
-class EmailSendArgs(BaseModel):
-    to: str = Field(min_length=3, max_length=200)
+class SearchHit(_Result):
+    title: str
+    snippet: str
+
+
+class SearchQueryResult(_Result):
+    query: str
+    hits: list[SearchHit]
+
+
+class TicketsCreateArgs(_Args):
+    customer_id: str = Field(min_length=1, max_length=64, pattern=r"^[-a-zA-Z0-9_]+$")
+    title: str = Field(min_length=1, max_length=200)
+    # Some trackers take a per-request credential in the body; it is passed on and never shown.
+    api_key: str | None = Field(default=None, max_length=200, json_schema_extra=SECRET)
+
+
+class TicketResult(_Result):
+    ticket_id: str
+    status: str
+
+
+class TicketsCloseArgs(_Args):
+    ticket_id: str = Field(min_length=1, max_length=32)
+    reason: str = Field(default="", max_length=500)
+
+
+class CrmUpdateArgs(_Args):
+    customer_id: str = Field(min_length=1, max_length=64, pattern=r"^[-a-zA-Z0-9_]+$")
+    fields: dict[str, str] = Field(min_length=1, max_length=50)
+
+
+class CrmChangeResult(_Result):
+    customer_id: str
+    version: int
+    before: dict[str, str | None]
+    updated: list[str]
+
+
+class CrmRestoreArgs(_Args):
+    customer_id: str = Field(min_length=1, max_length=64)
+    before: dict[str, str | None] = Field(min_length=1, max_length=50)
+
+
+class EmailSendArgs(_Args):
+    to: str = Field(min_length=3, max_length=200, pattern=r"^[^@\s]+@[^@\s]+$")
     subject: str = Field(min_length=1, max_length=200)
     body: str = Field(max_length=10_000)
+    in_reply_to: str = Field(default="", max_length=64)
 
 
-def _email_send(args, key):
-    # The e-mail service does not honour idempotency keys: a blind retry sends a second e-mail.
-    result = {"message_id": _short_id("M", key + str(SandboxCall.objects.filter(tool="email.send").count()))}
-    return _record("email.send", "email", "send", key, args, result, effect=True)
+class EmailSendResult(_Result):
+    message_id: str
+    status: str
+
+
+# --- undo and correction ------------------------------------------------------------------------
+
+
+def _close_ticket(arguments: dict, result: dict) -> tuple[str, dict]:
+    return "tickets.close", {"ticket_id": result["ticket_id"], "reason": "compensated: the run was rolled back"}
+
+
+def _restore_record(arguments: dict, result: dict) -> tuple[str, dict]:
+    return "crm.restore", {"customer_id": result["customer_id"], "before": result["before"]}
+
+
+def _correction_email(arguments: dict, result: dict) -> tuple[str, dict]:
+    return "email.send", {
+        "to": arguments["to"],
+        "subject": f"Correction: {arguments['subject']}"[:200],
+        "body": "Please disregard our previous message: the action it described has been reversed.",
+        "in_reply_to": result["message_id"],
+    }
+
+
+def _spec(**kwargs) -> ToolSpec:
+    return ToolSpec(secret_fields=_secret_fields(kwargs["arguments"]), **kwargs)
+
+
+def _call(function):
+    """Adapt a sandbox function to the broker's calling convention."""
+
+    def execute(arguments: dict, *, key: str, logged: dict, fault=None, deadline=None) -> dict:
+        return function(**arguments, key=key, logged=logged, fault=fault, deadline=deadline)
+
+    return execute
 
 
 TOOLS: dict[str, ToolSpec] = {
     spec.name: spec
     for spec in [
-        ToolSpec("deployments.read", "deployments", ToolClass.READ_ONLY, True, DeploymentsReadArgs, _deployments_read),
-        ToolSpec("crm.read", "crm", ToolClass.READ_ONLY, True, CrmReadArgs, _crm_read),
-        ToolSpec(
-            "tickets.create",
-            "tickets",
-            ToolClass.IDEMPOTENT_WRITE,
-            True,
-            TicketsCreateArgs,
-            _tickets_create,
-            lookup=lambda key: _prior_effect("tickets.create", key),
-            honours_keys=True,
+        _spec(
+            name="deployments.read",
+            system="deployments",
+            tool_class=ToolClass.READ_ONLY,
+            reversibility=Reversibility.NONE,
+            arguments=DeploymentsReadArgs,
+            result=DeploymentsReadResult,
+            execute=_call(sandbox.deployments_read),
+            cacheable=True,
+            description="What is deployed for a service",
         ),
-        ToolSpec(
-            "crm.update",
-            "crm",
-            ToolClass.IDEMPOTENT_WRITE,
-            True,
-            CrmUpdateArgs,
-            _crm_update,
-            lookup=lambda key: _prior_effect("crm.update", key),
-            honours_keys=True,
+        _spec(
+            name="crm.read",
+            system="crm",
+            tool_class=ToolClass.READ_ONLY,
+            reversibility=Reversibility.NONE,
+            arguments=CrmReadArgs,
+            result=CrmReadResult,
+            execute=_call(sandbox.crm_read),
+            description="A customer's CRM record",
         ),
-        ToolSpec(
-            "email.send",
-            "email",
-            ToolClass.NON_IDEMPOTENT_WRITE,
-            False,
-            EmailSendArgs,
-            _email_send,
-            lookup=lambda key: _prior_effect("email.send", key),
+        _spec(
+            name="search.query",
+            system="search",
+            tool_class=ToolClass.READ_ONLY,
+            reversibility=Reversibility.NONE,
+            arguments=SearchQueryArgs,
+            result=SearchQueryResult,
+            execute=_call(sandbox.search_query),
+            cacheable=True,
+            rate_per_minute=120,
+            description="Search runbooks and past incidents",
+        ),
+        _spec(
+            name="tickets.create",
+            system="tickets",
+            tool_class=ToolClass.IDEMPOTENT_WRITE,
+            reversibility=Reversibility.REVERSIBLE,
+            arguments=TicketsCreateArgs,
+            result=TicketResult,
+            execute=_call(sandbox.tickets_create),
+            lookup=sandbox.tickets_create_lookup,
+            undo=_close_ticket,
+            description="Open a ticket (undone by closing it)",
+        ),
+        _spec(
+            name="tickets.close",
+            system="tickets",
+            tool_class=ToolClass.IDEMPOTENT_WRITE,
+            reversibility=Reversibility.IRREVERSIBLE,
+            arguments=TicketsCloseArgs,
+            result=TicketResult,
+            execute=_call(sandbox.tickets_close),
+            lookup=sandbox.tickets_close_lookup,
+            internal=True,
+            description="Close a ticket",
+        ),
+        _spec(
+            name="crm.update",
+            system="crm",
+            tool_class=ToolClass.IDEMPOTENT_WRITE,
+            reversibility=Reversibility.REVERSIBLE,
+            arguments=CrmUpdateArgs,
+            result=CrmChangeResult,
+            execute=_call(sandbox.crm_update),
+            lookup=sandbox.crm_change_lookup,
+            undo=_restore_record,
+            description="Update fields of a CRM record (undone by restoring the before-image)",
+        ),
+        _spec(
+            name="crm.restore",
+            system="crm",
+            tool_class=ToolClass.IDEMPOTENT_WRITE,
+            reversibility=Reversibility.IRREVERSIBLE,
+            arguments=CrmRestoreArgs,
+            result=CrmChangeResult,
+            execute=_call(sandbox.crm_restore),
+            lookup=sandbox.crm_change_lookup,
+            internal=True,
+            description="Restore a CRM record's fields to a before-image",
+        ),
+        _spec(
+            name="email.send",
+            system="email",
+            tool_class=ToolClass.NON_IDEMPOTENT_WRITE,
+            reversibility=Reversibility.IRREVERSIBLE,
+            arguments=EmailSendArgs,
+            result=EmailSendResult,
+            execute=_call(sandbox.email_send),
+            lookup=sandbox.email_lookup,
+            undo=_correction_email,
+            description="E-mail a customer (irreversible: corrected by a correction e-mail)",
         ),
     ]
 }
-
-
-def canonical_hash(name: str, arguments) -> str:
-    return hashlib.sha256(json.dumps([name, arguments], sort_keys=True, default=str).encode()).hexdigest()

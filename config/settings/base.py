@@ -135,6 +135,15 @@ if REDIS_URL:
             "CONFIG": {"hosts": [REDIS_URL], "prefix": "warden:channels", "group_expiry": 3600},
         }
     }
+    # Shared by every worker: tools' rate limits and circuit breakers.
+    CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": REDIS_URL,
+            "KEY_PREFIX": os.environ.get("WARDEN_QUEUE_NAMESPACE", "warden"),
+            "OPTIONS": {"socket_timeout": 5, "socket_connect_timeout": 5},
+        }
+    }
 else:
     DRAMATIQ_BROKER = {
         "BROKER": "dramatiq.brokers.stub.StubBroker",
@@ -174,6 +183,11 @@ WARDEN = {
     # Stamped on every run and compared before a resume: a run paused across a deploy is not resumed
     # silently under different code.
     "CODE_VERSION": os.environ.get("WARDEN_CODE_VERSION", "warden-0.1.0"),
+    # Tools: consecutive failures that open a tool's circuit, and for how long it stays open.
+    "TOOL_CIRCUIT_FAILURES": int(os.environ.get("WARDEN_TOOL_CIRCUIT_FAILURES", 5)),
+    "TOOL_CIRCUIT_OPEN_SECONDS": _env_float("WARDEN_TOOL_CIRCUIT_OPEN_SECONDS", 30),
+    # The sandbox systems' effects listing (GET /api/v1/sandbox/effects); off where real tools run.
+    "SANDBOX_TOOLS": os.environ.get("WARDEN_SANDBOX_TOOLS", "1") == "1",
 }
 
 # --- Auth, i18n, static ---------------------------------------------------------------------------

@@ -254,11 +254,7 @@ def _advance(run: Run, *, ready: list, owner: str, now, stop_reason: str = "", h
     """After a task completed, with its newly ``ready`` dependents: claim one for this worker (the
     task-to-task hop, without a broker round trip) and send the others; finish the run when nothing is
     left. With ``stop_reason`` (a budget crossed) the run waits for a human instead. Call with the run locked."""
-    if not ready and not sql.fetchone(
-        "SELECT 1 FROM runs_task WHERE run_id = %s AND status <> %s LIMIT 1", [run.id, Task.Status.COMPLETED]
-    ):
-        if run.status in (Run.Status.RUNNING, Run.Status.NEEDS_ATTENTION):
-            run_transition(run=run, to=Run.Status.COMPLETED, reason="all tasks completed", now=now)
+    if not ready and _run_settle(run, now, stop_reason=stop_reason):
         return None
     if stop_reason and run.status == Run.Status.RUNNING:
         run_transition(run=run, to=Run.Status.NEEDS_ATTENTION, reason=stop_reason, now=now)
@@ -281,6 +277,54 @@ def _advance(run: Run, *, ready: list, owner: str, now, stop_reason: str = "", h
                 continue
         outbox_add(actor=EXECUTE, kwargs={"run_id": run.id, "task_id": candidate.id})
     return mine
+
+
+def _run_settle(run: Run, now, stop_reason: str = "") -> bool:
+    """Nothing of the run became ready: complete it (or first ask for one approval of its proposals)
+    when every task is done, or mark it waiting when all that is left waits for a reviewer.
+    True when the run is finished with. Call with the run locked."""
+    statuses = {
+        row[0]
+        for row in sql.fetchall(
+            "SELECT DISTINCT status FROM runs_task WHERE run_id = %s AND status <> %s", [run.id, Task.Status.COMPLETED]
+        )
+    }
+    if not statuses:
+        if run.status == Run.Status.RUNNING and not stop_reason:
+            from tools.saga import proposals_bundle_if_any  # the tools app builds on the engine
+
+            if proposals_bundle_if_any(run, now):
+                return True
+        if run.status in (Run.Status.RUNNING, Run.Status.NEEDS_ATTENTION):
+            run_transition(run=run, to=Run.Status.COMPLETED, reason="all tasks completed", now=now)
+        return True
+    waiting = Task.Status.WAITING_FOR_APPROVAL
+    if run.status == Run.Status.RUNNING and waiting in statuses and statuses <= {waiting, Task.Status.PENDING}:
+        run_transition(run=run, to=Run.Status.WAITING_FOR_APPROVAL, reason="the remaining work waits for a reviewer")
+    return False
+
+
+def task_park(lease: Lease, *, operation_id: int, reason: str) -> bool:
+    """The attempt's tool call waits for a reviewer: release the lease and wait (same attempt when it
+    goes on). False when the decision came first: the caller just carries on."""
+    from tools.models import ToolOperation
+
+    now = timezone.now()
+    with transaction.atomic():
+        run, task = _lock_own_task(lease)
+        status = ToolOperation.objects.filter(id=operation_id).values_list("status", flat=True).first()
+        if status != ToolOperation.Status.AWAITING_APPROVAL:
+            return False
+        check_task_transition(task.status, Task.Status.WAITING_FOR_APPROVAL)
+        Task.objects.filter(id=task.id).update(
+            status=Task.Status.WAITING_FOR_APPROVAL,
+            status_reason=reason[:4000],
+            continuing=True,
+            lease_owner="",
+            lease_expires_at=None,
+        )
+        _run_settle(run, now)
+    return True
 
 
 def fail_task(*, task: Task, run: Run, failure_class: str, reason: str, now) -> None:

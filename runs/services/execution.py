@@ -24,7 +24,15 @@ from ..faults import crash_now
 from ..heartbeat import lease_keeper
 from ..models import Payload, Run, Span, Task
 from . import sql
-from .completion import output_validate, quarantine, task_fail_or_retry, task_finish, task_stop_cancelled, task_yield
+from .completion import (
+    output_validate,
+    quarantine,
+    task_fail_or_retry,
+    task_finish,
+    task_park,
+    task_stop_cancelled,
+    task_yield,
+)
 from .leases import CRASH, Lease, Usage, task_reserve, worker_id
 
 log = logging.getLogger("warden.engine")
@@ -222,6 +230,8 @@ def _attempt(lease: Lease):
         return task_fail_or_retry(lease, TransientFailure("the attempt ran past the worker's time limit"))
     except LeaseLost:
         raise
+    except _Parked:
+        return None
     except DatabaseError as exc:  # the database went away mid-attempt: worth another attempt
         log.warning("task %s attempt %s: database error %r", lease.task_id, lease.attempt, exc)
         return task_fail_or_retry(lease, TransientFailure(f"database error: {exc}"))
@@ -252,17 +262,28 @@ def _final(lease: Lease, run: Run, task: Task, agent: Agent, state: _LoopState, 
         except InvalidInput as exc:
             details = "; ".join(f"{e['field']}: {e['message']}" for e in exc.errors)
             raise StepFailure(f"invalid plan: {exc}{' (' + details + ')' if details else ''}", "validation") from exc
-    return task_finish(lease, run, task, step=state.next_step, response=response, started=started, planned=planned)
+    successor = task_finish(lease, run, task, step=state.next_step, response=response, started=started, planned=planned)
+    if run.input.get("faults"):
+        from tools.broker import crash_point
+
+        crash_point(run.input, run_id=run.id, task_key=task.key, call=None, point="after_enqueue")
+    return successor
 
 
 def _journal_model_step(lease: Lease, task: Task, state: _LoopState, response: ModelResponse, started):
+    body = response.as_journal()
+    if body.get("tool_call"):
+        from tools.broker import tool_call_for_journal
+
+        # Secret argument values are sealed apart: the journal (a span) never holds them.
+        body["tool_call"] = tool_call_for_journal(task_id=task.id, step=state.next_step, tool_call=body["tool_call"])
     return _journal(
         lease,
         task,
         step=state.next_step,
         kind=Span.Kind.MODEL_CALL,
         name=response.model,
-        body=response.as_journal(),
+        body=body,
         started=started,
         response=response,
         state=state,
@@ -276,25 +297,36 @@ def _loop_guard(state: _LoopState, tool_call: dict) -> None:
         raise StepFailure(f"loop guard: {tool_call.get('name')} called {limit} times with the same arguments", "loop")
 
 
+class _Parked(Exception):
+    """The attempt stopped to wait for a reviewer; the task is parked."""
+
+
 def _tool_step(lease: Lease, run: Run, task: Task, state: _LoopState):
-    from tools.broker import tool_call  # the tools app builds on the engine, not the other way round
+    from tools.broker import TaskParked, crash_point, tool_call  # the tools app builds on the engine
 
     call = state.pending_tool
+    call_number = state.tool_calls + 1
     started = timezone.now()
-    try:
-        outcome = tool_call(
-            run=run,
-            task=task,
-            step=state.next_step,
-            call_number=state.tool_calls + 1,
-            name=str(call.get("name")),
-            arguments=call.get("arguments") or {},
-            resumed=state.pending_replayed,
-        )
-    except StepFailure as exc:
-        _error_span(lease, kind=Span.Kind.TOOL_CALL, name=str(call.get("name")), started=started, message=str(exc))
-        raise
-    return _journal(
+    while True:
+        try:
+            outcome = tool_call(
+                run=run,
+                task=task,
+                step=state.next_step,
+                call_number=call_number,
+                name=str(call.get("name")),
+                arguments=call.get("arguments") or {},
+                resumed=state.pending_replayed,
+            )
+            break
+        except TaskParked as parked:
+            if task_park(lease, operation_id=parked.operation_id, reason=str(parked)):
+                raise _Parked() from None
+            # decided before we could park: ask the broker again, it finds the decision
+        except StepFailure as exc:
+            _error_span(lease, kind=Span.Kind.TOOL_CALL, name=str(call.get("name")), started=started, message=str(exc))
+            raise
+    usage = _journal(
         lease,
         task,
         step=state.next_step,
@@ -305,6 +337,8 @@ def _tool_step(lease: Lease, run: Run, task: Task, state: _LoopState):
         state=state,
         tool_call=True,
     )
+    crash_point(run.input, run_id=run.id, task_key=task.key, call=call_number, point="after_advance")
+    return usage
 
 
 _PG_JOURNAL_STEP = f"""

@@ -180,7 +180,14 @@ def sweep_once() -> dict:
         "tasks_redriven": redrive_ready(now),
         "runs_reaped": reap_cancelled(now),
         "runs_overdue": stop_overdue(now),
+        **_ledger_sweep(now),
     }
+
+
+def _ledger_sweep(now) -> dict:
+    from tools.saga import compensate_by_policy, redrive_operations  # tools builds on the engine
+
+    return {"operations_redriven": redrive_operations(now), "compensations_started": compensate_by_policy(now)}
 
 
 class RecoverySweeper:

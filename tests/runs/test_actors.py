@@ -5,9 +5,11 @@ import time
 import dramatiq
 from django.forms.models import model_to_dict
 
+from approvals.models import ApprovalRequest
+from approvals.services import approval_decide
 from runs.models import Artifact, Outbox, Run, Span, Task
 from runs.services import run_start
-from tools.models import SandboxCall
+from tools.models import SandboxCall, ToolOperation
 
 
 def snapshot(run_ids):
@@ -18,10 +20,11 @@ def snapshot(run_ids):
         "artifacts": list(Artifact.objects.filter(run_id__in=run_ids).order_by("id").values()),
         "sandbox": list(SandboxCall.objects.order_by("id").values_list("id", flat=True)),
         "outbox": list(Outbox.objects.order_by("id").values_list("id", flat=True)),
+        "ledger": list(ToolOperation.objects.filter(run_id__in=run_ids).order_by("id").values()),
     }
 
 
-def test_every_actor_fed_each_message_twice_changes_nothing_the_second_time(demo_tx, monkeypatch):
+def test_every_actor_fed_each_message_twice_changes_nothing_the_second_time(demo_tx, operator, monkeypatch):
     sent: list[Outbox] = []
     # Hold messages here instead of a broker, so this test decides what is delivered and when.
     monkeypatch.setattr("runs.services.outbox.outbox_deliver", lambda rows: sent.extend(rows))
@@ -29,22 +32,32 @@ def test_every_actor_fed_each_message_twice_changes_nothing_the_second_time(demo
     runs = [
         run_start(workflow="deploy-review"),  # risk's transient failure: a delayed retry message
         run_start(workflow="incident-fanout", input={"faults": [{"task": "worker-3", "call": 2, "mode": "transient"}]}),
+        # proposals: the supervisor's executor (run_operations) sends the e-mails after one approval
+        run_start(workflow="incident-fanout", input={"propose_tools": ["email.send"]}),
     ]
     run_ids = [r.id for r in runs]
     delivered, covered = [], set()
-    while sent:
-        message = sent.pop(0)
-        time.sleep(message.delay_ms / 1000)
-        fn = broker.get_actor(message.actor).fn
-        fn(**message.kwargs)
-        before, pending = snapshot(run_ids), len(sent)
-        fn(**message.kwargs)
-        assert snapshot(run_ids) == before, f"second delivery of {message.actor}{message.kwargs} changed the database"
-        assert len(sent) == pending, "second delivery sent messages"
-        delivered.append(message)
-        covered.add(message.actor)
 
-    assert [Run.objects.get(id=i).status for i in run_ids] == ["completed", "completed"]
+    def drain():
+        while sent:
+            message = sent.pop(0)
+            time.sleep(message.delay_ms / 1000)
+            fn = broker.get_actor(message.actor).fn
+            fn(**message.kwargs)
+            before, pending = snapshot(run_ids), len(sent)
+            fn(**message.kwargs)
+            assert snapshot(run_ids) == before, f"second delivery of {message.actor}{message.kwargs} changed the db"
+            assert len(sent) == pending, "second delivery sent messages"
+            delivered.append(message)
+            covered.add(message.actor)
+
+    drain()
+    assert Run.objects.get(id=run_ids[2]).status == Run.Status.WAITING_FOR_APPROVAL
+    bundle = ApprovalRequest.objects.get(run_id=run_ids[2], kind=ApprovalRequest.Kind.BUNDLE)
+    approval_decide(request_id=bundle.id, user=operator, approve=True)
+    drain()
+
+    assert [Run.objects.get(id=i).status for i in run_ids] == ["completed", "completed", "completed"]
     assert covered == set(broker.get_declared_actors()), "an actor was not exercised"
     # Out of order: every message again, after the runs finished.
     before = snapshot(run_ids)

@@ -10,7 +10,7 @@ from runs.errors import TransientFailure
 from runs.models import Artifact, QuarantinedResult, Run, Span, Task
 from runs.services import run_cancel, run_resume, run_start, sweep_once, task_retry
 from tests.conftest import wait_for
-from tools.models import SandboxCall
+from tools.models import SandboxCall, ToolOperation
 
 
 def finished(run, timeout=30) -> Run:
@@ -143,7 +143,10 @@ def test_loop_guard_stops_a_task_repeating_the_same_call(demo_tx, worker):
     run = finished(run_start(workflow=wf.slug))
     task = run.tasks.get()
     assert task.failure_class == "loop"
-    assert SandboxCall.objects.filter(tool="deployments.read").count() == 2  # the third identical call never ran
+    # The second identical read came from the run's read cache; the third call never ran.
+    assert SandboxCall.objects.filter(tool="deployments.read").count() == 1
+    ops = list(ToolOperation.objects.filter(run=run).order_by("step"))
+    assert [op.status_reason.startswith("cached from") for op in ops] == [False, True]
 
 
 def test_a_tool_outside_the_allowlist_is_refused_back_to_the_model_and_not_called(demo_tx, worker):
@@ -353,14 +356,14 @@ def test_a_resumed_email_is_looked_up_before_it_is_sent_again(demo_tx, worker, m
     spec = registry.TOOLS["email.send"]
     lost = []
 
-    def send_then_lose_the_answer(args, key):
-        result = spec.run(args, key)
+    def send_then_lose_the_answer(args, *, key, **kwargs):
+        result = spec.execute(args, key=key, **kwargs)
         if ":worker-3:" in key and not lost:
             lost.append(key)
             raise TransientFailure("connection reset after the message was accepted")
         return result
 
-    monkeypatch.setitem(registry.TOOLS, "email.send", dataclasses.replace(spec, run=send_then_lose_the_answer))
+    monkeypatch.setitem(registry.TOOLS, "email.send", dataclasses.replace(spec, execute=send_then_lose_the_answer))
     run = finished(run_start(workflow="incident-fanout"))
     assert run.status == Run.Status.COMPLETED, run.status_reason
     assert Task.objects.get(run=run, key="worker-3").attempts == 2
@@ -375,10 +378,12 @@ def test_a_resumed_write_without_a_lookup_goes_to_a_human(demo_tx, worker, monke
 
     spec = registry.TOOLS["email.send"]
     monkeypatch.setitem(registry.TOOLS, "email.send", dataclasses.replace(spec, lookup=None))
-    run = finished(
-        run_start(workflow="incident-fanout", input={"faults": [{"task": "worker-3", "call": 4, "mode": "transient"}]})
-    )
+    fault = {"task": "worker-3", "call": 4, "mode": "timeout_after_commit"}
+    run = finished(run_start(workflow="incident-fanout", input={"faults": [fault]}))
     assert run.status == Run.Status.NEEDS_ATTENTION
     w3 = Task.objects.get(run=run, key="worker-3")
     assert w3.failure_class == "ambiguous" and "a human must check" in w3.status_reason
-    assert not effects("email.send").filter(idempotency_key__contains=":worker-3:").exists()
+    # never a blind retry: the one e-mail the service accepted is all there is, and the ledger says so
+    assert effects("email.send").filter(idempotency_key__contains=":worker-3:").count() == 1
+    op = ToolOperation.objects.get(run=run, task=w3, tool="email.send")
+    assert op.status == ToolOperation.Status.AMBIGUOUS and op.attempts == 1

@@ -1,0 +1,366 @@
+"""What the supervisor does with the ledger in deterministic code: execute a run's proposals once,
+behind one bundled approval, and compensate a run's committed effects (the saga).
+
+Both are ledger operations with their own idempotency keys, executed in a fixed order by
+``run_operations`` under a lease on the run; a worker that dies half-way is replaced by the sweeper, and
+the new one reconciles the operation it finds executing before it goes on. Nothing is done twice.
+"""
+
+import logging
+import time
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from approvals.models import ApprovalRequest
+from approvals.services import approval_request_for_operations, approvals_withdraw, run_operations_send
+from runs.errors import Conflict, NotFound, StepFailure, TransientFailure
+from runs.models import Run, Task
+from runs.services.leases import worker_id
+from runs.services.runs import run_transition
+
+from .broker import Faults, _unseal, operation_execute, reconcile
+from .models import ToolOperation
+from .registry import TOOLS, Reversibility
+
+log = logging.getLogger("warden.saga")
+OS, Kind = ToolOperation.Status, ToolOperation.Kind
+COMPENSABLE_FROM = (Run.Status.NEEDS_ATTENTION, Run.Status.FAILED, Run.Status.CANCELLED)
+SUPERVISED = Q(proposed=True) | Q(kind__in=[Kind.COMPENSATION, Kind.CORRECTION])
+INLINE_RETRIES = 3
+
+
+# --- propose mode ------------------------------------------------------------------------------------
+
+
+def proposals_bundle_if_any(run: Run, now) -> bool:
+    """All tasks are done: if workers proposed operations, ask for one approval of all of them instead of
+    completing the run. Reversible work is ordered first, irreversible last. Call with the run locked."""
+    proposals = list(
+        ToolOperation.objects.filter(run=run, status=OS.PROPOSED).select_related("task").order_by("task__key", "step")
+    )
+    if not proposals:
+        return False
+    proposals.sort(key=lambda op: (op.reversibility == Reversibility.IRREVERSIBLE, op.task.key, op.step))
+    for order, op in enumerate(proposals, 1):
+        ToolOperation.objects.filter(id=op.id).update(status=OS.AWAITING_APPROVAL, order=order)
+    approval_request_for_operations(
+        run=run,
+        operations=proposals,
+        kind=ApprovalRequest.Kind.BUNDLE,
+        title=f"Run {run.id}: the supervisor will execute these {len(proposals)} proposed operations once each",
+    )
+    run_transition(run=run, to=Run.Status.WAITING_FOR_APPROVAL, reason=f"{len(proposals)} proposals wait", now=now)
+    return True
+
+
+# --- compensation --------------------------------------------------------------------------------------
+
+
+def _committed_writes(run_id: int):
+    return (
+        ToolOperation.objects.filter(run_id=run_id, kind=Kind.ACTION)
+        .exclude(tool_class=ToolOperation.ToolClass.READ_ONLY)
+        .filter(status__in=[OS.COMMITTED, OS.COMPENSATING, OS.COMPENSATION_FAILED])
+        .select_related("task")
+        .order_by("-committed_at", "-id")
+    )
+
+
+def compensation_plan(run_id: int) -> dict:
+    """What a compensation of this run would do, for an operator to read before starting it: every
+    committed reversible effect undone in reverse commit order, then a correction for each irreversible
+    one (approved by a reviewer first). Secret arguments are redacted."""
+    if not Run.objects.filter(id=run_id).exists():
+        raise NotFound(f"run {run_id} does not exist")
+    undo, correct, cannot = [], [], []
+    for op in _committed_writes(run_id):
+        plan = op.compensation or {}
+        item = {
+            "operation": op.id,
+            "task": op.task.key if op.task_id else None,
+            "tool": op.tool,
+            "external_id": op.external_id,
+            "committed_at": op.committed_at,
+            "status": op.status,
+            "action": plan.get("tool"),
+            "arguments": plan.get("arguments"),
+        }
+        if op.status == OS.COMPENSATED:
+            continue
+        if op.reversibility == Reversibility.REVERSIBLE and plan.get("tool"):
+            undo.append(item)
+        elif plan.get("tool"):
+            correct.append({**item, "needs_approval": True})
+        else:
+            cannot.append(item)
+    unresolved = list(
+        ToolOperation.objects.filter(
+            run_id=run_id, status__in=[OS.EXECUTING, OS.AMBIGUOUS], kind=Kind.ACTION
+        ).values_list("id", flat=True)
+    )
+    return {"undo": undo, "correct": correct, "cannot_undo": cannot, "unresolved": unresolved}
+
+
+def run_compensate(*, run_id: int, reason: str = "compensation requested by an operator") -> Run:
+    """Start (or, after a failed compensation, continue) undoing what the run committed."""
+    now = timezone.now()
+    with transaction.atomic():
+        run = Run.objects.select_for_update().filter(id=run_id).first()
+        if run is None:
+            raise NotFound(f"run {run_id} does not exist")
+        if run.status not in COMPENSABLE_FROM:
+            raise Conflict(
+                f"run {run.id} is {run.status}; only a run that needs attention, failed or was cancelled can be "
+                "compensated (cancel a running run first)"
+            )
+        running = list(run.tasks.filter(status=Task.Status.RUNNING).values_list("key", flat=True))
+        if running:
+            raise Conflict(f"tasks {', '.join(running)} are still running; compensate when they have stopped")
+        plan = compensation_plan(run.id)
+        if plan["unresolved"]:
+            raise Conflict(
+                f"operations {plan['unresolved']} may or may not have happened; resolve them before compensating"
+            )
+        Task.objects.filter(run=run).exclude(status__in=Task.TERMINAL).update(
+            status=Task.Status.CANCELLED, status_reason="run compensated", finished_at=now
+        )
+        approvals_withdraw(run=run, reason="the run is being compensated")
+        ToolOperation.objects.filter(run=run, status__in=[OS.PROPOSED, OS.APPROVED], kind=Kind.ACTION).update(
+            status=OS.REJECTED, status_reason="not done: the run was compensated", ended_at=now
+        )
+        order = ToolOperation.objects.filter(run=run).exclude(kind=Kind.ACTION).count()
+        corrections = []
+        for item in plan["undo"] + plan["correct"]:
+            original = ToolOperation.objects.get(id=item["operation"])
+            retry = original.compensations.filter(status=OS.FAILED).first()
+            if retry is not None:  # a compensation that failed before: try it again, same key
+                ToolOperation.objects.filter(id=retry.id).update(status=OS.APPROVED, status_reason="retried")
+            elif not original.compensations.exists():
+                order += 1
+                correction = "needs_approval" in item
+                spec = TOOLS[item["action"]]
+                comp = ToolOperation.objects.create(
+                    run=run,
+                    task_id=original.task_id,
+                    kind=Kind.CORRECTION if correction else Kind.COMPENSATION,
+                    tool=item["action"],
+                    idempotency_key=f"warden:{run.id}:undo:{original.id}",
+                    arguments_hash=_hash(item["action"], item["arguments"]),
+                    arguments=item["arguments"],
+                    tool_class=spec.tool_class,
+                    reversibility=spec.reversibility,
+                    status=OS.AWAITING_APPROVAL if correction else OS.APPROVED,
+                    compensates=original,
+                    order=order,
+                )
+                if correction:
+                    corrections.append(comp)
+            ToolOperation.objects.filter(id=original.id).update(status=OS.COMPENSATING, status_reason="")
+        if corrections:
+            approval_request_for_operations(
+                run=run,
+                operations=corrections,
+                kind=ApprovalRequest.Kind.CORRECTION,
+                title=f"Run {run.id}: send these {len(corrections)} correction(s) for effects that cannot be undone",
+            )
+        run_transition(run=run, to=Run.Status.COMPENSATING, reason=reason, now=now)
+        run_operations_send(run)
+    log.info("run %s: compensation started (%d undo, %d corrections)", run_id, len(plan["undo"]), len(corrections))
+    return run
+
+
+def _hash(tool: str, arguments) -> str:
+    from .broker import arguments_hash
+
+    return arguments_hash(tool, arguments)
+
+
+def operation_resolve(*, operation_id: int, committed: bool, note: str) -> ToolOperation:
+    """An operator's verdict on an ambiguous operation the tool could not reconcile by itself."""
+    with transaction.atomic():
+        op = ToolOperation.objects.select_for_update().filter(id=operation_id).first()
+        if op is None:
+            raise NotFound(f"operation {operation_id} does not exist")
+        if op.status not in (OS.AMBIGUOUS, OS.EXECUTING):
+            raise Conflict(f"operation {operation_id} is {op.status}; only an ambiguous one can be resolved")
+        verdict = "committed" if committed else "not committed"
+        op.status = OS.COMMITTED if committed else OS.FAILED
+        op.status_reason = f"resolved by an operator: {verdict}" + (f" ({note})" if note else "")
+        op.ended_at = timezone.now()
+        op.save(update_fields=["status", "status_reason", "ended_at"])
+    return op
+
+
+# --- the supervisor's executor ---------------------------------------------------------------------------
+
+
+def _claim(run_id: int, owner: str) -> bool:
+    now = timezone.now()
+    lease = timezone.timedelta(seconds=settings.WARDEN["LEASE_SECONDS"])
+    return bool(
+        Run.objects.filter(id=run_id)
+        .filter(Q(ops_lease_owner="") | Q(ops_lease_expires_at__lt=now) | Q(ops_lease_expires_at__isnull=True))
+        .update(ops_lease_owner=owner, ops_lease_expires_at=now + lease)
+    )
+
+
+def _renew(run_id: int, owner: str) -> None:
+    lease = timezone.timedelta(seconds=settings.WARDEN["LEASE_SECONDS"])
+    Run.objects.filter(id=run_id, ops_lease_owner=owner).update(ops_lease_expires_at=timezone.now() + lease)
+
+
+def run_operations(run_id: int) -> None:
+    """Execute the run's approved supervisor operations in order, then settle the run."""
+    owner = worker_id()
+    if not _claim(run_id, owner):
+        return  # another worker holds it
+    try:
+        while True:
+            run = Run.objects.get(id=run_id)
+            if run.status not in (Run.Status.RUNNING, Run.Status.COMPENSATING):
+                return
+            op = (
+                ToolOperation.objects.filter(run_id=run_id, status__in=[OS.APPROVED, OS.EXECUTING, OS.AMBIGUOUS])
+                .filter(SUPERVISED)
+                .select_related("task")
+                .order_by("order", "id")
+                .first()
+            )
+            if op is None:
+                break
+            if not _execute_supervised(run, op):
+                return
+            _renew(run_id, owner)
+        _settle(run_id)
+    finally:
+        Run.objects.filter(id=run_id, ops_lease_owner=owner).update(ops_lease_owner="", ops_lease_expires_at=None)
+
+
+def _execute_supervised(run: Run, op: ToolOperation) -> bool:
+    spec = TOOLS[op.tool]
+    if op.kind == Kind.ACTION:
+        faults = Faults.at(run.input, run_id=run.id, task_key=op.task.key, call=op.call_number)
+        arguments = _unseal(spec, op.task_id, op.step, op.arguments)
+    else:
+        faults = Faults.at(run.input, run_id=run.id, task_key="compensation", call=op.order)
+        arguments = op.arguments
+    for attempt in range(1, INLINE_RETRIES + 1):
+        try:
+            if op.status in (OS.EXECUTING, OS.AMBIGUOUS):
+                outcome = reconcile(op, spec)
+                if outcome is None:
+                    op.refresh_from_db()
+                    outcome = operation_execute(op, spec, arguments, faults)
+            else:
+                outcome = operation_execute(op, spec, arguments, faults)
+            if outcome.error is not None:
+                raise StepFailure(outcome.error["message"], "validation")
+            break
+        except TransientFailure as exc:
+            op.refresh_from_db()
+            if attempt == INLINE_RETRIES:
+                return _supervised_failed(run, op, f"{exc} ({attempt} attempts)")
+            time.sleep(settings.WARDEN["RETRY_BASE_SECONDS"] * attempt / 4)
+        except StepFailure as exc:
+            op.refresh_from_db()
+            return _supervised_failed(run, op, str(exc))
+    if op.compensates_id:
+        ToolOperation.objects.filter(id=op.compensates_id).update(
+            status=OS.COMPENSATED, status_reason=f"{op.kind} {op.id} ({op.tool}) committed", ended_at=timezone.now()
+        )
+    return True
+
+
+def _supervised_failed(run: Run, op: ToolOperation, message: str) -> bool:
+    now = timezone.now()
+    with transaction.atomic():
+        locked = Run.objects.select_for_update().get(id=run.id)
+        if op.status != OS.AMBIGUOUS:
+            ToolOperation.objects.filter(id=op.id).update(status=OS.FAILED, status_reason=message[:4000], ended_at=now)
+        what = "proposal" if op.kind == Kind.ACTION else op.kind
+        if op.compensates_id:
+            ToolOperation.objects.filter(id=op.compensates_id).update(
+                status=OS.COMPENSATION_FAILED, status_reason=f"{op.kind} {op.id} failed: {message}"[:4000]
+            )
+        if locked.status in (Run.Status.RUNNING, Run.Status.COMPENSATING):
+            run_transition(
+                run=locked,
+                to=Run.Status.NEEDS_ATTENTION,
+                reason=f"{what} {op.id} ({op.tool}) failed: {message}"[:4000],
+                now=now,
+            )
+    log.warning("run %s: %s %s failed: %s", run.id, op.kind, op.id, message)
+    return False
+
+
+def _settle(run_id: int) -> None:
+    now = timezone.now()
+    with transaction.atomic():
+        run = Run.objects.select_for_update().get(id=run_id)
+        ops = ToolOperation.objects.filter(run=run)
+        if ops.filter(status__in=[OS.APPROVED, OS.EXECUTING, OS.AMBIGUOUS]).filter(SUPERVISED).exists():
+            return  # approved meanwhile: the message that approval sent will do it
+        if run.status == Run.Status.COMPENSATING:
+            if ops.filter(status=OS.AWAITING_APPROVAL).exists():
+                return  # corrections wait for a reviewer
+            for correction in ops.filter(kind=Kind.CORRECTION, status=OS.REJECTED):
+                ToolOperation.objects.filter(id=correction.compensates_id, status=OS.COMPENSATING).update(
+                    status=OS.COMMITTED, status_reason=f"correction not sent: {correction.status_reason}"[:4000]
+                )
+            undone = ops.filter(status=OS.COMPENSATED).count()
+            run_transition(
+                run=run, to=Run.Status.COMPENSATED, reason=f"compensated: {undone} effects undone or corrected", now=now
+            )
+        elif run.status == Run.Status.RUNNING and not run.tasks.exclude(status=Task.Status.COMPLETED).exists():
+            done = ops.filter(proposed=True, status=OS.COMMITTED).count()
+            rejected = ops.filter(proposed=True, status=OS.REJECTED).count()
+            run_transition(
+                run=run,
+                to=Run.Status.COMPLETED,
+                reason=f"all tasks completed; proposals: {done} executed, {rejected} rejected",
+                now=now,
+            )
+
+
+def redrive_operations(now) -> int:
+    """Sweeper step: runs with approved supervisor work whose executor lease lapsed (a lost message or a
+    dead worker) get a fresh message."""
+    stale = (
+        ToolOperation.objects.filter(status__in=[OS.APPROVED, OS.EXECUTING, OS.AMBIGUOUS])
+        .filter(SUPERVISED)
+        .filter(run__status__in=[Run.Status.RUNNING, Run.Status.COMPENSATING])
+        .filter(Q(run__ops_lease_expires_at__lt=now) | Q(run__ops_lease_expires_at__isnull=True))
+        .values_list("run_id", flat=True)
+        .distinct()
+    )
+    sent = 0
+    for run_id in stale:
+        with transaction.atomic():
+            run = Run.objects.select_for_update().get(id=run_id)
+            expires = run.ops_lease_expires_at
+            if expires is not None and expires >= now:
+                continue
+            Run.objects.filter(id=run_id).update(ops_lease_owner="")
+            run_operations_send(run)
+            sent += 1
+    return sent
+
+
+def compensate_by_policy(now) -> int:
+    """Sweeper step: a run whose workflow compensates on failure, once no attempt is in flight."""
+    candidates = Run.objects.filter(status=Run.Status.NEEDS_ATTENTION, workflow__compensate_on_failure=True).exclude(
+        tasks__status=Task.Status.RUNNING
+    )
+    started = 0
+    for run in candidates.filter(tasks__status=Task.Status.FAILED).distinct():
+        if ToolOperation.objects.filter(run=run, status=OS.COMPENSATION_FAILED).exists():
+            continue  # a compensation failed already: a human decides what next
+        try:
+            run_compensate(run_id=run.id, reason="compensating by the workflow's policy after a failure")
+            started += 1
+        except Conflict as exc:
+            log.info("run %s: not compensated by policy yet: %s", run.id, exc)
+    return started
