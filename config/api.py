@@ -6,10 +6,12 @@ from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 from ninja.security import HttpBearer
 
+from approvals.api import router as approvals_router
 from approvals.tokens import api_token_authenticate
 from runs.api import router as runs_router
-from runs.errors import Conflict, InvalidInput, NotFound
+from runs.errors import Conflict, Forbidden, InvalidInput, NotFound
 from runs.transitions import TransitionNotAllowed
+from tools.api import router as tools_router
 
 
 class BearerToken(HttpBearer):
@@ -25,6 +27,8 @@ api = NinjaAPI(
     description="Start and inspect durable multi-agent runs.",
 )
 api.add_router("/", runs_router)
+api.add_router("/", tools_router)
+api.add_router("/", approvals_router)
 
 
 def _error(request, status: int, code: str, message: str, errors: list | None = None):
@@ -50,6 +54,11 @@ def on_invalid_input(request, exc: InvalidInput):
 @api.exception_handler(NotFound)
 def on_not_found(request, exc: NotFound):
     return _error(request, 404, exc.code, str(exc))
+
+
+@api.exception_handler(Forbidden)
+def on_forbidden(request, exc):
+    return _error(request, 403, exc.code, str(exc))
 
 
 @api.exception_handler(Conflict)

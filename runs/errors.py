@@ -48,3 +48,9 @@ class BudgetExceeded(StepFailure):
     def __init__(self, budget: str, used, limit, scope: str = "run"):
         self.budget, self.used, self.limit, self.scope = budget, used, limit, scope
         super().__init__(f"{scope} budget exceeded: {budget} ({used} of {limit})")
+
+
+class Forbidden(WardenError):
+    """The caller is known but may not do this."""
+
+    code = "forbidden"

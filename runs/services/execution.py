@@ -90,7 +90,8 @@ class _LoopState:
         else:
             self.tool_calls += 1
             self.pending_tool, self.pending_replayed = None, False
-            self.last_result = body.get("result")
+            # What the model saw last: the result, or the structured error in its place.
+            self.last_result = body.get("result") if "result" in body else {"error": body.get("error")}
 
     @property
     def next_step(self) -> int:

@@ -1,0 +1,221 @@
+"""The broker and the ledger end to end, with worker threads in this process (embedded mode runs
+exactly this way; the scaled suite runs it again on PostgreSQL and Redis)."""
+
+import pytest
+
+from approvals.models import ApprovalRequest
+from approvals.services import approval_decide
+from runs.models import Run, Task
+from runs.services import run_cancel, run_start
+from tests.runs.test_engine import finished, scripted_workflow
+from tools.models import SandboxCall, SandboxEmail, SandboxRecord, SandboxTicket, ToolOperation
+from tools.saga import compensation_plan, run_compensate
+
+OS = ToolOperation.Status
+
+
+def effects(system=None, key_contains=None):
+    rows = SandboxCall.objects.filter(is_effect=True)
+    if system:
+        rows = rows.filter(system=system)
+    if key_contains:
+        rows = rows.filter(idempotency_key__contains=key_contains)
+    return rows
+
+
+def ops(run, **filters):
+    return ToolOperation.objects.filter(run=run, **filters)
+
+
+def fault(mode, call=4, task="worker-3", **extra):
+    return {"faults": [{"task": task, "call": call, "mode": mode, **extra}]}
+
+
+def stopped(run, statuses, timeout=30):
+    from tests.conftest import wait_for
+
+    wait_for(lambda: Run.objects.get(id=run.id).status in statuses, timeout=timeout, message=f"run {run.id} {statuses}")
+    run.refresh_from_db()
+    return run
+
+
+def idle(run):
+    from tests.conftest import wait_for
+
+    wait_for(lambda: not run.tasks.filter(status=Task.Status.RUNNING).exists(), message="attempts in flight to end")
+
+
+# --- B1: resume ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["transient", "timeout_after_commit"])
+def test_b1_the_fourth_call_is_repeated_with_the_same_key_and_nothing_else_runs_again(demo_tx, worker, mode):
+    run = finished(run_start(workflow="incident-fanout", input=fault(mode)))
+    assert run.status == Run.Status.COMPLETED, run.status_reason
+    w3 = Task.objects.get(run=run, key="worker-3")
+    # one effect per key in every system; five of each kind
+    for system, count in {"tickets": 5, "crm": 5, "email": 5}.items():
+        rows = effects(system, key_contains=f"warden:{run.id}:")
+        assert rows.count() == count, (system, list(rows.values_list("idempotency_key", flat=True)))
+        assert len(set(rows.values_list("idempotency_key", flat=True))) == count
+    email = ops(run, task=w3, tool="email.send").get()
+    assert email.status == OS.COMMITTED
+    assert SandboxEmail.objects.filter(idempotency_key=email.idempotency_key).count() == 1
+    if mode == "transient":
+        assert w3.attempts == 2 and email.attempts == 2  # the retry called again, with the same key
+        # calls 1-3 were replayed from the journal: each system served worker-3 once per call
+        served = SandboxCall.objects.filter(idempotency_key__startswith=f"warden:{run.id}:worker-3:")
+        assert sorted(served.values_list("tool", flat=True)) == sorted(
+            ["crm.read", "tickets.create", "crm.update", "email.send"]
+        )
+    else:
+        assert email.status_reason == "reconciled: committed" and email.attempts == 1
+        assert w3.attempts == 1  # reconciled in the same attempt: no retry was needed
+
+
+# --- B2: compensate ------------------------------------------------------------------------------------
+
+
+def test_b2_compensation_closes_tickets_restores_records_and_corrects_emails_after_approval(demo_tx, worker, operator):
+    run = finished(run_start(workflow="incident-fanout", input=fault("error")))
+    assert run.status == Run.Status.NEEDS_ATTENTION
+    assert "worker-3" in run.status_reason
+    idle(run)  # attempts in flight finish
+    tickets = set(SandboxTicket.objects.filter(idempotency_key__startswith=f"warden:{run.id}:").values_list("id", flat=True))
+    # a worker that had not started when worker-3 failed is held: the run starts nothing new
+    assert 1 <= len(tickets) <= 5 and SandboxTicket.objects.filter(idempotency_key__contains=":worker-3:").exists()
+    sent_before = SandboxEmail.objects.count()
+    assert not SandboxEmail.objects.filter(idempotency_key__contains=":worker-3:").exists()
+
+    plan = compensation_plan(run.id)
+    assert len(plan["undo"]) == 2 * len(tickets) and len(plan["correct"]) == sent_before
+    committed = [p["committed_at"] for p in plan["undo"]]
+    assert committed == sorted(committed, reverse=True)  # reverse commit order
+    run_compensate(run_id=run.id)
+    run = stopped(run, {Run.Status.COMPENSATING}, timeout=5)
+    from tests.conftest import wait_for
+
+    wait_for(lambda: not ops(run, status=OS.APPROVED).exists() and not ops(run, status=OS.EXECUTING).exists())
+    # every ticket closed, every record back to its before-image, no e-mail sent without approval
+    assert set(SandboxTicket.objects.filter(id__in=tickets).values_list("status", flat=True)) == {"closed"}
+    for record in SandboxRecord.objects.filter(customer_id__startswith="cust-worker-"):
+        assert record.fields == {"status": "active"}, record.fields
+    assert SandboxEmail.objects.count() == sent_before
+    run.refresh_from_db()
+    assert run.status == Run.Status.COMPENSATING  # the corrections wait for a reviewer
+
+    corrections = ApprovalRequest.objects.get(run=run, kind=ApprovalRequest.Kind.CORRECTION)
+    approval_decide(request_id=corrections.id, user=operator, approve=True)
+    run = stopped(run, {Run.Status.COMPENSATED})
+    assert SandboxEmail.objects.filter(kind="correction").count() == sent_before
+    assert set(ops(run, kind="action").exclude(tool_class="read_only").values_list("status", flat=True)) == {
+        OS.COMPENSATED
+    } | ({OS.FAILED} if ops(run, status=OS.FAILED).exists() else set())
+    # compensations undid in reverse commit order
+    undo = list(ops(run, kind="compensation").order_by("order"))
+    assert [u.compensates.committed_at for u in undo] == sorted((u.compensates.committed_at for u in undo), reverse=True)
+    # each compensation reached its system once
+    for u in ops(run).exclude(kind="action"):
+        assert effects(key_contains=u.idempotency_key).count() <= 1
+
+
+def test_a_cancel_does_not_interrupt_a_compensation(demo_tx, worker, operator):
+    run = finished(run_start(workflow="incident-fanout", input=fault("error", call=3)))
+    idle(run)
+    run_compensate(run_id=run.id)
+    from runs.transitions import TransitionNotAllowed
+
+    with pytest.raises(TransitionNotAllowed):
+        run_cancel(run_id=run.id)
+
+
+# --- B3: propose, then approve once ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("approve", [True, False])
+def test_b3_proposed_emails_are_sent_once_each_after_one_approval_and_never_after_a_rejection(
+    demo_tx, worker, operator, approve
+):
+    run = stopped(
+        run_start(workflow="incident-fanout", input={"propose_tools": ["email.send"]}),
+        {Run.Status.WAITING_FOR_APPROVAL, Run.Status.COMPLETED, Run.Status.NEEDS_ATTENTION},
+    )
+    assert run.status == Run.Status.WAITING_FOR_APPROVAL, run.status_reason
+    assert not effects("email").exists()  # workers proposed; nothing was sent
+    assert effects("tickets").count() == 5  # reversible work ran early
+    bundle = ApprovalRequest.objects.get(run=run)
+    assert bundle.kind == ApprovalRequest.Kind.BUNDLE and bundle.operations.count() == 5
+    assert set(Task.objects.filter(run=run).values_list("status", flat=True)) == {Task.Status.COMPLETED}
+
+    approval_decide(request_id=bundle.id, user=operator, approve=approve)
+    run = stopped(run, {Run.Status.COMPLETED, Run.Status.NEEDS_ATTENTION})
+    assert run.status == Run.Status.COMPLETED, run.status_reason
+    if approve:
+        assert effects("email").count() == 5
+        keys = list(effects("email").values_list("idempotency_key", flat=True))
+        assert len(set(keys)) == 5
+        assert set(ops(run, tool="email.send").values_list("status", flat=True)) == {OS.COMMITTED}
+    else:
+        assert not effects("email").exists()
+        assert set(ops(run, tool="email.send").values_list("status", flat=True)) == {OS.REJECTED}
+
+
+# --- refusals ------------------------------------------------------------------------------------------
+
+
+def test_a_call_outside_the_allowlist_or_with_bad_arguments_calls_nothing_and_the_model_gets_a_structured_error(
+    demo_tx, worker
+):
+    from runs.models import Span
+
+    wf = scripted_workflow(
+        "refusals",
+        [
+            {"tool": "email.send", "arguments": {"to": "a@b.c", "subject": "s", "body": "b"}},
+            {"tool": "tickets.create", "arguments": {"customer_id": "bad id!", "title": ""}},
+            {"tool": "tickets.close", "arguments": {"ticket_id": "T-1"}},
+            {"final": {"done": "after three refusals"}},
+        ],
+        tools=["tickets.create"],
+    )
+    run = finished(run_start(workflow=wf.slug))
+    assert run.status == Run.Status.COMPLETED, run.status_reason
+    assert not SandboxCall.objects.exists() and not ToolOperation.objects.exists()
+    bodies = [s.body for s in Span.objects.filter(run=run, kind="tool_call").order_by("step")]
+    assert [b["error"]["code"] for b in bodies] == ["not_allowed", "invalid_arguments", "unknown_tool"]
+    fields = {f["field"] for f in bodies[1]["error"]["fields"]}
+    assert fields == {"customer_id", "title"}
+
+
+def test_a_workflow_policy_makes_a_call_wait_for_a_reviewer(demo_tx, worker, operator):
+    from agents.models import Workflow
+    from tests.conftest import wait_for
+
+    script = [
+        {"tool": "tickets.create", "arguments": {"customer_id": "c-{task}", "title": "t"}},
+        {"tool": "email.send", "arguments": {"to": "{task}@x.example", "subject": "s", "body": "b"}},
+        {"final": {"outcome": "{last}"}},
+    ]
+    wf = scripted_workflow("gated", script, tools=["tickets.create", "email.send"])
+    wf.tasks = [{"key": f"w{n}", "agent": "gated-agent", "objective": "Do it"} for n in range(3)]
+    wf.tool_policies = {"email.send": {"approval": "always"}}
+    wf.save()
+    run = stopped(run_start(workflow=wf.slug), {Run.Status.WAITING_FOR_APPROVAL})
+    wait_for(lambda: ApprovalRequest.objects.filter(run=run, status="pending").count() == 3)
+    assert effects("tickets").count() == 3 and not effects("email").exists()
+    assert Task.objects.filter(run=run, status=Task.Status.WAITING_FOR_APPROVAL).count() == 3
+    assert set(ops(run, tool="email.send").values_list("status", flat=True)) == {OS.AWAITING_APPROVAL}
+    requests = list(ApprovalRequest.objects.filter(run=run).order_by("id"))
+    for n, request in enumerate(requests):
+        approval_decide(request_id=request.id, user=operator, approve=n != 0, note="not this one" if n == 0 else "")
+    run = finished(run)
+    assert run.status == Run.Status.COMPLETED, run.status_reason
+    assert effects("email").count() == 2
+    rejected = ops(run, tool="email.send", status=OS.REJECTED).get()
+    assert rejected.task_id == requests[0].task_id
+    # the model saw the rejection as a structured error, and waiting was not a failed attempt
+    task = Task.objects.get(id=rejected.task_id)
+    assert task.attempts == 1
+    from runs.models import Artifact
+
+    assert "rejected" in Artifact.objects.get(task=task).content["outcome"]

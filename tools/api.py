@@ -1,0 +1,176 @@
+"""Integration API for the ledger: a run's operations, its compensation (preview and start), resolving
+an ambiguous operation, and the sandbox systems' effects listing. Arguments are always redacted."""
+
+from datetime import datetime
+from typing import Any
+
+from django.conf import settings
+from ninja import Field, Query, Router, Schema, Status
+
+from runs.api import RunOut, run_out
+from runs.errors import NotFound
+from runs.models import Run
+from runs.permissions import require
+from runs.selectors import run_get
+
+from .models import SandboxCall, ToolOperation
+from .saga import compensation_plan, operation_resolve, run_compensate
+
+router = Router(tags=["ledger"])
+
+
+class OperationOut(Schema):
+    id: int
+    task: str | None
+    step: int | None
+    kind: str
+    tool: str
+    idempotency_key: str
+    arguments: dict[str, Any]
+    tool_class: str
+    reversibility: str
+    proposed: bool
+    status: str
+    status_reason: str
+    result: Any = None
+    external_id: str
+    attempts: int
+    compensation: dict[str, Any] | None
+    compensates: int | None
+    approval: int | None
+    created_at: datetime
+    committed_at: datetime | None
+    ended_at: datetime | None
+
+
+def operation_out(op: ToolOperation) -> dict:
+    return {
+        "id": op.id,
+        "task": op.task.key if op.task_id else None,
+        "step": op.step,
+        "kind": op.kind,
+        "tool": op.tool,
+        "idempotency_key": op.idempotency_key,
+        "arguments": op.arguments,
+        "tool_class": op.tool_class,
+        "reversibility": op.reversibility,
+        "proposed": op.proposed,
+        "status": op.status,
+        "status_reason": op.status_reason,
+        "result": op.result,
+        "external_id": op.external_id,
+        "attempts": op.attempts,
+        "compensation": op.compensation,
+        "compensates": op.compensates_id,
+        "approval": op.approval_id,
+        "created_at": op.created_at,
+        "committed_at": op.committed_at,
+        "ended_at": op.ended_at,
+    }
+
+
+@router.get("/runs/{run_id}/operations", response=list[OperationOut], summary="A run's ledger of tool calls")
+def list_operations(request, run_id: int):
+    if not Run.objects.filter(id=run_id).exists():
+        raise NotFound(f"run {run_id} does not exist")
+    ops = ToolOperation.objects.filter(run_id=run_id).select_related("task").order_by("id")
+    return [operation_out(op) for op in ops]
+
+
+class PlannedUndoOut(Schema):
+    operation: int
+    task: str | None
+    tool: str
+    external_id: str
+    committed_at: datetime | None
+    status: str
+    action: str | None
+    arguments: dict[str, Any] | None
+    needs_approval: bool = False
+
+
+class CompensationPlanOut(Schema):
+    undo: list[PlannedUndoOut] = Field(description="Reversible effects, undone in this order (reverse commit order)")
+    correct: list[PlannedUndoOut] = Field(description="Irreversible effects: a correction each, after approval")
+    cannot_undo: list[PlannedUndoOut]
+    unresolved: list[int] = Field(description="Ambiguous operations to resolve before compensating")
+
+
+@router.get("/runs/{run_id}/compensation", response=CompensationPlanOut, summary="What compensating would do")
+def get_compensation_plan(request, run_id: int):
+    return compensation_plan(run_id)
+
+
+class CompensateIn(Schema):
+    reason: str = Field(default="", max_length=1000)
+
+
+@router.post("/runs/{run_id}/compensate", response={202: RunOut}, summary="Undo the run's committed effects")
+def compensate(request, run_id: int, payload: CompensateIn):
+    require(request.auth.user, "runs.change_run", "compensate runs")
+    reason = payload.reason or f"compensation requested by {request.auth.user} through the API"
+    run_compensate(run_id=run_id, reason=reason)
+    return Status(202, run_out(run_get(run_id=run_id)))
+
+
+class ResolveIn(Schema):
+    committed: bool = Field(description="Whether the external system holds the effect")
+    note: str = Field(default="", max_length=1000)
+
+
+@router.post("/operations/{operation_id}/resolve", response=OperationOut, summary="Resolve an ambiguous operation")
+def resolve(request, operation_id: int, payload: ResolveIn):
+    require(request.auth.user, "tools.change_tooloperation", "resolve operations")
+    op = operation_resolve(operation_id=operation_id, committed=payload.committed, note=payload.note)
+    return operation_out(ToolOperation.objects.select_related("task").get(id=op.id))
+
+
+class EffectOut(Schema):
+    id: int
+    system: str
+    kind: str
+    tool: str
+    idempotency_key: str
+    object_id: str
+    at: datetime
+
+
+class EffectsQuery(Schema):
+    system: str | None = Field(default=None, max_length=32)
+    key_prefix: str | None = Field(default=None, max_length=200, description="e.g. warden:42: for one run")
+    after: int = Field(default=0, ge=0, description="Only effects with a larger id (paging)")
+    limit: int = Field(default=500, ge=1, le=5000)
+
+
+class EffectsOut(Schema):
+    effects: list[EffectOut]
+    next_after: int | None
+
+
+@router.get("/sandbox/effects", response=EffectsOut, summary="Every effect the sandbox systems hold")
+def sandbox_effects(request, filters: Query[EffectsQuery]):
+    if not settings.WARDEN["SANDBOX_TOOLS"]:
+        raise NotFound("the sandbox systems are not enabled here")
+    rows = SandboxCall.objects.filter(is_effect=True, id__gt=filters.after).order_by("id")
+    if filters.system:
+        rows = rows.filter(system=filters.system)
+    if filters.key_prefix:
+        rows = rows.filter(idempotency_key__startswith=filters.key_prefix)
+    page = list(rows[: filters.limit + 1])
+    more = len(page) > filters.limit
+    page = page[: filters.limit]
+    return {
+        "effects": [
+            {
+                "id": row.id,
+                "system": row.system,
+                "kind": f"{row.system}.{row.operation}",
+                "tool": row.tool,
+                "idempotency_key": row.idempotency_key,
+                "object_id": row.object_id,
+                "at": row.created_at,
+            }
+            for row in page
+        ],
+        "next_after": page[-1].id if more else None,
+    }
