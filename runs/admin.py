@@ -3,6 +3,8 @@
 
 from django.contrib import admin, messages
 
+from tools.models import ToolOperation
+
 from .errors import WardenError
 from .models import Artifact, FaultFiring, Outbox, Payload, QuarantinedResult, Run, Span, Task
 from .services import run_cancel, run_resume, task_retry
@@ -36,6 +38,21 @@ class TaskInline(admin.TabularInline):
     extra = 0
     can_delete = False
     show_change_link = True
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+
+class OperationInline(admin.TabularInline):
+    """The run's side-effect ledger (arguments are redacted; see tools.admin for the full rows)."""
+
+    model = ToolOperation
+    fields = ["task", "step", "kind", "tool", "status", "external_id", "attempts", "committed_at"]
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+    show_change_link = True
+    verbose_name_plural = "ledger"
 
     def has_add_permission(self, request, obj=None):
         return False
@@ -76,7 +93,7 @@ class RunAdmin(admin.ModelAdmin):
         "ops_lease_owner",
         "ops_lease_expires_at",
     ]
-    inlines = [TaskInline]
+    inlines = [TaskInline, OperationInline]
     actions = ["cancel_runs", "resume_runs", "compensate_runs"]
 
     @admin.action(description="Cancel the selected runs")
@@ -89,9 +106,23 @@ class RunAdmin(admin.ModelAdmin):
 
     @admin.action(description="Compensate the selected runs (undo committed effects; corrections need approval)")
     def compensate_runs(self, request, queryset):
-        from tools.saga import run_compensate  # the tools app builds on the engine
+        from django.template.response import TemplateResponse
 
-        _apply(self, request, queryset, run_compensate, reason=f"compensation requested by {request.user}")
+        from tools.saga import compensation_plan, run_compensate  # the tools app builds on the engine
+
+        if request.POST.get("confirm") == "yes":
+            _apply(self, request, queryset, run_compensate, reason=f"compensation requested by {request.user}")
+            return None
+        # First show exactly what would be undone or corrected; nothing changes until confirmed.
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Compensate runs",
+            "plans": [(run, compensation_plan(run.id)) for run in queryset],
+            "selected": [run.id for run in queryset],
+            "action_checkbox_name": admin.helpers.ACTION_CHECKBOX_NAME,
+            "opts": self.model._meta,
+        }
+        return TemplateResponse(request, "admin/runs/compensate_confirm.html", context)
 
 
 @admin.register(Task)

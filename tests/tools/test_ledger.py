@@ -81,7 +81,9 @@ def test_b2_compensation_closes_tickets_restores_records_and_corrects_emails_aft
     assert run.status == Run.Status.NEEDS_ATTENTION
     assert "worker-3" in run.status_reason
     idle(run)  # attempts in flight finish
-    tickets = set(SandboxTicket.objects.filter(idempotency_key__startswith=f"warden:{run.id}:").values_list("id", flat=True))
+    tickets = set(
+        SandboxTicket.objects.filter(idempotency_key__startswith=f"warden:{run.id}:").values_list("id", flat=True)
+    )
     # a worker that had not started when worker-3 failed is held: the run starts nothing new
     assert 1 <= len(tickets) <= 5 and SandboxTicket.objects.filter(idempotency_key__contains=":worker-3:").exists()
     sent_before = SandboxEmail.objects.count()
@@ -113,7 +115,9 @@ def test_b2_compensation_closes_tickets_restores_records_and_corrects_emails_aft
     } | ({OS.FAILED} if ops(run, status=OS.FAILED).exists() else set())
     # compensations undid in reverse commit order
     undo = list(ops(run, kind="compensation").order_by("order"))
-    assert [u.compensates.committed_at for u in undo] == sorted((u.compensates.committed_at for u in undo), reverse=True)
+    assert [u.compensates.committed_at for u in undo] == sorted(
+        (u.compensates.committed_at for u in undo), reverse=True
+    )
     # each compensation reached its system once
     for u in ops(run).exclude(kind="action"):
         assert effects(key_contains=u.idempotency_key).count() <= 1
@@ -188,7 +192,6 @@ def test_a_call_outside_the_allowlist_or_with_bad_arguments_calls_nothing_and_th
 
 
 def test_a_workflow_policy_makes_a_call_wait_for_a_reviewer(demo_tx, worker, operator):
-    from agents.models import Workflow
     from tests.conftest import wait_for
 
     script = [
@@ -219,3 +222,26 @@ def test_a_workflow_policy_makes_a_call_wait_for_a_reviewer(demo_tx, worker, ope
     from runs.models import Artifact
 
     assert "rejected" in Artifact.objects.get(task=task).content["outcome"]
+
+
+def test_the_admin_shows_what_compensation_will_do_before_it_starts(demo_tx, worker, client, django_user_model):
+    from django.urls import reverse
+
+    root = django_user_model.objects.create_superuser(username="root", password="root-pass-123", email="r@x.y")
+    client.force_login(root)
+    run = finished(run_start(workflow="incident-fanout", input=fault("error", call=3)))
+    idle(run)
+    url = reverse("admin:runs_run_changelist")
+    page = client.post(url, {"action": "compensate_runs", "_selected_action": [run.id]})
+    text = page.content.decode()
+    ticket = SandboxTicket.objects.filter(idempotency_key__contains=":worker-3:").get()
+    assert "Yes, compensate" in text and ticket.ticket_id in text and "undone by tickets.close" in text
+    assert Run.objects.get(id=run.id).status == Run.Status.NEEDS_ATTENTION  # nothing changed yet
+    client.post(url, {"action": "compensate_runs", "_selected_action": [run.id], "confirm": "yes"})
+    from tests.conftest import wait_for
+
+    wait_for(lambda: SandboxTicket.objects.get(id=ticket.id).status == "closed", message="the ticket to close")
+    assert Run.objects.get(id=run.id).status in (Run.Status.COMPENSATING, Run.Status.COMPENSATED)
+    # the run's page shows its ledger
+    page = client.get(reverse("admin:runs_run_change", args=[run.id])).content.decode()
+    assert "compensated" in page and "tickets.create" in page
