@@ -435,19 +435,21 @@ def _receipt(op: ToolOperation, spec: ToolSpec, result: dict, reason: str = "") 
     external_id = ""
     if isinstance(result, dict):
         external_id = str(result.get("ticket_id") or result.get("message_id") or result.get("customer_id") or "")[:200]
+    plan = op.compensation
+    if outcome.error is None and plan is not None and spec.undo is not None:
+        tool, undo_args = spec.undo(op.arguments, outcome.result)
+        plan = {**plan, "tool": tool, "arguments": undo_args}  # the concrete undo, now that it is known
+    # One write: the receipt and the concrete undo land together.
     _set(
         op,
         status=OS.COMMITTED,
         status_reason=reason if outcome.error is None else f"{reason} {outcome.error['message']}".strip(),
         result=outcome.result if outcome.error is None else {"invalid": True},
         external_id=external_id,
+        compensation=plan,
         committed_at=now,
         ended_at=now,
     )
-    if outcome.error is None and op.compensation is not None and spec.undo is not None:
-        tool, undo_args = spec.undo(op.arguments, outcome.result)
-        plan = {**op.compensation, "tool": tool, "arguments": undo_args}
-        _set(op, compensation=plan)
     return outcome
 
 
