@@ -160,3 +160,11 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@pytest.fixture(autouse=True)
+def closed_circuits():
+    """Tool circuit breakers live in the cache, which outlives a test: every test starts with them closed."""
+    from tools.broker import circuit_reset
+
+    circuit_reset()
