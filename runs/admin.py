@@ -2,6 +2,9 @@
 (the actions below), so the admin cannot make a transition the engine would refuse."""
 
 from django.contrib import admin, messages
+from django.urls import reverse
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import mark_safe
 
 from tools.models import ToolOperation
 
@@ -43,21 +46,6 @@ class TaskInline(admin.TabularInline):
         return False
 
 
-class OperationInline(admin.TabularInline):
-    """The run's side-effect ledger (arguments are redacted; see tools.admin for the full rows)."""
-
-    model = ToolOperation
-    fields = ["task", "step", "kind", "tool", "status", "external_id", "attempts", "committed_at"]
-    readonly_fields = fields
-    extra = 0
-    can_delete = False
-    show_change_link = True
-    verbose_name_plural = "ledger"
-
-    def has_add_permission(self, request, obj=None):
-        return False
-
-
 @admin.register(Run)
 class RunAdmin(admin.ModelAdmin):
     list_display = [
@@ -92,9 +80,35 @@ class RunAdmin(admin.ModelAdmin):
         "cancel_requested_at",
         "ops_lease_owner",
         "ops_lease_expires_at",
+        "ledger",
     ]
-    inlines = [TaskInline, OperationInline]
+    inlines = [TaskInline]
     actions = ["cancel_runs", "resume_runs", "compensate_runs"]
+
+    @admin.display(description="ledger")
+    def ledger(self, run):
+        """The run's tool operations (arguments redacted; see Tool operations for whole rows)."""
+        ops = ToolOperation.objects.filter(run=run).select_related("task").order_by("id")
+        rows = format_html_join(
+            "",
+            "<tr><td><a href='{}'>{}</a></td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            (
+                (
+                    reverse("admin:tools_tooloperation_change", args=[op.id]),
+                    op.id,
+                    op.task.key if op.task_id else "",
+                    op.step or "",
+                    op.kind,
+                    op.tool,
+                    op.status,
+                    op.external_id,
+                )
+                for op in ops
+            ),
+        )
+        columns = ["op", "task", "step", "kind", "tool", "status", "external id"]
+        head = "<tr>" + "".join(f"<th>{c}</th>" for c in columns) + "</tr>"
+        return format_html("<table>{}{}</table>", mark_safe(head), rows) if ops else "no tool operation"
 
     @admin.action(description="Cancel the selected runs")
     def cancel_runs(self, request, queryset):

@@ -93,7 +93,9 @@ def _unseal(spec: ToolSpec, task_id: int, step: int, arguments: dict) -> dict:
     if not spec.secret_fields or not any(arguments.get(k) == REDACTED for k in spec.secret_fields):
         return arguments
     sealed = SealedArguments.objects.filter(task_id=task_id, step=step).values_list("values", flat=True).first()
-    return {**arguments, **(sealed or {})}
+    if not sealed:  # never send the placeholder in place of a credential
+        raise StepFailure(f"{spec.name}: the sealed secret arguments of step {step} are missing", "permanent")
+    return {**arguments, **sealed}
 
 
 # --- rate limit and circuit breaker (shared by all workers through the cache) ---------------------

@@ -276,8 +276,12 @@ def _journal_model_step(lease: Lease, task: Task, state: _LoopState, response: M
     if body.get("tool_call"):
         from tools.broker import tool_call_for_journal
 
-        # Secret argument values are sealed apart: the journal (a span) never holds them.
-        body["tool_call"] = tool_call_for_journal(task_id=task.id, step=state.next_step, tool_call=body["tool_call"])
+        # Secret argument values are sealed apart: the journal (a span) never holds them. They are sealed
+        # under the step of the tool call this response asks for (the next one), which is the step the
+        # broker and the ledger row know the call by, and so the step they unseal with.
+        body["tool_call"] = tool_call_for_journal(
+            task_id=task.id, step=state.next_step + 1, tool_call=body["tool_call"]
+        )
     return _journal(
         lease,
         task,
