@@ -310,7 +310,12 @@ def _read(*, run, task, step, call_number, spec: ToolSpec, args: dict, key: str,
             _record_read(run, task, step, call_number, spec, args, key, digest, cached[1], f"cached from {cached[0]}")
             return ToolOutcome(result=cached[1])
     faults.crash("after_intent")  # a read has no intent row: this is just before the call
-    result = _external(spec, args, key=key, fault=faults.system)
+    try:
+        result = _external(spec, args, key=key, fault=faults.system)
+    except (sandbox.SystemTimeout, sandbox.SystemTransient) as exc:  # a read is safe to try again
+        raise TransientFailure(f"{spec.name}: {exc}") from exc
+    except sandbox.SystemError_ as exc:
+        raise StepFailure(f"{spec.name}: {exc}", "permanent") from exc
     faults.crash("after_call")
     outcome = _validated(spec, result)
     _record_read(run, task, step, call_number, spec, args, key, digest, outcome.result, "")
