@@ -45,15 +45,18 @@ def approval_request_for_operations(*, run: Run, operations, kind: str, title: s
 
 
 def approvals_withdraw(*, run: Run, reason: str) -> int:
-    """The run moved on (cancelled, compensated): nobody needs to decide any more. Run locked."""
+    """The run moved on (cancelled, compensated): nobody needs to decide any more, and nothing it still
+    meant to do will be done. Run locked."""
     from tools.models import ToolOperation
 
     pending = ApprovalRequest.objects.filter(run=run, status=ApprovalRequest.Status.PENDING)
     ids = list(pending.values_list("id", flat=True))
     pending.update(status=ApprovalRequest.Status.WITHDRAWN, decided_at=timezone.now(), note=reason[:1000])
-    ToolOperation.objects.filter(approval_id__in=ids, status=ToolOperation.Status.AWAITING_APPROVAL).update(
-        status=ToolOperation.Status.REJECTED, status_reason=f"not done: {reason}"[:1000], ended_at=timezone.now()
-    )
+    OS = ToolOperation.Status
+    not_done = {"status": OS.REJECTED, "status_reason": f"not done: {reason}"[:1000], "ended_at": timezone.now()}
+    ToolOperation.objects.filter(approval_id__in=ids, status=OS.AWAITING_APPROVAL).update(**not_done)
+    # Proposals not bundled yet, and approved agent calls nobody has started: they will not be done either.
+    ToolOperation.objects.filter(run=run, kind="action", status__in=[OS.PROPOSED, OS.APPROVED]).update(**not_done)
     return len(ids)
 
 

@@ -348,7 +348,9 @@ def _record_read(run, task, step, call_number, spec, args, key, digest, result, 
 def _resume_operation(op: ToolOperation, spec: ToolSpec, args: dict, faults: Faults, *, task_id: int) -> ToolOutcome:
     """The step's call has a ledger row already: a retry, a resumed attempt or a duplicate delivery."""
     if op.status in (OS.COMMITTED, OS.COMPENSATING, OS.COMPENSATED, OS.COMPENSATION_FAILED):
-        return ToolOutcome(result=op.result) if op.result is not None else _validated(spec, op.result)
+        if op.result is None:  # an operator resolved it as committed: the system's answer was never seen
+            return ToolOutcome(result={"status": "committed", "note": op.status_reason[:500]})
+        return ToolOutcome(result=op.result)
     if op.status == OS.PROPOSED or (op.proposed and op.status in (OS.AWAITING_APPROVAL, OS.APPROVED)):
         return _proposed(op)
     if op.status == OS.REJECTED:

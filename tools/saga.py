@@ -132,6 +132,7 @@ def run_compensate(*, run_id: int, reason: str = "compensation requested by an o
             status=OS.REJECTED, status_reason="not done: the run was compensated", ended_at=now
         )
         order = ToolOperation.objects.filter(run=run).exclude(kind=Kind.ACTION).count()
+        policies = run.workflow.tool_policies or {}
         corrections = []
         for item in plan["undo"] + plan["correct"]:
             original = ToolOperation.objects.get(id=item["operation"])
@@ -140,12 +141,16 @@ def run_compensate(*, run_id: int, reason: str = "compensation requested by an o
                 ToolOperation.objects.filter(id=retry.id).update(status=OS.APPROVED, status_reason="retried")
             elif not original.compensations.exists():
                 order += 1
-                correction = "needs_approval" in item
+                # Corrections wait for a reviewer unless the workflow's trusted policy says otherwise.
+                correction = (
+                    "needs_approval" in item
+                    and policies.get(original.tool, {}).get("correction_approval", "always") != "never"
+                )
                 spec = TOOLS[item["action"]]
                 comp = ToolOperation.objects.create(
                     run=run,
                     task_id=original.task_id,
-                    kind=Kind.CORRECTION if correction else Kind.COMPENSATION,
+                    kind=Kind.CORRECTION if "needs_approval" in item else Kind.COMPENSATION,
                     tool=item["action"],
                     idempotency_key=f"warden:{run.id}:undo:{original.id}",
                     arguments_hash=_hash(item["action"], item["arguments"]),

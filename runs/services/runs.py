@@ -172,6 +172,9 @@ def run_cancel(*, run_id: int, reason: str = "cancelled by operator") -> Run:
         Task.objects.filter(run=run).exclude(status__in=[*Task.TERMINAL, Task.Status.RUNNING]).update(
             status=Task.Status.CANCELLED, status_reason=reason, finished_at=now
         )
+        from approvals.services import approvals_withdraw  # approvals build on the engine
+
+        approvals_withdraw(run=run, reason=f"the run was cancelled: {reason}")
         run_finish_cancel_if_idle(run=run, now=now)
     return run
 

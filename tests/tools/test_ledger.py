@@ -245,3 +245,62 @@ def test_the_admin_shows_what_compensation_will_do_before_it_starts(demo_tx, wor
     # the run's page shows its ledger
     page = client.get(reverse("admin:runs_run_change", args=[run.id])).content.decode()
     assert "compensated" in page and "tickets.create" in page
+
+
+def test_cancelling_a_run_that_waits_for_approval_withdraws_the_request_and_sends_nothing(demo_tx, worker):
+    run = stopped(
+        run_start(workflow="incident-fanout", input={"propose_tools": ["email.send"]}), {"waiting_for_approval"}
+    )
+    run_cancel(run_id=run.id)
+    run = stopped(run, {Run.Status.CANCELLED})
+    request = ApprovalRequest.objects.get(run=run)
+    assert request.status == ApprovalRequest.Status.WITHDRAWN
+    assert set(ops(run, tool="email.send").values_list("status", flat=True)) == {OS.REJECTED}
+    with pytest.raises(Exception, match="withdrawn"):
+        approval_decide(request_id=request.id, user=None, approve=True)
+    assert not effects("email").exists()
+
+
+def test_an_ambiguous_write_resolved_by_an_operator_lets_the_retried_task_finish(demo_tx, worker, monkeypatch):
+    import dataclasses
+
+    from runs.services import task_retry
+    from tools import registry
+    from tools.saga import operation_resolve
+
+    spec = registry.TOOLS["email.send"]
+    monkeypatch.setitem(registry.TOOLS, "email.send", dataclasses.replace(spec, lookup=None))
+    run = finished(run_start(workflow="incident-fanout", input=fault("timeout_after_commit")))
+    assert run.status == Run.Status.NEEDS_ATTENTION
+    idle(run)
+    op = ops(run, tool="email.send", status=OS.AMBIGUOUS).get()
+    with pytest.raises(Exception, match="resolve them before compensating"):
+        run_compensate(run_id=run.id)
+    # the operator checked the mail server: the message went out
+    operation_resolve(operation_id=op.id, committed=True, note="found in the mail log")
+    task_retry(task_id=op.task_id)
+    run = finished(run)
+    assert run.status == Run.Status.COMPLETED, run.status_reason
+    assert effects("email", key_contains=op.idempotency_key).count() == 1  # not sent again
+    op.refresh_from_db()
+    assert op.status == OS.COMMITTED and "found in the mail log" in op.status_reason
+
+
+def test_a_workflow_can_let_corrections_go_without_a_reviewer(demo_tx, worker):
+    script = [
+        {"tool": "email.send", "arguments": {"to": "a@x.example", "subject": "s", "body": "b"}},
+        {"tool": "tickets.create", "arguments": {"customer_id": "c1", "title": "t"}},
+        {"final": {}},
+    ]
+    wf = scripted_workflow("mailer", script, tools=["email.send", "tickets.create"])
+    wf.tool_policies = {"email.send": {"correction_approval": "never"}}
+    wf.save()
+    run = finished(run_start(workflow=wf.slug, input=fault("error", call=2, task="only")))
+    assert run.status == Run.Status.NEEDS_ATTENTION and SandboxEmail.objects.count() == 1
+    run_compensate(run_id=run.id)
+    run = stopped(run, {Run.Status.COMPENSATED, Run.Status.NEEDS_ATTENTION})
+    assert run.status == Run.Status.COMPENSATED, run.status_reason
+    assert not ApprovalRequest.objects.filter(run=run).exists()
+    (correction,) = SandboxEmail.objects.filter(kind="correction")
+    assert correction.in_reply_to == SandboxEmail.objects.get(kind="message").message_id
+    assert ops(run, kind="correction").get().status == OS.COMMITTED
