@@ -56,6 +56,14 @@ def proposals_bundle_if_any(run: Run, now) -> bool:
     return True
 
 
+def proposals_drop(run: Run, *, reason: str) -> int:
+    """The run ends without its supervisor's execution (it needed attention when its last task
+    finished): its proposals are recorded as not done, never left pending. Call with the run locked."""
+    return ToolOperation.objects.filter(run=run, status=OS.PROPOSED).update(
+        status=OS.REJECTED, status_reason=f"not executed: {reason}"[:1000], ended_at=timezone.now()
+    )
+
+
 # --- compensation --------------------------------------------------------------------------------------
 
 

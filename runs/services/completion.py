@@ -296,7 +296,11 @@ def _run_settle(run: Run, now, stop_reason: str = "") -> bool:
             if proposals_bundle_if_any(run, now):
                 return True
         if run.status in (Run.Status.RUNNING, Run.Status.NEEDS_ATTENTION):
-            run_transition(run=run, to=Run.Status.COMPLETED, reason="all tasks completed", now=now)
+            from tools.saga import proposals_drop
+
+            dropped = proposals_drop(run, reason=stop_reason or run.status_reason or "the run needed attention")
+            note = f"; {dropped} proposals not executed" if dropped else ""
+            run_transition(run=run, to=Run.Status.COMPLETED, reason=f"all tasks completed{note}", now=now)
         return True
     waiting = Task.Status.WAITING_FOR_APPROVAL
     if run.status == Run.Status.RUNNING and waiting in statuses and statuses <= {waiting, Task.Status.PENDING}:

@@ -304,3 +304,24 @@ def test_a_workflow_can_let_corrections_go_without_a_reviewer(demo_tx, worker):
     (correction,) = SandboxEmail.objects.filter(kind="correction")
     assert correction.in_reply_to == SandboxEmail.objects.get(kind="message").message_id
     assert ops(run, kind="correction").get().status == OS.COMMITTED
+
+
+def test_proposals_of_a_run_that_ends_over_budget_are_recorded_as_not_executed(demo_tx, worker):
+    from runs.models import Span
+
+    script = [
+        {"tool": "email.send", "arguments": {"to": "a@x.example", "subject": "s", "body": "b"}},
+        {"final": {"done": "{last[status]}"}},
+    ]
+    wf = scripted_workflow("proposer", script, tools=["email.send"])
+    probe = finished(run_start(workflow=wf.slug, input={"propose_tools": ["email.send"]}))
+    assert probe.status == Run.Status.WAITING_FOR_APPROVAL
+    first_call = Span.objects.filter(run=probe, kind="model_call").order_by("step").first()
+    # A token budget the first model call fits in and the final answer crosses: the answer is kept,
+    # nothing more starts, so the supervisor never executes the proposal.
+    budget = {"max_tokens": first_call.tokens_in + first_call.tokens_out + 1}
+    run = finished(run_start(workflow=wf.slug, input={"propose_tools": ["email.send"]}, budget=budget))
+    assert run.status == Run.Status.COMPLETED and "1 proposals not executed" in run.status_reason
+    op = ops(run, tool="email.send").get()
+    assert op.status == OS.REJECTED and op.status_reason.startswith("not executed: run budget exceeded")
+    assert not ApprovalRequest.objects.filter(run=run).exists() and not effects("email").exists()
