@@ -128,3 +128,23 @@ def test_a_workflow_that_compensates_on_failure_does_so_without_waiting_for_a_hu
         message="the run's tickets to be closed",
     )
     assert "policy" in Run.objects.get(id=run.id).status_reason
+
+
+def test_a_slow_system_past_the_deadline_is_reconciled_then_called_again_with_the_same_key(call, monkeypatch):
+    from runs.errors import TransientFailure
+
+    spec = registry.TOOLS["tickets.create"]
+    monkeypatch.setitem(registry.TOOLS, "tickets.create", dataclasses.replace(spec, timeout_seconds=0.05))
+    with pytest.raises(TransientFailure, match="did not take effect"):
+        call("tickets.create", {"customer_id": "c1", "title": "t"}, step=3, faults=["slow"])
+    op = ToolOperation.objects.get(tool="tickets.create")
+    assert op.status == ToolOperation.Status.APPROVED and "not committed" in op.status_reason
+    assert not SandboxCall.objects.filter(tool="tickets.create").exists()
+    # the retry of the step: same key, the system answers in time
+    outcome = call("tickets.create", {"customer_id": "c1", "title": "t"}, step=3)
+    op.refresh_from_db()
+    assert outcome.result["status"] == "open" and op.status == ToolOperation.Status.COMMITTED and op.attempts == 2
+    # within its deadline a slow system is only slow
+    monkeypatch.setitem(registry.TOOLS, "tickets.create", spec)
+    assert call("tickets.create", {"customer_id": "c2", "title": "t"}, faults=["slow"]).result["status"] == "open"
+    assert SandboxCall.objects.filter(tool="tickets.create", is_effect=True).count() == 2
