@@ -226,34 +226,16 @@ def tool_call(*, run, task, step: int, call_number: int, name: str, arguments, r
     faults = Faults.at(run.input, run_id=run.id, task_key=task.key, call=call_number)
     if existing is not None:
         return _resume_operation(existing, spec, args, faults, task_id=task.id)
+    call = _Call(run=run, task=task, step=step, call_number=call_number, spec=spec, args=args, key=key, digest=digest)
     if not spec.is_write:
-        return _read(
-            run=run,
-            task=task,
-            step=step,
-            call_number=call_number,
-            spec=spec,
-            args=args,
-            key=key,
-            digest=digest,
-            faults=faults,
-        )
+        return _read(call, faults)
 
     propose = name in (run.input or {}).get("propose_tools", [])
     policy = _policy(run, name)
     status = OS.PROPOSED if propose else OS.AWAITING_APPROVAL if policy.get("approval") == "always" else OS.EXECUTING
     with transaction.atomic():
-        op = ToolOperation.objects.create(
-            run_id=run.id,
-            task_id=task.id,
-            step=step,
-            call_number=call_number,
-            tool=name,
-            idempotency_key=key,
-            arguments_hash=digest,
-            arguments=redact(spec, args),
-            tool_class=spec.tool_class,
-            reversibility=spec.reversibility,
+        op = _operation_create(
+            call,
             proposed=propose,
             status=status,
             compensation=_undo_plan(spec),
@@ -270,6 +252,20 @@ def tool_call(*, run, task, step: int, call_number: int, name: str, arguments, r
         raise TaskParked(op.id, f"{name} waits for a reviewer's approval")
     faults.crash("after_intent")
     return _call_and_receipt(op, spec, args, faults)
+
+
+@dataclass
+class _Call:
+    """One validated call of an agent's step: where it comes from, what it asks, under which key."""
+
+    run: object
+    task: object
+    step: int
+    call_number: int
+    spec: ToolSpec
+    args: dict
+    key: str
+    digest: str
 
 
 def _policy(run, tool: str) -> dict:
@@ -298,43 +294,38 @@ def _proposed(op: ToolOperation) -> ToolOutcome:
     )
 
 
-def _read(*, run, task, step, call_number, spec: ToolSpec, args: dict, key: str, digest: str, faults: Faults):
+def _read(call: _Call, faults: Faults) -> ToolOutcome:
     """A read has no effect to protect: it is called, then recorded (one write, not two)."""
+    spec = call.spec
     if spec.cacheable:
         cached = (
-            ToolOperation.objects.filter(run_id=run.id, tool=spec.name, arguments_hash=digest, status=OS.COMMITTED)
+            ToolOperation.objects.filter(
+                run_id=call.run.id, tool=spec.name, arguments_hash=call.digest, status=OS.COMMITTED
+            )
             .values_list("id", "result")
             .first()
         )
         if cached is not None:
-            _record_read(run, task, step, call_number, spec, args, key, digest, cached[1], f"cached from {cached[0]}")
+            _record_read(call, cached[1], f"cached from {cached[0]}")
             return ToolOutcome(result=cached[1])
     faults.crash("after_intent")  # a read has no intent row: this is just before the call
     try:
-        result = _external(spec, args, key=key, fault=faults.system)
+        result = _external(spec, call.args, key=call.key, fault=faults.system)
     except (sandbox.SystemTimeout, sandbox.SystemTransient) as exc:  # a read is safe to try again
         raise TransientFailure(f"{spec.name}: {exc}") from exc
     except sandbox.SystemError_ as exc:
         raise StepFailure(f"{spec.name}: {exc}", "permanent") from exc
     faults.crash("after_call")
     outcome = _validated(spec, result)
-    _record_read(run, task, step, call_number, spec, args, key, digest, outcome.result, "")
+    _record_read(call, outcome.result, "")
     faults.crash("after_receipt")
     return outcome
 
 
-def _record_read(run, task, step, call_number, spec, args, key, digest, result, reason: str) -> None:
+def _record_read(call: _Call, result, reason: str) -> None:
     now = timezone.now()
-    ToolOperation.objects.create(
-        run_id=run.id,
-        task_id=task.id,
-        step=step,
-        call_number=call_number,
-        tool=spec.name,
-        idempotency_key=key,
-        arguments_hash=digest,
-        arguments=redact(spec, args),
-        tool_class=spec.tool_class,
+    _operation_create(
+        call,
         status=OS.COMMITTED,
         status_reason=reason,
         result=result,
@@ -342,6 +333,23 @@ def _record_read(run, task, step, call_number, spec, args, key, digest, result, 
         started_at=now,
         committed_at=now,
         ended_at=now,
+    )
+
+
+def _operation_create(call: _Call, **fields) -> ToolOperation:
+    """A ledger row for an agent's call; its arguments are stored redacted."""
+    return ToolOperation.objects.create(
+        run_id=call.run.id,
+        task_id=call.task.id,
+        step=call.step,
+        call_number=call.call_number,
+        tool=call.spec.name,
+        idempotency_key=call.key,
+        arguments_hash=call.digest,
+        arguments=redact(call.spec, call.args),
+        tool_class=call.spec.tool_class,
+        reversibility=call.spec.reversibility,
+        **fields,
     )
 
 

@@ -60,15 +60,17 @@ def _after_commit(system: str, fault: str | None) -> None:
         raise SystemTimeout(f"the {system} system timed out after it committed (drill fault)")
 
 
-def _log(*, system, operation, tool, key, arguments, result, effect, object_id="") -> None:
+def _log(tool: str, key: str, logged: dict, result: dict, *, effect: bool, object_id="", operation="") -> None:
+    """One request served: the system and operation are the tool's name (`tickets.create`)."""
+    system, _, default_operation = tool.partition(".")
     SandboxCall.objects.create(
         system=system,
-        operation=operation,
+        operation=operation or default_operation,
         tool=tool,
         idempotency_key=key,
         is_effect=effect,
         object_id=object_id,
-        arguments=arguments,
+        arguments=logged,
         result=result,
     )
 
@@ -90,27 +92,11 @@ def deployments_read(*, service: str, key: str, logged: dict, fault=None, deadli
         # The inventory knows the demo's service; anything else is an empty answer, not an error.
         if service != "checkout":
             result = {"service": service, "version": "", "pods": 0, "region": ""}
-            _log(
-                system="deployments",
-                operation="read",
-                tool="deployments.read",
-                key=key,
-                arguments=logged,
-                result=result,
-                effect=False,
-            )
+            _log("deployments.read", key, logged, result, effect=False)
             return result
         row = SandboxDeployment.objects.create(service=service, version="v43", pods=12, region="eu-west-1")
     result = {"service": row.service, "version": row.version, "pods": row.pods, "region": row.region}
-    _log(
-        system="deployments",
-        operation="read",
-        tool="deployments.read",
-        key=key,
-        arguments=logged,
-        result=result,
-        effect=False,
-    )
+    _log("deployments.read", key, logged, result, effect=False)
     return result
 
 
@@ -118,7 +104,7 @@ def crm_read(*, customer_id: str, key: str, logged: dict, fault=None, deadline=N
     _before_call("crm", fault, deadline)
     record = _record(customer_id)
     result = {"customer_id": record.customer_id, "name": record.name, "tier": record.tier, "fields": record.fields}
-    _log(system="crm", operation="read", tool="crm.read", key=key, arguments=logged, result=result, effect=False)
+    _log("crm.read", key, logged, result, effect=False)
     return result
 
 
@@ -139,9 +125,7 @@ def search_query(*, query: str, limit: int, key: str, logged: dict, fault=None, 
         if any(w in (d.title + " " + d.body).lower() for w in words)
     ][:limit]
     result = {"query": query, "hits": hits}
-    _log(
-        system="search", operation="query", tool="search.query", key=key, arguments=logged, result=result, effect=False
-    )
+    _log("search.query", key, logged, result, effect=False)
     return result
 
 
@@ -158,31 +142,13 @@ def tickets_create(*, customer_id: str, title: str, key: str, logged: dict, faul
         existing = SandboxTicket.objects.select_for_update().filter(idempotency_key=key).first()
         if existing is not None:  # a repeat of a request already served: same answer, no new ticket
             result = _ticket_result(existing)
-            _log(
-                system="tickets",
-                operation="create",
-                tool="tickets.create",
-                key=key,
-                arguments=logged,
-                result=result,
-                effect=False,
-                object_id=existing.ticket_id,
-            )
+            _log("tickets.create", key, logged, result, effect=False, object_id=existing.ticket_id)
         else:
             ticket = SandboxTicket.objects.create(
                 ticket_id=_short_id("T", key), idempotency_key=key, customer_id=customer_id, title=title
             )
             result = _ticket_result(ticket)
-            _log(
-                system="tickets",
-                operation="create",
-                tool="tickets.create",
-                key=key,
-                arguments=logged,
-                result=result,
-                effect=True,
-                object_id=ticket.ticket_id,
-            )
+            _log("tickets.create", key, logged, result, effect=True, object_id=ticket.ticket_id)
     _after_commit("tickets", fault)
     return result
 
@@ -203,16 +169,7 @@ def tickets_close(*, ticket_id: str, reason: str, key: str, logged: dict, fault=
             ticket.status, ticket.closed_at, ticket.close_key = "closed", timezone.now(), key
             ticket.save(update_fields=["status", "closed_at", "close_key"])
         result = _ticket_result(ticket)
-        _log(
-            system="tickets",
-            operation="close",
-            tool="tickets.close",
-            key=key,
-            arguments=logged,
-            result=result,
-            effect=changed,
-            object_id=ticket_id,
-        )
+        _log("tickets.close", key, logged, result, effect=changed, object_id=ticket_id)
     _after_commit("tickets", fault)
     return result
 
@@ -240,16 +197,7 @@ def _change(*, kind: str, customer_id: str, values: dict, key: str, logged: dict
         existing = SandboxRecordChange.objects.select_related("record").filter(idempotency_key=key).first()
         if existing is not None:
             result = _change_result(existing)
-            _log(
-                system="crm",
-                operation=kind,
-                tool=tool,
-                key=key,
-                arguments=logged,
-                result=result,
-                effect=False,
-                object_id=customer_id,
-            )
+            _log(tool, key, logged, result, effect=False, object_id=customer_id)
         else:
             _record(customer_id)
             record = SandboxRecord.objects.select_for_update().get(customer_id=customer_id)
@@ -265,16 +213,7 @@ def _change(*, kind: str, customer_id: str, values: dict, key: str, logged: dict
                 record=record, idempotency_key=key, kind=kind, before=before, after=values, version=record.version
             )
             result = _change_result(change)
-            _log(
-                system="crm",
-                operation=kind,
-                tool=tool,
-                key=key,
-                arguments=logged,
-                result=result,
-                effect=True,
-                object_id=customer_id,
-            )
+            _log(tool, key, logged, result, effect=True, object_id=customer_id)
     _after_commit("crm", fault)
     return result
 
@@ -329,16 +268,8 @@ def email_send(
             in_reply_to=in_reply_to,
         )
         result = {"message_id": mail.message_id, "status": "sent"}
-        _log(
-            system="email",
-            operation="correction" if in_reply_to else "send",
-            tool="email.send",
-            key=key,
-            arguments=logged,
-            result=result,
-            effect=True,
-            object_id=mail.message_id,
-        )
+        operation = "correction" if in_reply_to else "send"
+        _log("email.send", key, logged, result, effect=True, object_id=mail.message_id, operation=operation)
     _after_commit("email", fault)
     return result
 
