@@ -14,18 +14,23 @@ class AgentAdmin(admin.ModelAdmin):
 
 @admin.register(Workflow)
 class WorkflowAdmin(admin.ModelAdmin):
-    list_display = ["slug", "name", "planner", "planner_agent", "max_tasks", "max_concurrent_tasks"]
-    list_filter = ["planner"]
+    list_display = ["slug", "name", "project", "planner", "planner_agent", "max_tasks", "max_concurrent_tasks"]
+    list_filter = ["planner", "project"]
     search_fields = ["slug", "name", "description"]
     actions = ["start_runs"]
 
     @admin.action(description="Start a run of each selected workflow (default goal and budget)")
     def start_runs(self, request, queryset):
+        from approvals.access import authorize, default_project
+        from approvals.audit import audit
         from runs.services import run_start
 
         for workflow in queryset:
+            project = workflow.project or default_project()
             try:
-                run = run_start(workflow=workflow.slug, started_by=request.user)
+                authorize(request.user, project.id, "start", what=f"project {project.slug}", request=request)
+                run = run_start(workflow=workflow.slug, started_by=request.user, project=project)
+                audit(actor=request.user, action="start", run=run, target=f"run {run.id}", request=request)
             except WardenError as exc:
                 self.message_user(request, f"{workflow.slug}: {exc}", messages.ERROR)
                 continue

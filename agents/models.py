@@ -43,6 +43,14 @@ class Workflow(models.Model):
     default_budget = models.JSONField(default=dict, blank=True)
     max_tasks = models.PositiveIntegerField(null=True, blank=True)
     max_concurrent_tasks = models.PositiveIntegerField(null=True, blank=True)
+    project = models.ForeignKey(
+        "approvals.Project",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="workflows",
+        help_text="Runs start in this project; empty: shared, runs start in the default project or the one asked for",
+    )
     tool_policies = models.JSONField(
         default=dict,
         blank=True,

@@ -1,26 +1,40 @@
 from django.contrib import admin, messages
 
+from runs.admin import ProjectScoped
 from runs.errors import WardenError
 
-from .models import ApiToken, ApprovalRequest
+from .access import authorize
+from .models import ApiToken, ApprovalRequest, AuditEvent, Decision, Membership, Project
 from .services import approval_decide
 from .tokens import api_token_create, api_token_revoke
 
 
 @admin.register(ApiToken)
 class ApiTokenAdmin(admin.ModelAdmin):
-    list_display = ["prefix", "user", "name", "created_at", "last_used_at", "expires_at", "revoked_at"]
+    list_display = ["prefix", "user", "name", "scopes", "created_at", "last_used_at", "expires_at", "revoked_at"]
     list_filter = ["revoked_at", "expires_at"]
     search_fields = ["prefix", "name", "user__username"]
     readonly_fields = ["prefix", "token_hash", "created_at", "last_used_at", "revoked_at"]
-    fields = ["user", "name", "expires_at", "prefix", "token_hash", "created_at", "last_used_at", "revoked_at"]
+    fields = [
+        "user",
+        "name",
+        "scopes",
+        "expires_at",
+        "prefix",
+        "token_hash",
+        "created_at",
+        "last_used_at",
+        "revoked_at",
+    ]
     actions = ["revoke"]
 
     def save_model(self, request, obj, form, change):
         if change:
-            obj.save(update_fields=["name", "expires_at"])
+            obj.save(update_fields=["name", "expires_at", "scopes"])
             return
-        token, raw = api_token_create(user=obj.user, name=obj.name, expires_at=obj.expires_at)
+        token, raw = api_token_create(
+            user=obj.user, name=obj.name, expires_at=obj.expires_at, scopes=obj.scopes or None
+        )
         obj.pk = token.pk
         obj.refresh_from_db()
         messages.warning(request, f"The new token is {raw} — copy it now, it will not be shown again.")
@@ -31,12 +45,38 @@ class ApiTokenAdmin(admin.ModelAdmin):
             api_token_revoke(token=token)
 
 
+class DecisionInline(admin.TabularInline):
+    model = Decision
+    fields = ["reviewer", "verdict", "comment", "arguments_hash", "edited_arguments", "at"]
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+
 @admin.register(ApprovalRequest)
-class ApprovalRequestAdmin(admin.ModelAdmin):
-    list_display = ["id", "run", "kind", "status", "requested_at", "decided_by", "decided_at"]
+class ApprovalRequestAdmin(ProjectScoped, admin.ModelAdmin):
+    list_display = ["id", "run", "kind", "parent", "status", "quorum", "requested_at", "expires_at", "decided_at"]
     list_filter = ["status", "kind"]
     search_fields = ["=id", "=run__id", "summary", "note"]
-    readonly_fields = ["run", "task", "kind", "status", "summary", "requested_at", "decided_at", "decided_by", "note"]
+    inlines = [DecisionInline]
+    readonly_fields = [
+        "run",
+        "task",
+        "parent",
+        "kind",
+        "status",
+        "quorum",
+        "summary",
+        "arguments_hash",
+        "requested_at",
+        "expires_at",
+        "decided_at",
+        "decided_by",
+        "note",
+    ]
     actions = ["approve", "reject"]
 
     def has_add_permission(self, request):
@@ -45,7 +85,16 @@ class ApprovalRequestAdmin(admin.ModelAdmin):
     def _decide(self, request, queryset, approve: bool):
         for approval in queryset:
             try:
-                approval_decide(request_id=approval.id, user=request.user, approve=approve, note="in the admin")
+                authorize(
+                    request.user,
+                    approval.run.project_id,
+                    "decide",
+                    what=f"approval request {approval.id}",
+                    request=request,
+                )
+                approval_decide(
+                    request_id=approval.id, user=request.user, approve=approve, note="in the admin", request=request
+                )
             except WardenError as exc:
                 self.message_user(request, f"{approval}: {exc}", messages.ERROR)
 
@@ -56,3 +105,57 @@ class ApprovalRequestAdmin(admin.ModelAdmin):
     @admin.action(description="Reject the selected requests")
     def reject(self, request, queryset):
         self._decide(request, queryset, False)
+
+
+class MembershipInline(admin.TabularInline):
+    model = Membership
+    extra = 1
+
+
+@admin.register(Project)
+class ProjectAdmin(admin.ModelAdmin):
+    list_display = ["slug", "name", "created_at"]
+    search_fields = ["slug", "name"]
+    inlines = [MembershipInline]
+
+
+@admin.register(Membership)
+class MembershipAdmin(admin.ModelAdmin):
+    list_display = ["project", "user", "role", "created_at"]
+    list_filter = ["role", "project"]
+    search_fields = ["user__username", "project__slug"]
+
+
+@admin.register(AuditEvent)
+class AuditEventAdmin(ProjectScoped, admin.ModelAdmin):
+    """Read-only: the log cannot be changed or deleted from here (nor anywhere else)."""
+
+    project_path = "project"
+    list_display = ["at", "actor_label", "via", "action", "outcome", "target", "run", "address"]
+    list_filter = ["outcome", "via", "action"]
+    search_fields = ["actor_label", "action", "target", "=run__id"]
+    date_hierarchy = "at"
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(Decision)
+class DecisionAdmin(ProjectScoped, admin.ModelAdmin):
+    project_path = "request__run__project"
+    list_display = ["id", "request", "reviewer", "verdict", "at"]
+    list_filter = ["verdict"]
+    search_fields = ["=request__id", "reviewer__username", "comment"]
+    readonly_fields = ["request", "reviewer", "verdict", "comment", "arguments_hash", "edited_arguments", "at"]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False

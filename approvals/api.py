@@ -1,16 +1,26 @@
 """Integration API for approval requests: list them, decide one."""
 
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
 from ninja import Field, Query, Router, Schema
 
-from runs.permissions import require
+from runs.errors import NotFound
 
+from .access import authorize, project_ids
 from .models import ApprovalRequest
 from .services import approval_decide
 
 router = Router(tags=["approvals"])
+
+
+class DecisionOut(Schema):
+    reviewer: str
+    verdict: str
+    comment: str
+    arguments_hash: str
+    edited: bool
+    at: datetime
 
 
 class ApprovalOut(Schema):
@@ -18,6 +28,10 @@ class ApprovalOut(Schema):
     run: int
     task: str | None
     kind: str
+    parent: int | None
+    items: list[int]
+    quorum: int
+    arguments_hash: str = Field(description="Quote it in a decision: it binds the decision to what you saw")
     status: str
     summary: str
     requested_at: datetime
@@ -25,21 +39,39 @@ class ApprovalOut(Schema):
     decided_by: str | None
     note: str
     operations: list[int]
+    decisions: list[DecisionOut]
 
 
 def approval_out(a: ApprovalRequest) -> dict:
+    items = list(a.items.all())
+    operations = [op.id for op in a.operations.all()] + [op.id for item in items for op in item.operations.all()]
     return {
         "id": a.id,
         "run": a.run_id,
         "task": a.task.key if a.task_id else None,
         "kind": a.kind,
+        "parent": a.parent_id,
+        "items": [item.id for item in items],
+        "quorum": a.quorum,
+        "arguments_hash": a.arguments_hash,
+        "decisions": [
+            {
+                "reviewer": d.reviewer.get_username(),
+                "verdict": d.verdict,
+                "comment": d.comment,
+                "arguments_hash": d.arguments_hash,
+                "edited": d.edited_arguments is not None,
+                "at": d.at,
+            }
+            for d in a.decisions.all()
+        ],
         "status": a.status,
         "summary": a.summary,
         "requested_at": a.requested_at,
         "decided_at": a.decided_at,
         "decided_by": a.decided_by.get_username() if a.decided_by_id else None,
         "note": a.note,
-        "operations": sorted(op.id for op in a.operations.all()),
+        "operations": sorted(operations),
     }
 
 
@@ -50,7 +82,12 @@ class ApprovalsQuery(Schema):
 
 @router.get("/approvals", response=list[ApprovalOut], summary="Approval requests (pending by default)")
 def list_approvals(request, filters: Query[ApprovalsQuery]):
-    rows = ApprovalRequest.objects.select_related("task", "decided_by").prefetch_related("operations")
+    rows = ApprovalRequest.objects.select_related("task", "decided_by").prefetch_related(
+        "operations", "items__operations", "decisions__reviewer"
+    )
+    visible = project_ids(request.auth.user, "view")
+    if visible is not None:  # only requests of the caller's projects
+        rows = rows.filter(run__project_id__in=visible)
     if filters.status:
         rows = rows.filter(status=filters.status)
     if filters.run:
@@ -60,14 +97,34 @@ def list_approvals(request, filters: Query[ApprovalsQuery]):
 
 class DecisionIn(Schema):
     decision: Literal["approve", "reject"]
-    note: str = Field(default="", max_length=4000)
+    arguments_hash: str = Field(min_length=64, max_length=64, description="The request's hash, as you saw it")
+    note: str = Field(default="", max_length=4000, description="Required to reject or to edit")
+    arguments: dict[str, Any] | None = Field(default=None, description="Approve with these arguments instead")
 
 
 @router.post("/approvals/{approval_id}/decision", response=ApprovalOut, summary="Approve or reject")
 def decide(request, approval_id: int, payload: DecisionIn):
-    require(request.auth.user, "approvals.change_approvalrequest", "decide approval requests")
-    approval_decide(
-        request_id=approval_id, user=request.auth.user, approve=payload.decision == "approve", note=payload.note
+    project_id = ApprovalRequest.objects.filter(id=approval_id).values_list("run__project_id", flat=True).first()
+    if project_id is None:
+        raise NotFound(f"approval request {approval_id} does not exist")
+    authorize(
+        request.auth.user,
+        project_id,
+        "decide",
+        what=f"approval request {approval_id}",
+        token=request.auth,
+        request=request,
     )
-    row = ApprovalRequest.objects.select_related("task", "decided_by").prefetch_related("operations")
+    approval_decide(
+        request_id=approval_id,
+        user=request.auth.user,
+        approve=payload.decision == "approve",
+        note=payload.note,
+        seen_hash=payload.arguments_hash,
+        edited_arguments=payload.arguments,
+        request=request,
+    )
+    row = ApprovalRequest.objects.select_related("task", "decided_by").prefetch_related(
+        "operations", "items__operations", "decisions__reviewer"
+    )
     return approval_out(row.get(id=approval_id))

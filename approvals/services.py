@@ -9,7 +9,7 @@ import logging
 from django.db import transaction
 from django.utils import timezone
 
-from runs.errors import Conflict, NotFound
+from runs.errors import Conflict, Forbidden, InvalidInput, NotFound
 from runs.models import Run, Task
 from runs.services.outbox import outbox_add
 from runs.services.runs import run_transition, task_set_ready
@@ -26,22 +26,38 @@ def _describe(op) -> str:
     return f"{owner}{op.tool}({args})"[:1000]
 
 
-def approval_request_for_operation(op) -> ApprovalRequest:
-    """One call waits for a reviewer (the workflow's policy says so). Inside the intent's transaction."""
+def _items_hash(hashes) -> str:
+    import hashlib
+
+    return hashlib.sha256("|".join(hashes).encode()).hexdigest()
+
+
+def approval_request_for_operation(op, *, parent: ApprovalRequest | None = None, quorum: int = 1) -> ApprovalRequest:
+    """One call waits for a reviewer. Inside the intent's (or the bundle's) transaction."""
     request = ApprovalRequest.objects.create(
-        run_id=op.run_id, task_id=op.task_id, kind=ApprovalRequest.Kind.OPERATION, summary=_describe(op)
+        run_id=op.run_id,
+        task_id=op.task_id if op.kind == "action" and not op.proposed else None,
+        parent=parent,
+        kind=ApprovalRequest.Kind.OPERATION,
+        summary=_describe(op),
+        arguments_hash=op.arguments_hash,
+        quorum=max(1, quorum),
     )
+    type(op).objects.filter(id=op.id).update(approval=request)
     op.approval = request
-    op.save(update_fields=["approval"])
     return request
 
 
 def approval_request_for_operations(*, run: Run, operations, kind: str, title: str) -> ApprovalRequest:
-    """One request for several operations (a bundle of proposals, or the corrections of a compensation)."""
+    """A parent request for several operations (a bundle of proposals, or the corrections of a
+    compensation), with one item per operation that can also be decided alone."""
     lines = [title] + [f"{n}. {_describe(op)}" for n, op in enumerate(operations, 1)]
-    request = ApprovalRequest.objects.create(run=run, kind=kind, summary="\n".join(lines))
-    type(operations[0]).objects.filter(id__in=[op.id for op in operations]).update(approval=request)
-    return request
+    parent = ApprovalRequest.objects.create(
+        run=run, kind=kind, summary="\n".join(lines), arguments_hash=_items_hash(op.arguments_hash for op in operations)
+    )
+    for op in operations:
+        approval_request_for_operation(op, parent=parent)
+    return parent
 
 
 def approvals_withdraw(*, run: Run, reason: str) -> int:
@@ -60,41 +76,181 @@ def approvals_withdraw(*, run: Run, reason: str) -> int:
     return len(ids)
 
 
-def approval_decide(*, request_id: int, user, approve: bool, note: str = "") -> ApprovalRequest:
-    """Approve or reject. Rejected operations are never called; approved ones go ahead (the parked task
-    is sent again, the supervisor executes the bundle, the compensation sends its corrections)."""
-    from tools.models import ToolOperation
+def approval_decide(
+    *,
+    request_id: int,
+    user,
+    approve: bool,
+    note: str = "",
+    seen_hash: str | None = None,
+    edited_arguments: dict | None = None,
+    request=None,
+) -> ApprovalRequest:
+    """One reviewer's decision, bound to the arguments hash they saw (``seen_hash``; None: the admin,
+    which shows the current arguments). Rejections need a comment; so do edited arguments, which are
+    validated against the tool's schema. A request is approved once ``quorum`` distinct reviewers
+    approved it, rejected at the first rejection. Deciding a parent decides each of its pending items.
+    Exactly one outcome however many reviewers click at once: the request row is locked."""
+    from .audit import audit
 
-    OS = ToolOperation.Status
     now = timezone.now()
     run_id = ApprovalRequest.objects.filter(id=request_id).values_list("run_id", flat=True).first()
     if run_id is None:
         raise NotFound(f"approval request {request_id} does not exist")
-    with transaction.atomic():
-        run = Run.objects.select_for_update().get(id=run_id)
-        request = ApprovalRequest.objects.select_for_update().get(id=request_id)
-        if request.status != ApprovalRequest.Status.PENDING:
-            raise Conflict(f"approval request {request_id} is {request.status}; it cannot be decided again")
-        request.status = ApprovalRequest.Status.APPROVED if approve else ApprovalRequest.Status.REJECTED
-        request.decided_at, request.decided_by, request.note = now, user, note[:4000]
-        request.save(update_fields=["status", "decided_at", "decided_by", "note"])
-        verdict = "approved" if approve else "rejected"
-        reason = f"{verdict} by {user}" + (f": {note}" if note else "")
-        ToolOperation.objects.filter(approval=request, status=OS.AWAITING_APPROVAL).update(
-            status=OS.APPROVED if approve else OS.REJECTED,
-            status_reason=reason[:1000],
-            ended_at=None if approve else now,
+    target = f"approval request {request_id}"
+    try:
+        with transaction.atomic():
+            run = Run.objects.select_for_update().get(id=run_id)
+            approval = ApprovalRequest.objects.select_for_update().get(id=request_id)
+            _check(approval, run, user, approve, note, seen_hash, edited_arguments)
+            decided = _decide(approval, run, user, approve, note, edited_arguments, now)
+            audit(
+                actor=user,
+                action=f"decide:{'approve' if approve else 'reject'}",
+                run=run,
+                target=target,
+                request=request,
+                detail={
+                    "kind": approval.kind,
+                    "note": note[:1000],
+                    "arguments_hash": approval.arguments_hash,
+                    "edited": edited_arguments is not None,
+                    "outcome": decided,
+                },
+            )
+    except (Conflict, Forbidden, InvalidInput) as refusal:  # recorded outside the rolled-back transaction
+        audit(
+            actor=user,
+            action="decide",
+            outcome="denied",
+            run=Run.objects.get(id=run_id),
+            target=target,
+            request=request,
+            detail={"why": str(refusal)},
         )
-        log.info("approval %s (%s) of run %s %s", request.id, request.kind, run.id, verdict)
-        if request.kind == ApprovalRequest.Kind.OPERATION:
-            _wake_parked_task(run, request, reason, now)
-        elif request.kind == ApprovalRequest.Kind.BUNDLE:
-            if run.status == Run.Status.WAITING_FOR_APPROVAL:
-                run_transition(run=run, to=Run.Status.RUNNING, reason=f"proposals {reason}", now=now)
-            run_operations_send(run)
-        else:  # corrections: the compensation goes on either way
-            run_operations_send(run)
-    return request
+        raise
+    approval.refresh_from_db()
+    return approval
+
+
+def _check(approval, run, user, approve, note, seen_hash, edited) -> None:
+    if user is None:
+        raise Forbidden("a decision needs a reviewer")
+    if approval.status != ApprovalRequest.Status.PENDING:
+        raise Conflict(f"approval request {approval.id} is {approval.status}; it cannot be decided again")
+    if approval.expires_at and approval.expires_at <= timezone.now():
+        raise Conflict(f"approval request {approval.id} has expired; it cannot be decided")
+    if run.started_by_id is not None and run.started_by_id == user.pk:
+        raise Forbidden("separation of duties: whoever started a run cannot approve or reject its actions")
+    if seen_hash is not None and seen_hash != approval.arguments_hash:
+        raise Conflict("the arguments changed since you saw them: look again before deciding")
+    if not approve and not note.strip():
+        raise InvalidInput("a rejection needs a comment", [{"field": "note", "message": "required to reject"}])
+    if approval.decisions.filter(reviewer=user).exists():
+        raise Conflict(f"you have already decided approval request {approval.id}")
+    if edited is not None:
+        if not approve:
+            raise InvalidInput("only an approval can carry edited arguments")
+        if not note.strip():
+            raise InvalidInput("edited arguments need a comment", [{"field": "note", "message": "required"}])
+        if approval.kind != ApprovalRequest.Kind.OPERATION:
+            raise InvalidInput("arguments can be edited on one operation at a time, not on a bundle")
+
+
+def _decide(approval, run, user, approve, note, edited, now) -> str:
+    """Record the decision on this request (and on each pending item of a parent); returns its outcome."""
+    from .models import Decision
+
+    items = (
+        [approval]
+        if approval.kind == ApprovalRequest.Kind.OPERATION
+        else list(approval.items.select_for_update().filter(status=ApprovalRequest.Status.PENDING))
+    )
+    verdict = Decision.Verdict.APPROVE if approve else Decision.Verdict.REJECT
+    for item in items:
+        if item.decisions.filter(reviewer=user).exists():
+            continue  # this reviewer decided that item alone already
+        if edited is not None:
+            _apply_edit(item, edited)
+        Decision.objects.create(
+            request=item,
+            reviewer=user,
+            verdict=verdict,
+            comment=note[:4000],
+            arguments_hash=item.arguments_hash,
+            edited_arguments=edited,
+        )
+        _settle_item(item, run, user, approve, note, now)
+    if approval.kind != ApprovalRequest.Kind.OPERATION:
+        _settle_parent(approval, run, user, note, now)
+    elif approval.parent_id:
+        _settle_parent(ApprovalRequest.objects.select_for_update().get(id=approval.parent_id), run, user, note, now)
+    approval.refresh_from_db()
+    return approval.status
+
+
+def _settle_item(item, run, user, approve, note, now) -> None:
+    from tools.models import ToolOperation
+
+    OS = ToolOperation.Status
+    approvals = item.decisions.filter(verdict="approve").count()
+    if approve and approvals < item.quorum:
+        return  # waits for more reviewers
+    verdict = "approved" if approve else "rejected"
+    reason = f"{verdict} by reviewer {user}" + (f": {note}" if note else "")
+    item.status = ApprovalRequest.Status.APPROVED if approve else ApprovalRequest.Status.REJECTED
+    item.decided_at, item.decided_by, item.note = now, user, note[:4000]
+    item.save(update_fields=["status", "decided_at", "decided_by", "note"])
+    ToolOperation.objects.filter(approval=item, status=OS.AWAITING_APPROVAL).update(
+        status=OS.APPROVED if approve else OS.REJECTED, status_reason=reason[:1000], ended_at=None if approve else now
+    )
+    log.info("approval %s (%s) of run %s %s", item.id, item.kind, run.id, verdict)
+    if item.parent_id is None and item.task_id:
+        _wake_parked_task(run, item, reason, now)
+
+
+def _settle_parent(parent, run, user, note, now) -> None:
+    """When every item of a bundle (or of a compensation's corrections) is decided, the executor goes on."""
+    if parent.status != ApprovalRequest.Status.PENDING or parent.items.filter(status="pending").exists():
+        return
+    approved = parent.items.filter(status="approved").exists()
+    parent.status = ApprovalRequest.Status.APPROVED if approved else ApprovalRequest.Status.REJECTED
+    parent.decided_at, parent.decided_by, parent.note = now, user, note[:4000]
+    parent.save(update_fields=["status", "decided_at", "decided_by", "note"])
+    if parent.kind == ApprovalRequest.Kind.BUNDLE and run.status == Run.Status.WAITING_FOR_APPROVAL:
+        run_transition(run=run, to=Run.Status.RUNNING, reason=f"proposals decided by {user}", now=now)
+    run_operations_send(run)
+
+
+def _apply_edit(item, edited: dict) -> None:
+    """Approve-with-edits: validated against the tool's schema; both versions are kept on the ledger row."""
+    from pydantic import ValidationError
+
+    from tools.broker import arguments_hash
+    from tools.models import ToolOperation
+    from tools.registry import TOOLS, redact
+
+    op = ToolOperation.objects.select_for_update().get(approval=item)
+    spec = TOOLS[op.tool]
+    if set(edited) & spec.secret_fields:
+        raise InvalidInput("secret arguments cannot be edited", [{"field": "arguments", "message": "secret field"}])
+    try:
+        args = spec.arguments.model_validate({**op.arguments, **edited}).model_dump()
+    except ValidationError as exc:
+        from agents.planning import pydantic_errors
+
+        raise InvalidInput(
+            f"the edited arguments are invalid for {op.tool}", pydantic_errors(exc, "arguments")
+        ) from exc
+    new_hash = arguments_hash(op.tool, args)
+    ToolOperation.objects.filter(id=op.id).update(
+        original_arguments=op.arguments,
+        original_hash=op.arguments_hash,
+        arguments=redact(spec, args),
+        arguments_hash=new_hash,
+    )
+    item.arguments_hash = new_hash
+    item.save(update_fields=["arguments_hash"])
 
 
 def _wake_parked_task(run: Run, request: ApprovalRequest, reason: str, now) -> None:
@@ -104,6 +260,29 @@ def _wake_parked_task(run: Run, request: ApprovalRequest, reason: str, now) -> N
     if run.status == Run.Status.WAITING_FOR_APPROVAL:
         run_transition(run=run, to=Run.Status.RUNNING, reason=reason, now=now)
     task_set_ready(task=task, now=now)  # sends it; a run paused for a human holds it until resumed
+
+
+def approval_still_valid(op) -> str:
+    """Just before an approved operation runs: the approval must still stand — approved, for exactly
+    these arguments, by enough reviewers who may still decide in the run's project. '' if so, else why."""
+    from .access import role_of
+
+    item = op.approval
+    if item is None:
+        return ""
+    if item.status != ApprovalRequest.Status.APPROVED:
+        return f"its approval request is {item.status}"
+    if item.arguments_hash != op.arguments_hash:
+        return "the arguments differ from those approved"
+    project_id = Run.objects.filter(id=op.run_id).values_list("project_id", flat=True).get()
+    valid = [
+        d
+        for d in item.decisions.filter(verdict="approve").select_related("reviewer")
+        if d.arguments_hash == op.arguments_hash and role_of(d.reviewer, project_id) in ("reviewer", "admin")
+    ]
+    if len(valid) < item.quorum:
+        return "the approving reviewers may no longer decide in this project"
+    return ""
 
 
 def run_operations_send(run: Run) -> None:

@@ -22,11 +22,36 @@ class ReadOnlyAdmin(admin.ModelAdmin):
         return False
 
 
-def _apply(modeladmin, request, queryset, service, id_arg="run_id", **kwargs):
+class ProjectScoped:
+    """A staff member who is not a superuser sees only rows of the projects they belong to."""
+
+    project_path = "run__project"
+
+    def get_queryset(self, request):
+        from approvals.access import project_ids
+
+        rows = super().get_queryset(request)
+        visible = project_ids(request.user, "view")
+        return rows if visible is None else rows.filter(**{f"{self.project_path}__in": visible})
+
+
+def _project_id(obj) -> int:
+    return obj.project_id if isinstance(obj, Run) else obj.run.project_id
+
+
+def _apply(modeladmin, request, queryset, service, id_arg="run_id", access="operate", **kwargs):
+    """Run a service on each selected row the user's role allows, and record each in the audit log."""
+    from approvals.access import authorize
+    from approvals.audit import audit
+
     done = 0
     for obj in queryset:
+        what = f"{obj._meta.model_name} {obj.id}"
+        run = obj if isinstance(obj, Run) else obj.run
         try:
+            authorize(request.user, _project_id(obj), access, what=what, request=request)
             service(**{id_arg: obj.id, **kwargs})
+            audit(actor=request.user, action=service.__name__, run=run, target=what, request=request)
             done += 1
         except (TransitionNotAllowed, WardenError) as exc:
             modeladmin.message_user(request, f"{obj}: {exc}", messages.ERROR)
@@ -47,7 +72,8 @@ class TaskInline(admin.TabularInline):
 
 
 @admin.register(Run)
-class RunAdmin(admin.ModelAdmin):
+class RunAdmin(ProjectScoped, admin.ModelAdmin):
+    project_path = "project"
     list_display = [
         "id",
         "workflow",
@@ -140,7 +166,7 @@ class RunAdmin(admin.ModelAdmin):
 
 
 @admin.register(Task)
-class TaskAdmin(admin.ModelAdmin):
+class TaskAdmin(ProjectScoped, admin.ModelAdmin):
     list_display = ["id", "run", "key", "agent", "status", "attempts", "max_attempts", "failure_class", "lease_owner"]
     list_filter = ["status", "failure_class", "agent"]
     search_fields = ["key", "=run__id", "status_reason", "lease_owner"]
@@ -180,7 +206,7 @@ class TaskAdmin(admin.ModelAdmin):
 
 
 @admin.register(Span)
-class SpanAdmin(ReadOnlyAdmin):
+class SpanAdmin(ProjectScoped, ReadOnlyAdmin):
     list_display = [
         "id",
         "run",
@@ -201,14 +227,14 @@ class SpanAdmin(ReadOnlyAdmin):
 
 
 @admin.register(Artifact)
-class ArtifactAdmin(ReadOnlyAdmin):
+class ArtifactAdmin(ProjectScoped, ReadOnlyAdmin):
     list_display = ["id", "run", "key", "version", "verification", "created_at"]
     list_filter = ["verification"]
     search_fields = ["key", "=run__id"]
 
 
 @admin.register(QuarantinedResult)
-class QuarantinedResultAdmin(ReadOnlyAdmin):
+class QuarantinedResultAdmin(ProjectScoped, ReadOnlyAdmin):
     list_display = ["id", "run", "task", "reason", "fencing_token", "step", "worker", "created_at"]
     list_filter = ["reason"]
     search_fields = ["=run__id", "worker"]

@@ -5,6 +5,10 @@ from typing import Any
 
 from ninja import Field, Router, Schema, Status
 
+from approvals.access import authorize, default_project
+from approvals.models import Project
+
+from .errors import NotFound
 from .models import Run
 from .schemas import BudgetIn
 from .selectors import run_get
@@ -15,6 +19,7 @@ router = Router(tags=["runs"])
 
 class RunIn(Schema):
     workflow: str = Field(min_length=1, max_length=64, examples=["deploy-review"])
+    project: str | None = Field(default=None, max_length=64, description="Project slug; default: the workflow's")
     goal: str = Field(default="", max_length=4000)
     input: dict[str, Any] = Field(
         default_factory=dict,
@@ -50,6 +55,7 @@ class TaskOut(Schema):
 
 class RunOut(Schema):
     id: int
+    project: str
     workflow: str
     goal: str
     status: str
@@ -68,6 +74,7 @@ class RunOut(Schema):
 def run_out(run: Run) -> dict:
     return {
         "id": run.id,
+        "project": run.project.slug,
         "workflow": run.workflow_id and run.workflow.slug,
         "goal": run.goal,
         "status": run.status,
@@ -106,18 +113,42 @@ def run_out(run: Run) -> dict:
     }
 
 
+def _project(slug: str | None, workflow: str) -> Project:
+    if slug:
+        project = Project.objects.filter(slug=slug).first()
+        if project is None:
+            raise NotFound(f"project {slug} does not exist")
+        return project
+    from agents.models import Workflow
+
+    wf = Workflow.objects.filter(slug=workflow).select_related("project").first()
+    return (wf.project if wf and wf.project_id else None) or default_project()
+
+
+def run_for(request, run_id: int, action: str = "view") -> Run:
+    """The run if the caller may ``action`` it; 404 when it does not exist or is another project's."""
+    run = run_get(run_id=run_id)
+    authorize(request.auth.user, run.project_id, action, what=f"run {run_id}", token=request.auth, request=request)
+    return run
+
+
 @router.post("/runs", response={201: RunOut}, summary="Start a run of a workflow")
 def create_run(request, payload: RunIn):
+    project = _project(payload.project, payload.workflow)
+    authorize(
+        request.auth.user, project.id, "start", what=f"project {project.slug}", token=request.auth, request=request
+    )
     run = run_start(
         workflow=payload.workflow,
         input=payload.input,
         goal=payload.goal,
         budget=payload.budget.model_dump(exclude_none=True),
         started_by=request.auth.user,
+        project=project,
     )
     return Status(201, run_out(run_get(run_id=run.id)))
 
 
 @router.get("/runs/{run_id}", response=RunOut, summary="A run with its status, usage, budget and tasks")
 def get_run(request, run_id: int):
-    return run_out(run_get(run_id=run_id))
+    return run_out(run_for(request, run_id))

@@ -20,6 +20,7 @@ class Run(models.Model):
     TERMINAL = frozenset({Status.COMPLETED, Status.FAILED, Status.CANCELLED, Status.COMPENSATED})
 
     workflow = models.ForeignKey("agents.Workflow", on_delete=models.PROTECT, related_name="runs")
+    project = models.ForeignKey("approvals.Project", on_delete=models.PROTECT, related_name="runs")
     goal = models.TextField()
     input = models.JSONField(default=dict, blank=True)
     status = models.CharField(max_length=32, choices=Status.choices, default=Status.PENDING, db_index=True)

@@ -3,7 +3,7 @@ the saga engine (the actions below); secret argument values never appear here.""
 
 from django.contrib import admin
 
-from runs.admin import ReadOnlyAdmin, _apply
+from runs.admin import ProjectScoped, ReadOnlyAdmin, _apply
 
 from .models import (
     SandboxCall,
@@ -20,7 +20,7 @@ from .saga import operation_resolve
 
 
 @admin.register(ToolOperation)
-class ToolOperationAdmin(ReadOnlyAdmin):
+class ToolOperationAdmin(ProjectScoped, ReadOnlyAdmin):
     list_display = [
         "id",
         "run",
@@ -64,7 +64,9 @@ class ToolOperationAdmin(ReadOnlyAdmin):
 
 
 @admin.register(SealedArguments)
-class SealedArgumentsAdmin(ReadOnlyAdmin):
+class SealedArgumentsAdmin(ProjectScoped, ReadOnlyAdmin):
+    project_path = "task__run__project"
+
     """Which calls had secret arguments; the values themselves are not shown."""
 
     list_display = ["id", "task", "step", "secret_fields"]

@@ -7,11 +7,10 @@ from typing import Any
 from django.conf import settings
 from ninja import Field, Query, Router, Schema, Status
 
-from runs.api import RunOut, run_out
+from approvals.access import authorize, authorize_token
+from approvals.audit import audit
+from runs.api import RunOut, run_for, run_out
 from runs.errors import NotFound
-from runs.models import Run
-from runs.permissions import require
-from runs.selectors import run_get
 
 from .models import SandboxCall, ToolOperation
 from .saga import compensation_plan, operation_resolve, run_compensate
@@ -71,8 +70,7 @@ def operation_out(op: ToolOperation) -> dict:
 
 @router.get("/runs/{run_id}/operations", response=list[OperationOut], summary="A run's ledger of tool calls")
 def list_operations(request, run_id: int):
-    if not Run.objects.filter(id=run_id).exists():
-        raise NotFound(f"run {run_id} does not exist")
+    run_for(request, run_id)
     ops = ToolOperation.objects.filter(run_id=run_id).select_related("task").order_by("id")
     return [operation_out(op) for op in ops]
 
@@ -98,6 +96,7 @@ class CompensationPlanOut(Schema):
 
 @router.get("/runs/{run_id}/compensation", response=CompensationPlanOut, summary="What compensating would do")
 def get_compensation_plan(request, run_id: int):
+    run_for(request, run_id)
     return compensation_plan(run_id)
 
 
@@ -107,10 +106,18 @@ class CompensateIn(Schema):
 
 @router.post("/runs/{run_id}/compensate", response={202: RunOut}, summary="Undo the run's committed effects")
 def compensate(request, run_id: int, payload: CompensateIn):
-    require(request.auth.user, "runs.change_run", "compensate runs")
+    run = run_for(request, run_id, "operate")
     reason = payload.reason or f"compensation requested by {request.auth.user} through the API"
     run_compensate(run_id=run_id, reason=reason)
-    return Status(202, run_out(run_get(run_id=run_id)))
+    audit(
+        actor=request.auth.user,
+        action="compensate",
+        run=run,
+        target=f"run {run_id}",
+        request=request,
+        detail={"reason": reason},
+    )
+    return Status(202, run_out(run_for(request, run_id)))
 
 
 class ResolveIn(Schema):
@@ -120,8 +127,26 @@ class ResolveIn(Schema):
 
 @router.post("/operations/{operation_id}/resolve", response=OperationOut, summary="Resolve an ambiguous operation")
 def resolve(request, operation_id: int, payload: ResolveIn):
-    require(request.auth.user, "tools.change_tooloperation", "resolve operations")
+    found = ToolOperation.objects.filter(id=operation_id).select_related("run").first()
+    if found is None:
+        raise NotFound(f"operation {operation_id} does not exist")
+    authorize(
+        request.auth.user,
+        found.run.project_id,
+        "operate",
+        what=f"operation {operation_id}",
+        token=request.auth,
+        request=request,
+    )
     op = operation_resolve(operation_id=operation_id, committed=payload.committed, note=payload.note)
+    audit(
+        actor=request.auth.user,
+        action="resolve",
+        run=found.run,
+        target=f"operation {operation_id}",
+        request=request,
+        detail={"committed": payload.committed, "note": payload.note},
+    )
     return operation_out(ToolOperation.objects.select_related("task").get(id=op.id))
 
 
@@ -151,6 +176,7 @@ class EffectsOut(Schema):
 def sandbox_effects(request, filters: Query[EffectsQuery]):
     if not settings.WARDEN["SANDBOX_TOOLS"]:
         raise NotFound("the sandbox systems are not enabled here")
+    authorize_token(request.auth, "read", what="the sandbox effects", request=request)
     rows = SandboxCall.objects.filter(is_effect=True, id__gt=filters.after).order_by("id")
     if filters.system:
         rows = rows.filter(system=filters.system)

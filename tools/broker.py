@@ -221,7 +221,10 @@ def tool_call(*, run, task, step: int, call_number: int, name: str, arguments, r
         if wait:
             return _refuse("rate_limited", f"{name} is over its rate limit", retry_after=round(wait, 1))
     elif existing.arguments_hash != digest:
-        raise StepFailure(f"{name}: idempotency key {key} was used before with other arguments", "permanent")
+        if existing.original_hash != digest:
+            raise StepFailure(f"{name}: idempotency key {key} was used before with other arguments", "permanent")
+        # A reviewer approved edited arguments: those run, with the sealed secrets the agent gave.
+        args = {**args, **{k: v for k, v in existing.arguments.items() if k not in spec.secret_fields}}
 
     faults = Faults.at(run.input, run_id=run.id, task_key=task.key, call=call_number)
     if existing is not None:
@@ -245,7 +248,7 @@ def tool_call(*, run, task, step: int, call_number: int, name: str, arguments, r
         if status == OS.AWAITING_APPROVAL:
             from approvals.services import approval_request_for_operation
 
-            approval_request_for_operation(op)
+            approval_request_for_operation(op, quorum=int(policy.get("quorum", 1)))
     if status == OS.PROPOSED:
         return _proposed(op)
     if status == OS.AWAITING_APPROVAL:
@@ -365,11 +368,27 @@ def _resume_operation(op: ToolOperation, spec: ToolSpec, args: dict, faults: Fau
         return _refuse("rejected", f"{op.tool} was not done: {op.status_reason or 'a reviewer rejected it'}")
     if op.status == OS.AWAITING_APPROVAL:
         raise TaskParked(op.id, f"{op.tool} waits for a reviewer's approval")
+    if op.status == OS.APPROVED and op.approval_id:
+        refused = approval_recheck(op)
+        if refused:
+            return refused
     if op.status in (OS.EXECUTING, OS.AMBIGUOUS):
         found = reconcile(op, spec)
         if found is not None:
             return found
     return operation_execute(op, spec, args, faults)
+
+
+def approval_recheck(op: ToolOperation) -> ToolOutcome | None:
+    """Re-check an approval just before its operation runs; one that no longer stands rejects it."""
+    from approvals.services import approval_still_valid
+
+    why = approval_still_valid(op)
+    if not why:
+        return None
+    _set(op, status=OS.REJECTED, status_reason=f"not done: {why}"[:1000], ended_at=timezone.now())
+    log.warning("operation %s not executed: %s", op.id, why)
+    return _refuse("rejected", f"{op.tool} was not done: {why}")
 
 
 def reconcile(op: ToolOperation, spec: ToolSpec) -> ToolOutcome | None:

@@ -53,6 +53,9 @@ class ToolOperation(models.Model):
     idempotency_key = models.CharField(max_length=200, unique=True)
     arguments_hash = models.CharField(max_length=64, help_text="SHA-256 of the canonical arguments")
     arguments = models.JSONField(default=dict, blank=True, help_text="Secret fields are redacted")
+    # When a reviewer approved edited arguments: what the agent asked for, kept beside what runs.
+    original_arguments = models.JSONField(null=True, blank=True)
+    original_hash = models.CharField(max_length=64, blank=True)
     tool_class = models.CharField(max_length=24, choices=ToolClass.choices)
     reversibility = models.CharField(max_length=16, choices=Reversibility.choices, blank=True)
     proposed = models.BooleanField(default=False, help_text="Made in propose mode; executed by the supervisor")

@@ -21,7 +21,7 @@ from runs.models import Run, Task
 from runs.services.leases import worker_id
 from runs.services.runs import run_transition
 
-from .broker import Faults, _unseal, operation_execute, reconcile
+from .broker import Faults, _unseal, approval_recheck, operation_execute, reconcile
 from .models import ToolOperation
 from .registry import TOOLS, Reversibility
 
@@ -254,6 +254,8 @@ def run_operations(run_id: int) -> None:
 
 def _execute_supervised(run: Run, op: ToolOperation) -> bool:
     spec = TOOLS[op.tool]
+    if op.status == OS.APPROVED and op.approval_id and approval_recheck(op) is not None:
+        return True  # rejected just now: the approval no longer stands; the others go on
     if op.kind == Kind.ACTION:
         faults = Faults.at(run.input, run_id=run.id, task_key=op.task.key, call=op.call_number)
         arguments = _unseal(spec, op.task_id, op.step, op.arguments)

@@ -109,14 +109,30 @@ def tasks_create(*, run: Run, planned, agents: dict[str, Agent], depth: int, now
 
 
 def run_start(
-    *, workflow: str, input: dict | None = None, budget: dict | None = None, goal: str = "", started_by=None
+    *,
+    workflow: str,
+    input: dict | None = None,
+    budget: dict | None = None,
+    goal: str = "",
+    started_by=None,
+    project=None,
 ) -> Run:
+    """``project``: a Project; by default the workflow's, or the default project for a shared workflow."""
     try:
-        wf = Workflow.objects.select_related("planner_agent").get(slug=workflow)
+        wf = Workflow.objects.select_related("planner_agent", "project").get(slug=workflow)
     except Workflow.DoesNotExist:
         raise InvalidInput(
             f"unknown workflow {workflow!r}", [{"field": "workflow", "message": "no such workflow"}]
         ) from None
+    if project is None:
+        from approvals.access import default_project  # access builds on the engine's models
+
+        project = wf.project or default_project()
+    elif wf.project_id and wf.project_id != project.id:
+        raise InvalidInput(
+            f"workflow {workflow!r} belongs to another project",
+            [{"field": "workflow", "message": "not available in this project"}],
+        )
     try:
         run_input = RunInputIn.model_validate(input or {})
     except ValidationError as exc:
@@ -141,6 +157,7 @@ def run_start(
     with transaction.atomic():
         run = Run.objects.create(
             workflow=wf,
+            project=project,
             goal=goal or wf.default_goal,
             input=run_input.model_dump(mode="json"),
             status=Run.Status.RUNNING,

@@ -32,7 +32,8 @@ def test_start_a_run_and_read_it_back(demo, api, operator, django_assert_num_que
     run = Run.objects.get(id=body["id"])
     assert run.started_by == operator
 
-    with django_assert_num_queries(3):  # the token, the run with its workflow, the tasks with their agents
+    # the token, the run with its workflow and project, the tasks with their agents, the caller's role
+    with django_assert_num_queries(4):
         detail = api("get", f"/runs/{run.id}").json()
     assert detail["usage"] == {"steps": 0, "tokens": 0, "tool_calls": 0, "cost_usd": 0.0}
     assert [(t["key"], t["agent"], t["status"], t["attempts"], t["depends_on"]) for t in detail["tasks"]] == [

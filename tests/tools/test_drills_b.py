@@ -139,8 +139,8 @@ def test_b3_one_approval_then_each_proposed_email_is_sent_once(demo_tx, processe
     run = terminal(run, {Run.Status.WAITING_FOR_APPROVAL, Run.Status.NEEDS_ATTENTION, Run.Status.COMPLETED})
     assert run.status == Run.Status.WAITING_FOR_APPROVAL, run.status_reason
     assert not [e for e in effects_api(run.id) if e[0] == "email"]
-    (bundle,) = ApprovalRequest.objects.filter(run=run)
-    assert bundle.kind == ApprovalRequest.Kind.BUNDLE and bundle.operations.count() == 5
+    (bundle,) = ApprovalRequest.objects.filter(run=run, parent=None)
+    assert bundle.kind == ApprovalRequest.Kind.BUNDLE and bundle.items.count() == 5
     approval_decide(request_id=bundle.id, user=operator, approve=approve, note="drill B3")
     run = terminal(run)
     assert run.status == Run.Status.COMPLETED, run.status_reason

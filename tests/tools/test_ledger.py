@@ -147,11 +147,12 @@ def test_b3_proposed_emails_are_sent_once_each_after_one_approval_and_never_afte
     assert run.status == Run.Status.WAITING_FOR_APPROVAL, run.status_reason
     assert not effects("email").exists()  # workers proposed; nothing was sent
     assert effects("tickets").count() == 5  # reversible work ran early
-    bundle = ApprovalRequest.objects.get(run=run)
-    assert bundle.kind == ApprovalRequest.Kind.BUNDLE and bundle.operations.count() == 5
+    bundle = ApprovalRequest.objects.get(run=run, parent=None)
+    assert bundle.kind == ApprovalRequest.Kind.BUNDLE and bundle.items.count() == 5
+    assert ToolOperation.objects.filter(approval__parent=bundle, tool="email.send").count() == 5
     assert set(Task.objects.filter(run=run).values_list("status", flat=True)) == {Task.Status.COMPLETED}
 
-    approval_decide(request_id=bundle.id, user=operator, approve=approve)
+    approval_decide(request_id=bundle.id, user=operator, approve=approve, note="" if approve else "not today")
     run = stopped(run, {Run.Status.COMPLETED, Run.Status.NEEDS_ATTENTION})
     assert run.status == Run.Status.COMPLETED, run.status_reason
     if approve:
@@ -247,17 +248,17 @@ def test_the_admin_shows_what_compensation_will_do_before_it_starts(demo_tx, wor
     assert "compensated" in page and "tickets.create" in page
 
 
-def test_cancelling_a_run_that_waits_for_approval_withdraws_the_request_and_sends_nothing(demo_tx, worker):
+def test_cancelling_a_run_that_waits_for_approval_withdraws_the_request_and_sends_nothing(demo_tx, worker, operator):
     run = stopped(
         run_start(workflow="incident-fanout", input={"propose_tools": ["email.send"]}), {"waiting_for_approval"}
     )
     run_cancel(run_id=run.id)
     run = stopped(run, {Run.Status.CANCELLED})
-    request = ApprovalRequest.objects.get(run=run)
+    request = ApprovalRequest.objects.get(run=run, parent=None)
     assert request.status == ApprovalRequest.Status.WITHDRAWN
     assert set(ops(run, tool="email.send").values_list("status", flat=True)) == {OS.REJECTED}
     with pytest.raises(Exception, match="withdrawn"):
-        approval_decide(request_id=request.id, user=None, approve=True)
+        approval_decide(request_id=request.id, user=operator, approve=True)
     assert not effects("email").exists()
 
 

@@ -86,7 +86,7 @@ def _run(path: str, operator) -> Run:
     if path in ("proposed", "gated"):
         run = stopped(run, {Run.Status.WAITING_FOR_APPROVAL, Run.Status.NEEDS_ATTENTION, Run.Status.COMPLETED})
         assert run.status == Run.Status.WAITING_FOR_APPROVAL, run.status_reason
-        approval_decide(request_id=ApprovalRequest.objects.get(run=run).id, user=operator, approve=True)
+        approval_decide(request_id=ApprovalRequest.objects.get(run=run, parent=None).id, user=operator, approve=True)
     return finished(run)
 
 
@@ -172,7 +172,7 @@ def test_a_secret_argument_reaches_the_tracker_and_nothing_else(
     operations = client.get(f"/api/v1/runs/{run.id}/operations", **bearer).json()
     assert [o["arguments"]["api_key"] for o in operations if o["tool"] == "tickets.create"] == [REDACTED]
     if path in ("proposed", "gated"):
-        summary = ApprovalRequest.objects.get(run=run).summary
+        summary = ApprovalRequest.objects.get(run=run, parent=None).summary
         assert "tickets.create" in summary and REDACTED in summary, summary
     # The sealed values' own admin page says which fields are secret, and nothing more.
     sealed = client.get(reverse("admin:tools_sealedarguments_change", args=[SealedArguments.objects.get().pk]))

@@ -10,11 +10,17 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("username")
         parser.add_argument("--name", default="")
+        parser.add_argument(
+            "--scope",
+            action="append",
+            choices=["read", "run", "operate", "approve"],
+            help="repeat for several; default: read, run, operate (approve only when asked for)",
+        )
 
-    def handle(self, username, name, **options):
+    def handle(self, username, name, scope=None, **options):
         try:
             user = get_user_model().objects.get(username=username)
         except get_user_model().DoesNotExist:
             raise CommandError(f"no user named {username!r}") from None
-        _, raw = api_token_create(user=user, name=name)
+        _, raw = api_token_create(user=user, name=name, scopes=scope)
         self.stdout.write(raw)

@@ -1,0 +1,248 @@
+"""Projects, roles, token scopes, separation of duties and the audit log, checked from outside: through
+the API, the admin and the database, as a user (or an intruder) would meet them."""
+
+import pytest
+from django.db import connection
+from django.urls import reverse
+
+from approvals.access import default_project, membership_grant
+from approvals.models import ApprovalRequest, AuditEvent, Membership, Project
+from approvals.tokens import api_token_create
+from config.api import api as ninja_api
+from runs.models import Run
+from runs.services import run_start
+from tools.models import ToolOperation
+
+# Every API operation, the role action it needs, and the token scope. A new endpoint without a row
+# here fails test_every_api_operation_has_a_row_in_the_policy_table.
+POLICY = {
+    ("POST", "/api/v1/runs"): ("start", "run"),
+    ("GET", "/api/v1/runs/{run_id}"): ("view", "read"),
+    ("GET", "/api/v1/runs/{run_id}/operations"): ("view", "read"),
+    ("GET", "/api/v1/runs/{run_id}/compensation"): ("view", "read"),
+    ("POST", "/api/v1/runs/{run_id}/compensate"): ("operate", "operate"),
+    ("POST", "/api/v1/operations/{operation_id}/resolve"): ("operate", "operate"),
+    ("GET", "/api/v1/sandbox/effects"): ("any member", "read"),
+    ("GET", "/api/v1/approvals"): ("view (filtered)", "read"),
+    ("POST", "/api/v1/approvals/{approval_id}/decision"): ("decide", "approve"),
+}
+BODIES = {
+    "/api/v1/runs": {"workflow": "deploy-review"},
+    "/api/v1/runs/{run_id}/compensate": {"reason": "x"},
+    "/api/v1/operations/{operation_id}/resolve": {"committed": True},
+    "/api/v1/approvals/{approval_id}/decision": {"decision": "approve", "note": "ok", "arguments_hash": "{hash}"},
+}
+ALLOWED = {  # role → actions
+    "viewer": {"view"},
+    "operator": {"view", "start", "operate"},
+    "reviewer": {"view", "decide"},
+    "admin": {"view", "start", "operate", "decide"},
+}
+
+
+def _operations():
+    for path, methods in ninja_api.get_openapi_schema()["paths"].items():
+        for method in methods:
+            yield method.upper(), path
+
+
+def test_every_api_operation_has_a_row_in_the_policy_table():
+    assert set(_operations()) == set(POLICY)
+
+
+@pytest.fixture
+def scene(demo, django_user_model):
+    """A run of the default project with an ambiguous operation and a pending approval request, people
+    with each role, and an outsider who belongs to another project only."""
+    home = default_project()
+    other = Project.objects.create(slug="elsewhere", name="Elsewhere")
+    people = {}
+    for role in ALLOWED:
+        user = django_user_model.objects.create_user(username=role, password=f"{role}-pass-123")
+        membership_grant(user=user, project=home, role=role)
+        people[role] = user
+    outsider = django_user_model.objects.create_user(username="outsider", password="outsider-pass-123")
+    membership_grant(user=outsider, project=other, role="admin")
+    people["outsider"] = outsider
+    run = run_start(workflow="deploy-review")
+    Run.objects.filter(id=run.id).update(status=Run.Status.NEEDS_ATTENTION)
+    op = ToolOperation.objects.create(
+        run=run,
+        tool="email.send",
+        idempotency_key=f"warden:{run.id}:x:1",
+        arguments_hash="h",
+        tool_class="non_idempotent_write",
+        status=ToolOperation.Status.AMBIGUOUS,
+    )
+    approval = ApprovalRequest.objects.create(
+        run=run, kind="operation", summary="email.send(...)", arguments_hash="a" * 64
+    )
+    ids = {"run_id": run.id, "operation_id": op.id, "approval_id": approval.id, "hash": approval.arguments_hash}
+    return {"run": run, "people": people, "ids": ids, "approval": approval, "op": op}
+
+
+def _call(client, token, method, path, ids):
+    url = path.format(**ids)
+    body = {k: (v.format(**ids) if isinstance(v, str) else v) for k, v in BODIES.get(path, {}).items()}
+    headers = {"HTTP_AUTHORIZATION": f"Bearer {token}"} if token else {}
+    if method == "POST":
+        return client.post(url, data=body, content_type="application/json", **headers)
+    return client.get(url, **headers)
+
+
+def _state(scene):
+    run, op, approval = scene["run"], scene["op"], scene["approval"]
+    run.refresh_from_db()
+    op.refresh_from_db()
+    approval.refresh_from_db()
+    return run.status, op.status, approval.status, Run.objects.count()
+
+
+@pytest.mark.parametrize("method,path", sorted(POLICY))
+@pytest.mark.parametrize("who", ["anonymous", "viewer", "operator", "reviewer", "outsider"])
+def test_the_authorization_matrix(scene, client, method, path, who):
+    """Each role against each operation: allowed, 401, 403 or 404, and a refusal changes nothing."""
+    action, scope = POLICY[(method, path)]
+    token = None
+    if who != "anonymous":
+        scopes = ["read", "run", "operate", "approve"]
+        token = api_token_create(user=scene["people"][who], scopes=scopes)[1]
+    before = _state(scene)
+    response = _call(client, token, method, path, scene["ids"])
+    project_scoped = "{" in path or (method, path) == ("POST", "/api/v1/runs")  # starts in the default project
+    if who == "anonymous":
+        expected = 401
+    elif who == "outsider" and project_scoped:
+        expected = 404  # another project's objects do not exist for them
+    elif action in ("view", "start", "operate", "decide") and action not in ALLOWED.get(who, set()):
+        expected = 403
+    else:
+        expected = None  # allowed: any 2xx, or a 409/422 about the object's state, never 401/403/404
+    if expected is None:
+        assert response.status_code not in (401, 403, 404), (who, method, path, response.json())
+    else:
+        assert response.status_code == expected, (who, method, path, response.json())
+        assert set(response.json()) == {"code", "message", "errors"}
+        assert _state(scene) == before
+        if expected in (403, 404):
+            assert AuditEvent.objects.filter(actor=scene["people"][who], outcome="denied").exists()
+
+
+def test_a_token_without_the_scope_is_refused_even_for_an_admin(scene, client):
+    admin = scene["people"]["admin"]
+    token = api_token_create(user=admin)[1]  # default scopes: no approve
+    path = "/api/v1/approvals/{approval_id}/decision"
+    response = _call(client, token, "POST", path, scene["ids"])
+    assert response.status_code == 403 and "approve" in response.json()["message"]
+    assert scene["approval"].__class__.objects.get(id=scene["approval"].id).status == "pending"
+
+
+def test_whoever_started_a_run_cannot_approve_its_actions(scene, client):
+    reviewer = scene["people"]["reviewer"]
+    Run.objects.filter(id=scene["run"].id).update(started_by=reviewer)
+    token = api_token_create(user=reviewer, scopes=["read", "approve"])[1]
+    response = _call(client, token, "POST", "/api/v1/approvals/{approval_id}/decision", scene["ids"])
+    assert response.status_code == 403 and "separation of duties" in response.json()["message"]
+    assert ApprovalRequest.objects.get(id=scene["approval"].id).status == ApprovalRequest.Status.PENDING
+    assert AuditEvent.objects.filter(actor=reviewer, action="decide", outcome="denied").exists()
+
+
+def test_a_reviewer_whose_role_was_removed_is_refused_at_once(scene, client):
+    reviewer = scene["people"]["reviewer"]
+    token = api_token_create(user=reviewer, scopes=["read", "approve"])[1]
+    listed = client.get("/api/v1/approvals", HTTP_AUTHORIZATION=f"Bearer {token}").json()
+    assert [a["id"] for a in listed] == [scene["approval"].id]  # seen while still a reviewer
+    Membership.objects.filter(user=reviewer).update(role="viewer")
+    response = _call(client, token, "POST", "/api/v1/approvals/{approval_id}/decision", scene["ids"])
+    assert response.status_code == 403
+    Membership.objects.filter(user=reviewer).delete()
+    response = _call(client, token, "POST", "/api/v1/approvals/{approval_id}/decision", scene["ids"])
+    assert response.status_code == 404
+    assert ApprovalRequest.objects.get(id=scene["approval"].id).status == ApprovalRequest.Status.PENDING
+
+
+def test_the_admin_shows_a_staff_member_only_their_projects(scene, client, django_user_model):
+    outsider = scene["people"]["outsider"]
+    outsider.is_staff = True
+    outsider.save()
+    from django.contrib.auth.models import Permission
+
+    outsider.user_permissions.add(*Permission.objects.filter(codename__in=["view_run", "change_run"]))
+    client.force_login(outsider)
+    listing = client.get(reverse("admin:runs_run_changelist")).content.decode()
+    assert f"run {scene['run'].id} " not in listing
+    assert client.get(reverse("admin:runs_run_change", args=[scene["run"].id])).status_code in (302, 404)
+    # an admin action on it is refused too, and recorded
+    client.post(reverse("admin:runs_run_changelist"), {"action": "cancel_runs", "_selected_action": [scene["run"].id]})
+    assert Run.objects.get(id=scene["run"].id).status == Run.Status.NEEDS_ATTENTION
+
+
+def test_admin_actions_check_the_role_and_are_audited(scene, client):
+    viewer = scene["people"]["viewer"]
+    viewer.is_staff = True
+    viewer.save()
+    from django.contrib.auth.models import Permission
+
+    viewer.user_permissions.add(*Permission.objects.filter(codename__in=["view_run", "change_run"]))
+    client.force_login(viewer)
+    page = client.post(
+        reverse("admin:runs_run_changelist"),
+        {"action": "cancel_runs", "_selected_action": [scene["run"].id]},
+        follow=True,
+    ).content.decode()
+    assert "may not operate" in page
+    assert Run.objects.get(id=scene["run"].id).status == Run.Status.NEEDS_ATTENTION
+    assert AuditEvent.objects.filter(actor=viewer, action="denied:operate").exists()
+    operator = scene["people"]["operator"]
+    operator.is_staff = True
+    operator.save()
+    operator.user_permissions.add(*Permission.objects.filter(codename__in=["view_run", "change_run"]))
+    client.force_login(operator)
+    client.post(reverse("admin:runs_run_changelist"), {"action": "cancel_runs", "_selected_action": [scene["run"].id]})
+    assert Run.objects.get(id=scene["run"].id).status == Run.Status.CANCELLED
+    assert AuditEvent.objects.filter(actor=operator, action="run_cancel", outcome="done", run=scene["run"]).exists()
+
+
+def test_the_audit_log_cannot_be_changed_or_deleted(scene):
+    event = AuditEvent.objects.create(actor_label="x", action="test")
+    with pytest.raises(PermissionError):
+        AuditEvent.objects.filter(id=event.id).update(action="forged")
+    with pytest.raises(PermissionError):
+        AuditEvent.objects.filter(id=event.id).delete()
+    with pytest.raises(PermissionError):
+        event.save()
+    with pytest.raises(PermissionError):
+        event.delete()
+    if connection.vendor == "postgresql":  # below the ORM, the database refuses as well
+        from django.db import DatabaseError, transaction
+
+        with pytest.raises(DatabaseError, match="append-only"), transaction.atomic():
+            with connection.cursor() as cursor:
+                cursor.execute("UPDATE approvals_auditevent SET action = 'forged' WHERE id = %s", [event.id])
+        with pytest.raises(DatabaseError, match="append-only"), transaction.atomic():
+            with connection.cursor() as cursor:
+                cursor.execute("DELETE FROM approvals_auditevent WHERE id = %s", [event.id])
+    assert AuditEvent.objects.get(id=event.id).action == "test"
+
+
+def test_logins_and_failed_logins_are_audited(db, client, django_user_model):
+    django_user_model.objects.create_user(username="dana", password="dana-pass-123", is_staff=True)
+    client.post(reverse("admin:login"), {"username": "dana", "password": "wrong"})
+    client.post(reverse("admin:login"), {"username": "dana", "password": "dana-pass-123"})
+    events = list(AuditEvent.objects.filter(action="login").order_by("id").values_list("outcome", "target"))
+    assert events == [("denied", "dana"), ("done", "dana")]
+    assert "wrong" not in str(list(AuditEvent.objects.values()))  # never the password
+
+
+def test_a_token_made_by_the_command_has_only_the_scopes_asked_for(db, django_user_model, capsys):
+    from django.core.management import call_command
+
+    from approvals.models import ApiToken
+
+    user = django_user_model.objects.create_user(username="agent-runner", password="agent-pass-123")
+    call_command("create_api_token", "agent-runner")
+    call_command("create_api_token", "agent-runner", "--scope", "read", "--scope", "approve")
+    assert [t.scopes for t in ApiToken.objects.filter(user=user).order_by("id")] == [
+        ["operate", "read", "run"],
+        ["approve", "read"],
+    ]
