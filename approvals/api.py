@@ -7,7 +7,7 @@ from ninja import Field, Query, Router, Schema
 
 from runs.errors import NotFound
 
-from .access import authorize, project_ids
+from .access import authorize, authorize_token, project_ids
 from .models import ApprovalRequest
 from .services import approval_decide
 
@@ -85,6 +85,7 @@ def list_approvals(request, filters: Query[ApprovalsQuery]):
     rows = ApprovalRequest.objects.select_related("task", "decided_by").prefetch_related(
         "operations", "items__operations", "decisions__reviewer"
     )
+    authorize_token(request.auth, "read", what="approval requests", request=request)
     visible = project_ids(request.auth.user, "view")
     if visible is not None:  # only requests of the caller's projects
         rows = rows.filter(run__project_id__in=visible)

@@ -1,17 +1,18 @@
 """The ledger, compensation, approvals and sandbox-effects endpoints as an integrator sees them: bearer
-tokens, Django permissions for the actions, the error shape {code, message, errors[{field, message}]}, and a
-refused request that changes nothing."""
+tokens, project roles and token scopes for the actions, the error shape {code, message, errors[{field, message}]},
+a refused request that changes nothing, and an audit row for every refusal."""
 
 from datetime import datetime
 
 import pytest
 from django.conf import settings
-from django.contrib.auth.models import Permission
+from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.test import override_settings
 from django.utils import timezone
 
-from approvals.models import ApprovalRequest
+from approvals.access import default_project, membership_grant
+from approvals.models import ApprovalRequest, AuditEvent, Decision, Project
 from approvals.services import approval_request_for_operations
 from approvals.tokens import api_token_create
 from runs.models import Outbox, Run
@@ -23,10 +24,15 @@ from tests.tools.test_ledger import fault, idle, stopped
 from tools.models import SandboxCall, SandboxEmail, SandboxTicket, ToolOperation
 
 OS = ToolOperation.Status
-ACTIONS = {
-    "compensate": "runs.change_run",
-    "resolve": "tools.change_tooloperation",
-    "decide": "approvals.change_approvalrequest",
+# endpoint action → the access action it needs (approvals.access.ACTIONS) and the status it answers with
+ACTIONS = {"compensate": "operate", "resolve": "operate", "decide": "decide"}
+DONE = {"compensate": 202, "resolve": 200, "decide": 200}
+ALL_SCOPES = ["read", "run", "operate", "approve"]
+ROLES = {  # role → the endpoint actions it allows
+    "viewer": set(),
+    "operator": {"compensate", "resolve"},
+    "reviewer": {"decide"},
+    "admin": {"compensate", "resolve", "decide"},
 }
 
 
@@ -36,8 +42,8 @@ ACTIONS = {
 class Api:
     """The integration API with one user's token."""
 
-    def __init__(self, client, token: str | None):
-        self.client, self.token = client, token
+    def __init__(self, client, token: str | None, user=None):
+        self.client, self.token, self.user = client, token, user
 
     def __call__(self, method: str, path: str, body=None, **query):
         headers = {"HTTP_AUTHORIZATION": f"Bearer {self.token}"} if self.token else {}
@@ -45,11 +51,18 @@ class Api:
             return self.client.post(f"/api/v1{path}", data=body or {}, content_type="application/json", **headers)
         return self.client.get(f"/api/v1{path}", query, **headers)
 
+    def denials(self) -> list[tuple[str, str, str]]:
+        """(action, target, why) of every refusal the audit log holds for this user, oldest first."""
+        rows = AuditEvent.objects.filter(actor=self.user, outcome="denied").order_by("id")
+        assert all(r.via == "api" and r.actor_label == self.user.get_username() for r in rows), list(rows)
+        return [(r.action, r.target, r.detail.get("why", "")) for r in rows]
 
-def _grant(user, *permissions):
-    for name in permissions:
-        app_label, codename = name.split(".")
-        user.user_permissions.add(Permission.objects.get(content_type__app_label=app_label, codename=codename))
+
+def member(client, username: str, role: str, *, scopes=None, project: Project | None = None) -> Api:
+    """A user with ``role`` in ``project`` (the default one) and a token with ``scopes`` (the default ones)."""
+    user = get_user_model().objects.create_user(username=username, password=f"{username}-pass-123")
+    membership_grant(user=user, project=project or default_project(), role=role)
+    return Api(client, api_token_create(user=user, scopes=scopes)[1], user)
 
 
 @pytest.fixture
@@ -58,23 +71,45 @@ def anonymous(client):
 
 
 @pytest.fixture
-def viewer(client, operator):
-    """A known user without any permission: may read, may not act."""
-    return Api(client, api_token_create(user=operator)[1])
+def viewer(client, db):
+    """A viewer of the default project with a default token (read, run, operate): may read, may not act."""
+    return member(client, "vera", "viewer")
 
 
 @pytest.fixture
-def reviewer(client, django_user_model):
-    """A user with exactly the three permissions the actions need."""
-    user = django_user_model.objects.create_user(username="rita", password="reviewer-pass-123")
-    _grant(user, *ACTIONS.values())
-    return Api(client, api_token_create(user=user)[1])
+def operating(client, db):
+    """An operator of the default project with a default token: compensates and resolves, never decides."""
+    return member(client, "otto", "operator")
+
+
+@pytest.fixture
+def reviewer(client, db):
+    """A reviewer of the default project whose token may do everything: decides, never operates."""
+    return member(client, "rita", "reviewer", scopes=ALL_SCOPES)
+
+
+@pytest.fixture
+def admin(client, db):
+    """An admin of the default project whose token may do everything."""
+    return member(client, "adam", "admin", scopes=ALL_SCOPES)
 
 
 @pytest.fixture
 def root(client, django_user_model):
+    """A superuser (an admin everywhere, no membership) whose token may do everything."""
     user = django_user_model.objects.create_superuser(username="root", password="root-pass-123", email="r@x.y")
-    return Api(client, api_token_create(user=user)[1])
+    return Api(client, api_token_create(user=user, scopes=ALL_SCOPES)[1], user)
+
+
+@pytest.fixture
+def elsewhere(db):
+    return Project.objects.create(slug="elsewhere", name="Elsewhere")
+
+
+@pytest.fixture
+def outsider(client, elsewhere):
+    """An admin of another project, with every scope: the default project's rows do not exist for them."""
+    return member(client, "otis", "admin", scopes=ALL_SCOPES, project=elsewhere)
 
 
 def assert_error(response, status: int, code: str, message: str | None = None, field: str | None = None):
@@ -93,46 +128,74 @@ def assert_error(response, status: int, code: str, message: str | None = None, f
 # --- a scene without workers: a run to compensate, an ambiguous operation, a pending approval ----------
 
 
+def _operation(run, step: int, status: str, **extra) -> ToolOperation:
+    return ToolOperation.objects.create(
+        run=run,
+        task=run.tasks.get(key="plan"),
+        step=step,
+        call_number=step,
+        tool="tickets.create",
+        idempotency_key=f"warden:{run.id}:plan:{step}",
+        arguments_hash="0" * 64,
+        arguments={"customer_id": "c1", "title": "t"},
+        tool_class="idempotent_write",
+        reversibility="reversible",
+        status=status,
+        **extra,
+    )
+
+
+def _bundle(run, step: int = 4) -> tuple[ToolOperation, ApprovalRequest]:
+    proposal = _operation(run, step, OS.AWAITING_APPROVAL, proposed=True, order=1)
+    with transaction.atomic():
+        bundle = approval_request_for_operations(
+            run=run, operations=[proposal], kind=ApprovalRequest.Kind.BUNDLE, title="one proposal"
+        )
+    return proposal, bundle
+
+
 @pytest.fixture
 def scene(demo):
-    """Rows the three actions act on, made with the engine's own services (no worker runs)."""
+    """Rows the three actions act on, made with the engine's own services (no worker runs). The runs belong to
+    the default project and nobody started them, so separation of duties does not apply."""
     stuck = run_start(workflow="incident-fanout")
     with transaction.atomic():
         locked = Run.objects.select_for_update().get(id=stuck.id)
         run_transition(run=locked, to=Run.Status.NEEDS_ATTENTION, reason="worker-3 failed", now=timezone.now())
     other = run_start(workflow="incident-fanout")
-    plan = other.tasks.get(key="plan")
-
-    def op(step, status, **extra):
-        return ToolOperation.objects.create(
-            run=other,
-            task=plan,
-            step=step,
-            call_number=step,
-            tool="tickets.create",
-            idempotency_key=f"warden:{other.id}:plan:{step}",
-            arguments_hash="0" * 64,
-            arguments={"customer_id": "c1", "title": "t"},
-            tool_class="idempotent_write",
-            reversibility="reversible",
-            status=status,
-            **extra,
-        )
-
-    ambiguous = op(2, OS.AMBIGUOUS, status_reason="no answer before the deadline")
-    proposal = op(4, OS.AWAITING_APPROVAL, proposed=True, order=1)
-    with transaction.atomic():
-        bundle = approval_request_for_operations(
-            run=other, operations=[proposal], kind=ApprovalRequest.Kind.BUNDLE, title="one proposal"
-        )
+    assert stuck.project == other.project == default_project()
+    ambiguous = _operation(other, 2, OS.AMBIGUOUS, status_reason="no answer before the deadline")
+    proposal, bundle = _bundle(other)
     return {"stuck": stuck, "other": other, "ambiguous": ambiguous, "proposal": proposal, "bundle": bundle}
+
+
+def decision(request, verdict: str, note: str = "") -> dict:
+    """A decision body quoting the request's arguments hash (``request``: a row or the API's dict)."""
+    quoted = request["arguments_hash"] if isinstance(request, dict) else request.arguments_hash
+    return {"decision": verdict, "note": note, "arguments_hash": quoted}
+
+
+def bundles(api, **query) -> list[dict]:
+    """The listed requests that are not an item of another (a bundle, a compensation's corrections)."""
+    response = api("get", "/approvals", **query)
+    assert response.status_code == 200, response.json()
+    return [a for a in response.json() if a["parent"] is None]
 
 
 def _action(scene, name: str):
     return {
         "compensate": ("post", f"/runs/{scene['stuck'].id}/compensate", {"reason": "undo it"}),
         "resolve": ("post", f"/operations/{scene['ambiguous'].id}/resolve", {"committed": True, "note": "seen"}),
-        "decide": ("post", f"/approvals/{scene['bundle'].id}/decision", {"decision": "approve", "note": "ok"}),
+        "decide": ("post", f"/approvals/{scene['bundle'].id}/decision", decision(scene["bundle"], "approve", "ok")),
+    }[name]
+
+
+def _target(scene, name: str) -> str:
+    """What a refusal of the action names, in its message and its audit row."""
+    return {
+        "compensate": f"run {scene['stuck'].id}",
+        "resolve": f"operation {scene['ambiguous'].id}",
+        "decide": f"approval request {scene['bundle'].id}",
     }[name]
 
 
@@ -141,7 +204,8 @@ def _state() -> tuple:
     return (
         sorted(Run.objects.values_list("id", "status", "status_reason")),
         sorted(ToolOperation.objects.values_list("id", "status", "status_reason", "kind")),
-        sorted(ApprovalRequest.objects.values_list("id", "status", "decided_by_id", "note")),
+        sorted(ApprovalRequest.objects.values_list("id", "status", "decided_by_id", "note", "arguments_hash")),
+        sorted(Decision.objects.values_list("id", "request_id", "reviewer_id", "verdict")),
         Outbox.objects.count(),
     )
 
@@ -172,33 +236,61 @@ def test_every_endpoint_needs_a_valid_token_and_a_refusal_changes_nothing(scene,
     assert _state() == before
 
 
+# --- roles and scopes ------------------------------------------------------------------------------------
+
+
 @pytest.mark.parametrize("action", sorted(ACTIONS))
-def test_an_action_without_its_permission_is_forbidden_and_changes_nothing(scene, viewer, action):
+def test_a_viewer_may_read_but_not_act_and_a_refusal_changes_nothing(scene, viewer, action):
     before = _state()
     method, path, body = _action(scene, action)
-    assert_error(viewer(method, path, body), 403, "forbidden", ACTIONS[action])
+    target = _target(scene, action)
+    message = f"your role in this project (viewer) may not {ACTIONS[action]} {target}"
+    assert_error(viewer(method, path, body), 403, "forbidden", message)
     assert _state() == before
-    # reading is allowed to any token holder
-    assert viewer("get", f"/runs/{scene['other'].id}/operations").status_code == 200
-    assert viewer("get", "/approvals").status_code == 200
+    assert viewer.denials() == [(f"denied:{ACTIONS[action]}", target, "role viewer")]
+    assert AuditEvent.objects.get(actor=viewer.user).project_id == default_project().id
+
+    # reading is what a viewer may do
+    other, stuck = scene["other"].id, scene["stuck"].id
+    operations = viewer("get", f"/runs/{other}/operations")
+    assert operations.status_code == 200
+    assert [o["id"] for o in operations.json()] == [scene["ambiguous"].id, scene["proposal"].id]
+    assert viewer("get", f"/runs/{stuck}/compensation").status_code == 200
+    item = scene["proposal"].approval_id
+    assert [(a["id"], a["parent"]) for a in viewer("get", "/approvals").json()] == [
+        (scene["bundle"].id, None),
+        (item, scene["bundle"].id),
+    ]
+    assert viewer("get", "/sandbox/effects").json() == {"effects": [], "next_after": None}
+    assert len(viewer.denials()) == 1 and _state() == before
 
 
-@pytest.mark.parametrize("action", sorted(ACTIONS))
-def test_a_permission_for_one_action_does_not_allow_another(scene, client, django_user_model, action):
-    user = django_user_model.objects.create_user(username="one-perm", password="one-perm-pass-123")
-    _grant(user, ACTIONS[action])
-    api = Api(client, api_token_create(user=user)[1])
-    for other in sorted(set(ACTIONS) - {action}):
+@pytest.mark.parametrize("role", sorted(ROLES))
+def test_a_role_allows_its_own_actions_and_no_other(scene, client, role):
+    """The token has every scope, so what is refused is refused for the role alone."""
+    api = member(client, f"{role}-1", role, scopes=ALL_SCOPES)
+    expected_denials = []
+    for action in sorted(ACTIONS):
         before = _state()
-        method, path, body = _action(scene, other)
-        assert_error(api(method, path, body), 403, "forbidden", ACTIONS[other])
+        response = api(*_action(scene, action))
+        if action in ROLES[role]:
+            assert response.status_code == DONE[action], response.json()
+            assert _state() != before
+            continue
+        target = _target(scene, action)
+        assert_error(
+            response, 403, "forbidden", f"your role in this project ({role}) may not {ACTIONS[action]} {target}"
+        )
         assert _state() == before
+        expected_denials.append((f"denied:{ACTIONS[action]}", target, f"role {role}"))
+        assert api.denials() == expected_denials
+    assert len(expected_denials) == len(ACTIONS) - len(ROLES[role])
 
 
-@pytest.mark.parametrize("who", ["reviewer", "root"])
-def test_with_the_permissions_or_as_superuser_the_actions_work(scene, request, who):
+@pytest.mark.parametrize("who", ["admin", "root"])
+def test_as_a_project_admin_or_a_superuser_the_actions_work(scene, request, who):
     api = request.getfixturevalue(who)
-    username = "rita" if who == "reviewer" else "root"
+    username = api.user.get_username()
 
     resolved = api(*_action(scene, "resolve"))
     assert resolved.status_code == 200, resolved.json()
@@ -219,15 +311,113 @@ def test_with_the_permissions_or_as_superuser_the_actions_work(scene, request, w
     assert compensated.json()["status_reason"] == "undo it"
     assert Run.objects.get(id=scene["stuck"].id).status == Run.Status.COMPENSATING
 
+    # each action is in the audit log under its user, and none was refused
+    done = AuditEvent.objects.filter(actor=api.user, outcome="done").values_list("action", "target")
+    assert sorted(done) == sorted(
+        [
+            ("resolve", _target(scene, "resolve")),
+            ("decide:approve", _target(scene, "decide")),
+            ("compensate", _target(scene, "compensate")),
+        ]
+    )
+    assert api.denials() == []
 
-def test_resolving_twice_or_an_unknown_operation_is_refused(scene, reviewer):
-    assert reviewer(*_action(scene, "resolve")).status_code == 200
+
+@pytest.mark.parametrize(
+    "role, scopes, action, scope",
+    [
+        ("reviewer", None, "decide", "approve"),  # a default token: read, run, operate
+        ("admin", None, "decide", "approve"),
+        ("superuser", None, "decide", "approve"),
+        ("reviewer", ["read"], "decide", "approve"),
+        ("operator", ["read", "run"], "compensate", "operate"),
+        ("operator", ["read", "approve"], "resolve", "operate"),
+    ],
+)
+def test_a_token_without_the_scope_an_action_needs_is_forbidden(
+    scene, client, django_user_model, role, scopes, action, scope
+):
+    if role == "superuser":
+        user = django_user_model.objects.create_superuser(username="su", password="su-pass-123", email="s@x.y")
+        api = Api(client, api_token_create(user=user, scopes=scopes)[1], user)
+    else:
+        api = member(client, f"{role}-1", role, scopes=scopes)
     before = _state()
-    again = reviewer(*_action(scene, "resolve"))
+    target = _target(scene, action)
+    message = f"this API token lacks the {scope!r} scope needed to {ACTIONS[action]} {target}"
+    assert_error(api(*_action(scene, action)), 403, "forbidden", message)
+    assert _state() == before
+    assert api.denials() == [(f"denied:{ACTIONS[action]}", target, f"token without the {scope} scope")]
+    # the same user with a token that has the scope (and read, to see the answer) may
+    allowed = Api(client, api_token_create(user=api.user, scopes=["read", scope])[1], api.user)
+    assert allowed(*_action(scene, action)).status_code == DONE[action]
+    assert len(api.denials()) == 1
+
+
+def test_a_token_that_may_operate_but_not_read_either_compensates_or_changes_nothing(scene, client):
+    """A 403 must never come back for a compensation that has started: a token that may operate a run gets
+    the 202 with the run it compensated."""
+    api = member(client, "operate-only", "operator", scopes=["operate"])
+    before = _state()
+    response = api(*_action(scene, "compensate"))
+    if response.status_code == 403:
+        assert _state() == before, "a 403 answer, yet the run is compensating"
+    else:
+        assert response.status_code == 202, response.json()
+
+
+def test_listing_approvals_needs_the_read_scope(scene, client):
+    """Like every other read, listing approval requests (summaries with arguments) needs the read scope."""
+    api = member(client, "approve-only", "reviewer", scopes=["approve"])
+    assert_error(api("get", f"/runs/{scene['other'].id}/operations"), 403, "forbidden", "'read' scope")
+    assert_error(api("get", "/approvals"), 403, "forbidden", "'read' scope")
+
+
+def test_a_member_of_another_project_finds_nothing_of_this_one(scene, outsider, elsewhere):
+    """Not a member: every row of the default project answers 404 exactly as a row that does not exist."""
+    own = run_start(workflow="incident-fanout", project=elsewhere)
+    _, own_bundle = _bundle(own)
+    before = _state()
+    run, stuck, op, bundle = scene["other"].id, scene["stuck"].id, scene["ambiguous"].id, scene["bundle"].id
+    attempts = [
+        (("get", f"/runs/{run}/operations"), "view", f"run {run}"),
+        (("get", f"/runs/{stuck}/compensation"), "view", f"run {stuck}"),
+        (_action(scene, "compensate"), "operate", f"run {stuck}"),
+        (_action(scene, "resolve"), "operate", f"operation {op}"),
+        (_action(scene, "decide"), "decide", f"approval request {bundle}"),
+    ]
+    for request, action, target in attempts:
+        body = assert_error(outsider(*request), 404, "not_found")
+        assert body == {"code": "not_found", "message": f"{target} does not exist", "errors": []}
+        assert outsider.denials()[-1] == (f"denied:{action}", target, "not a member")
+    assert _state() == before
+    assert len(outsider.denials()) == len(attempts)
+    assert {e.project_id for e in AuditEvent.objects.filter(actor=outsider.user)} == {default_project().id}
+
+    # the approvals list holds their own project's requests only, whatever the filter
+    assert [a["run"] for a in outsider("get", "/approvals").json()] == [own.id, own.id]  # the bundle, its item
+    assert [a["id"] for a in bundles(outsider)] == [own_bundle.id]
+    assert outsider("get", "/approvals", run=run).json() == []
+    assert outsider("get", "/approvals", status="pending", run=run).json() == []
+    # and their own project's rows are theirs to act on
+    assert outsider("get", f"/runs/{own.id}/operations").status_code == 200
+    decided = outsider("post", f"/approvals/{own_bundle.id}/decision", decision(own_bundle, "reject", "not now"))
+    assert decided.status_code == 200 and decided.json()["status"] == "rejected", decided.json()
+    assert ApprovalRequest.objects.get(id=bundle).status == ApprovalRequest.Status.PENDING
+
+
+def test_resolving_twice_or_an_unknown_operation_is_refused(scene, operating, reviewer):
+    assert operating(*_action(scene, "resolve")).status_code == 200
+    before = _state()
+    again = operating(*_action(scene, "resolve"))
     assert_error(again, 409, "conflict", f"operation {scene['ambiguous'].id} is committed")
-    assert_error(reviewer("post", "/operations/999999/resolve", {"committed": False}), 404, "not_found")
-    assert_error(reviewer("post", "/runs/999999/compensate", {}), 404, "not_found", "run 999999 does not exist")
-    assert_error(reviewer("post", "/approvals/999999/decision", {"decision": "reject"}), 404, "not_found")
+    unknown = operating("post", "/operations/999999/resolve", {"committed": False})
+    assert_error(unknown, 404, "not_found", "operation 999999 does not exist")
+    assert_error(operating("post", "/runs/999999/compensate", {}), 404, "not_found", "run 999999 does not exist")
+    unknown = reviewer(
+        "post", "/approvals/999999/decision", {"decision": "reject", "note": "x", "arguments_hash": "0" * 64}
+    )
+    assert_error(unknown, 404, "not_found", "approval request 999999 does not exist")
     assert _state() == before
 
 
@@ -240,13 +430,15 @@ def test_resolving_twice_or_an_unknown_operation_is_refused(scene, reviewer):
         ("resolve", {"note": "no verdict"}, "committed"),
         ("decide", {"decision": "maybe"}, "decision"),
         ("decide", {}, "decision"),
-        ("decide", {"decision": "approve", "note": ["not", "text"]}, "note"),
+        ("decide", {"decision": "approve", "note": ["not", "text"], "arguments_hash": "0" * 64}, "note"),
+        ("decide", {"decision": "approve", "note": "ok"}, "arguments_hash"),
+        ("decide", {"decision": "approve", "arguments_hash": "0" * 63}, "arguments_hash"),
     ],
 )
-def test_bad_input_answers_422_with_field_errors_and_changes_nothing(scene, reviewer, action, body, field):
+def test_bad_input_answers_422_with_field_errors_and_changes_nothing(scene, admin, action, body, field):
     before = _state()
     method, path, _ = _action(scene, action)
-    assert_error(reviewer(method, path, body), 422, "invalid_input", "the request is invalid", field)
+    assert_error(admin(method, path, body), 422, "invalid_input", "the request is invalid", field)
     assert _state() == before
 
 
@@ -310,11 +502,11 @@ def test_the_ledger_of_a_finished_incident_fanout_run(demo_tx, worker, viewer):
     assert_error(viewer("get", "/runs/999999/compensation"), 404, "not_found", "run 999999 does not exist")
 
 
-def test_compensating_a_completed_run_is_a_conflict_and_changes_nothing(demo_tx, worker, reviewer):
+def test_compensating_a_completed_run_is_a_conflict_and_changes_nothing(demo_tx, worker, operating):
     run = finished(run_start(workflow="incident-fanout"))
     assert run.status == Run.Status.COMPLETED, run.status_reason
     before = _state(), sorted(SandboxTicket.objects.values_list("id", "status")), SandboxCall.objects.count()
-    body = assert_error(reviewer("post", f"/runs/{run.id}/compensate", {}), 409, "conflict")
+    body = assert_error(operating("post", f"/runs/{run.id}/compensate", {}), 409, "conflict")
     assert body["message"] == (
         f"run {run.id} is completed; only a run that needs attention, failed or was cancelled can be compensated "
         "(cancel a running run first)"
@@ -323,7 +515,7 @@ def test_compensating_a_completed_run_is_a_conflict_and_changes_nothing(demo_tx,
     assert after == before
 
 
-def test_compensation_preview_then_compensate_through_the_api(demo_tx, worker, reviewer, viewer):
+def test_compensation_preview_then_compensate_through_the_api(demo_tx, worker, operating, reviewer, viewer):
     run = finished(run_start(workflow="incident-fanout", input=fault("error")))
     assert run.status == Run.Status.NEEDS_ATTENTION, run.status_reason
     idle(run)  # a sibling attempt may still be in flight; compensate once none is running
@@ -349,10 +541,10 @@ def test_compensation_preview_then_compensate_through_the_api(demo_tx, worker, r
 
     # bad input first: refused, nothing starts
     before = _state()
-    assert_error(reviewer("post", f"/runs/{run.id}/compensate", {"reason": 5}), 422, "invalid_input", field="reason")
+    assert_error(operating("post", f"/runs/{run.id}/compensate", {"reason": 5}), 422, "invalid_input", field="reason")
     assert _state() == before and viewer("get", f"/runs/{run.id}/compensation").json() == plan
 
-    started = reviewer("post", f"/runs/{run.id}/compensate", {"reason": "roll back the incident run"})
+    started = operating("post", f"/runs/{run.id}/compensate", {"reason": "roll back the incident run"})
     assert started.status_code == 202, started.json()
     assert started.json()["status"] == Run.Status.COMPENSATING
     assert started.json()["status_reason"] == "roll back the incident run"
@@ -361,17 +553,30 @@ def test_compensation_preview_then_compensate_through_the_api(demo_tx, worker, r
     ops = ToolOperation.objects.filter(run=run)
     wait_for(lambda: not ops.exclude(kind="action").filter(status__in=[OS.APPROVED, OS.EXECUTING]).exists())
     assert set(tickets.values_list("status", flat=True)) == {"closed"}
-    pending = viewer("get", "/approvals", run=run.id).json()
-    assert [(a["kind"], a["status"], len(a["operations"])) for a in pending] == [("correction", "pending", sent)]
-    decided = reviewer("post", f"/approvals/{pending[0]['id']}/decision", {"decision": "approve"})
+    [pending] = bundles(viewer, run=run.id)
+    assert (pending["kind"], pending["status"], len(pending["operations"]), len(pending["items"])) == (
+        "correction",
+        "pending",
+        sent,
+        sent,
+    )
+    # the operator who asked for the compensation may not decide its corrections; a reviewer may
+    correction = pending["id"]
+    before = _state()
+    refused = operating("post", f"/approvals/{correction}/decision", decision(pending, "approve"))
+    assert_error(refused, 403, "forbidden", "your role in this project (operator) may not decide approval request")
+    assert _state() == before
+    assert operating.denials() == [("denied:decide", f"approval request {correction}", "role operator")]
+    decided = reviewer("post", f"/approvals/{correction}/decision", decision(pending, "approve"))
     assert decided.status_code == 200, decided.json()
+    assert (decided.json()["status"], decided.json()["decided_by"]) == ("approved", "rita")
     run = stopped(run, {Run.Status.COMPENSATED, Run.Status.NEEDS_ATTENTION})
     assert run.status == Run.Status.COMPENSATED, run.status_reason
     assert SandboxEmail.objects.filter(kind="correction").count() == sent
 
     # a compensated run cannot be compensated again, and the refusal changes nothing
     before = _state()
-    again = reviewer("post", f"/runs/{run.id}/compensate", {})
+    again = operating("post", f"/runs/{run.id}/compensate", {})
     assert_error(again, 409, "conflict", f"run {run.id} is compensated; only a run that needs attention")
     assert _state() == before
 
@@ -379,31 +584,40 @@ def test_compensation_preview_then_compensate_through_the_api(demo_tx, worker, r
 # --- approvals ---------------------------------------------------------------------------------------
 
 
-def test_a_bundle_of_proposals_is_listed_and_approved_once_through_the_api(demo_tx, worker, viewer, reviewer):
-    run = stopped(
-        run_start(workflow="incident-fanout", input={"propose_tools": ["email.send"]}),
-        {Run.Status.WAITING_FOR_APPROVAL, Run.Status.COMPLETED, Run.Status.NEEDS_ATTENTION},
-    )
+def _start_proposing(api) -> Run:
+    """Start, through the API, a run whose e-mails are proposals, and wait for their bundle."""
+    started = api("post", "/runs", {"workflow": "incident-fanout", "input": {"propose_tools": ["email.send"]}})
+    assert started.status_code == 201, started.json()
+    assert started.json()["project"] == "default"
+    run = Run.objects.get(id=started.json()["id"])
+    assert run.started_by == api.user
+    run = stopped(run, {Run.Status.WAITING_FOR_APPROVAL, Run.Status.COMPLETED, Run.Status.NEEDS_ATTENTION})
     assert run.status == Run.Status.WAITING_FOR_APPROVAL, run.status_reason
+    return run
 
-    listed = viewer("get", "/approvals")  # pending ones by default
-    assert listed.status_code == 200
-    [bundle] = [a for a in listed.json() if a["run"] == run.id]
+
+def test_a_bundle_of_proposals_is_listed_and_approved_once_through_the_api(
+    demo_tx, worker, operating, viewer, reviewer
+):
+    run = _start_proposing(operating)  # started by an operator, decided by a reviewer
+
+    [bundle] = [a for a in bundles(viewer) if a["run"] == run.id]  # pending ones by default
     proposals = ToolOperation.objects.filter(run=run, tool="email.send")
     assert (bundle["kind"], bundle["status"], bundle["task"], bundle["decided_by"]) == ("bundle", "pending", None, None)
     assert bundle["operations"] == sorted(proposals.values_list("id", flat=True)) and len(bundle["operations"]) == 5
     assert "5 proposed operations" in bundle["summary"] and "email.send" in bundle["summary"]
-    assert viewer("get", "/approvals", run=run.id).json() == [bundle]
+    assert len(bundle["items"]) == 5 and bundle["quorum"] == 1 and bundle["decisions"] == []
+    assert bundles(viewer, run=run.id) == [bundle]
     assert viewer("get", "/approvals", status="approved").json() == []
     assert not SandboxEmail.objects.exists()
 
     # a decision nobody can parse changes nothing
     before = _state()
-    maybe = reviewer("post", f"/approvals/{bundle['id']}/decision", {"decision": "maybe"})
+    maybe = reviewer("post", f"/approvals/{bundle['id']}/decision", decision(bundle, "maybe"))
     assert_error(maybe, 422, "invalid_input", field="decision")
     assert _state() == before
 
-    decided = reviewer("post", f"/approvals/{bundle['id']}/decision", {"decision": "approve", "note": "send them"})
+    decided = reviewer("post", f"/approvals/{bundle['id']}/decision", decision(bundle, "approve", "send them"))
     assert decided.status_code == 200, decided.json()
     assert (decided.json()["status"], decided.json()["decided_by"]) == ("approved", "rita")
     run = finished(run)
@@ -414,10 +628,41 @@ def test_a_bundle_of_proposals_is_listed_and_approved_once_through_the_api(demo_
     assert set(proposals.values_list("status", flat=True)) == {OS.COMMITTED}
 
     before = _state()
-    again = reviewer("post", f"/approvals/{bundle['id']}/decision", {"decision": "reject"})
-    assert_error(again, 409, "conflict", f"approval request {bundle['id']} is approved; it cannot be decided again")
+    again = reviewer("post", f"/approvals/{bundle['id']}/decision", decision(bundle, "reject", "too late"))
+    conflict = f"approval request {bundle['id']} is approved; it cannot be decided again"
+    assert_error(again, 409, "conflict", conflict)
     assert _state() == before and SandboxEmail.objects.count() == 5
-    assert viewer("get", "/approvals", status="approved").json()[0]["id"] == bundle["id"]
+    assert reviewer.denials() == [("decide", f"approval request {bundle['id']}", conflict)]
+    assert [a["id"] for a in bundles(viewer, status="approved")] == [bundle["id"]]
+
+
+def test_whoever_started_a_run_may_not_decide_its_approvals(demo_tx, worker, admin, reviewer, viewer):
+    """Separation of duties: an admin whose token has the approve scope started the run, so they may not decide
+    its proposals; another reviewer may."""
+    run = _start_proposing(admin)
+    [bundle] = bundles(viewer, run=run.id)
+    target = f"approval request {bundle['id']}"
+
+    before = _state()
+    for verdict in ("approve", "reject"):
+        refused = admin("post", f"/approvals/{bundle['id']}/decision", decision(bundle, verdict, "mine"))
+        assert_error(refused, 403, "forbidden", "separation of duties")
+    assert _state() == before and not SandboxEmail.objects.exists()
+    row = ApprovalRequest.objects.get(id=bundle["id"])
+    assert (row.status, row.decided_by, row.decided_at, row.note) == (ApprovalRequest.Status.PENDING, None, None, "")
+    assert bundles(viewer, run=run.id) == [bundle]
+    why = "separation of duties: whoever started a run cannot approve or reject its actions"
+    assert admin.denials() == [("decide", target, why)] * 2
+    assert set(AuditEvent.objects.filter(actor=admin.user, outcome="denied").values_list("run_id", flat=True)) == {
+        run.id
+    }
+
+    decided = reviewer("post", f"/approvals/{bundle['id']}/decision", decision(bundle, "approve"))
+    assert decided.status_code == 200, decided.json()
+    assert (decided.json()["status"], decided.json()["decided_by"]) == ("approved", "rita")
+    run = finished(run)
+    assert run.status == Run.Status.COMPLETED, run.status_reason
+    assert SandboxEmail.objects.count() == 5 and reviewer.denials() == []
 
 
 # --- sandbox effects ---------------------------------------------------------------------------------
