@@ -1,10 +1,10 @@
 from django.contrib import admin, messages
 
-from runs.admin import ProjectScoped
+from runs.admin import ProjectScoped, ReadOnlyAdmin
 from runs.errors import WardenError
 
 from .access import authorize
-from .models import ApiToken, ApprovalRequest, AuditEvent, Decision, Membership, Project
+from .models import ApiToken, ApprovalPolicy, ApprovalRequest, AuditEvent, Decision, Membership, Notification, Project
 from .services import approval_decide
 from .tokens import api_token_create, api_token_revoke
 
@@ -159,3 +159,29 @@ class DecisionAdmin(ProjectScoped, admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None):
         return False
+
+
+@admin.register(ApprovalPolicy)
+class ApprovalPolicyAdmin(admin.ModelAdmin):
+    list_display = ["name", "enabled", "project", "workflow", "tool", "quorum", "expires_after_seconds", "on_expiry"]
+    list_filter = ["enabled", "on_expiry", "on_reject", "project"]
+    search_fields = ["name", "tool"]
+
+    def save_model(self, request, obj, form, change):
+        super().save_model(request, obj, form, change)
+        from .audit import audit
+
+        audit(
+            actor=request.user,
+            action="policy_change" if change else "policy_add",
+            target=str(obj),
+            request=request,
+            detail={"changed": form.changed_data},
+        )
+
+
+@admin.register(Notification)
+class NotificationAdmin(ReadOnlyAdmin):
+    list_display = ["id", "request", "channel", "kind", "created_at", "sent_at", "error"]
+    list_filter = ["channel", "kind"]
+    search_fields = ["=request__id", "error"]

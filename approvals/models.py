@@ -81,6 +81,7 @@ class ApprovalRequest(models.Model):
         APPROVED = "approved"
         REJECTED = "rejected"
         WITHDRAWN = "withdrawn"  # its run moved on (compensated, cancelled) before anyone decided
+        EXPIRED = "expired"  # nobody decided in time (its policy rejected it)
 
     run = models.ForeignKey("runs.Run", on_delete=models.CASCADE, related_name="approvals")
     task = models.ForeignKey("runs.Task", null=True, blank=True, on_delete=models.CASCADE, related_name="+")
@@ -97,6 +98,10 @@ class ApprovalRequest(models.Model):
     requested_at = models.DateTimeField(auto_now_add=True)
     expires_at = models.DateTimeField(null=True, blank=True, db_index=True)
     reminded_at = models.DateTimeField(null=True, blank=True)
+    escalated_at = models.DateTimeField(null=True, blank=True)
+    policy = models.ForeignKey(
+        "ApprovalPolicy", null=True, blank=True, on_delete=models.SET_NULL, related_name="requests"
+    )
     decided_at = models.DateTimeField(null=True, blank=True)
     decided_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
@@ -187,3 +192,87 @@ class AuditEvent(models.Model):
 
     def delete(self, *args, **kwargs):
         raise PermissionError("the audit log is append-only")
+
+
+class ApprovalPolicy(models.Model):
+    """A rule editable in the admin: calls it matches wait for reviewers. Checked with the workflow's
+    trusted tool policies; the strictest applies (any rule asking for approval gates the call)."""
+
+    class OnExpiry(models.TextChoices):
+        REJECT = "reject"
+        ESCALATE = "escalate"
+
+    class OnReject(models.TextChoices):
+        TELL_AGENT = "tell_agent", "The agent gets 'rejected by reviewer: <comment>'"
+        FAIL_TASK = "fail_task", "The task fails (the run needs attention)"
+
+    name = models.CharField(max_length=200)
+    enabled = models.BooleanField(default=True)
+    project = models.ForeignKey(Project, null=True, blank=True, on_delete=models.CASCADE, help_text="Empty: all")
+    workflow = models.ForeignKey(
+        "agents.Workflow", null=True, blank=True, on_delete=models.CASCADE, help_text="Empty: all"
+    )
+    tool = models.CharField(max_length=64, blank=True, help_text="Empty: every write tool")
+    condition = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text='Optional, on an argument: {"field": "amount", "op": ">", "value": 100}',
+    )
+    quorum = models.PositiveSmallIntegerField(default=1)
+    expires_after_seconds = models.PositiveIntegerField(null=True, blank=True)
+    remind_before_seconds = models.PositiveIntegerField(null=True, blank=True)
+    on_expiry = models.CharField(max_length=16, choices=OnExpiry.choices, default=OnExpiry.REJECT)
+    on_reject = models.CharField(max_length=16, choices=OnReject.choices, default=OnReject.TELL_AGENT)
+
+    class Meta:
+        ordering = ["id"]
+        verbose_name_plural = "approval policies"
+
+    def __str__(self) -> str:
+        return self.name
+
+    def matches(self, *, tool: str, arguments: dict) -> bool:
+        if not self.enabled or (self.tool and self.tool != tool):
+            return False
+        if not self.condition:
+            return True
+        field, op, value = (self.condition.get(k) for k in ("field", "op", "value"))
+        actual = arguments.get(field)
+        if actual is None:
+            return False
+        try:
+            return {
+                ">": lambda: actual > value,
+                ">=": lambda: actual >= value,
+                "<": lambda: actual < value,
+                "<=": lambda: actual <= value,
+                "==": lambda: actual == value,
+                "!=": lambda: actual != value,
+                "in": lambda: actual in value,
+            }[op]()
+        except (KeyError, TypeError):
+            return True  # a condition that cannot be evaluated gates the call rather than waving it through
+
+
+class Notification(models.Model):
+    """One message about one request on one channel: recorded in the deciding transaction, sent after,
+    at most once (a sender claims it; the sweeper sends what a crash left)."""
+
+    class Kind(models.TextChoices):
+        NEW = "new"
+        REMINDER = "reminder"
+        ESCALATION = "escalation"
+
+    request = models.ForeignKey(ApprovalRequest, on_delete=models.CASCADE, related_name="notifications")
+    channel = models.CharField(max_length=16)  # email, webhook
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    created_at = models.DateTimeField(auto_now_add=True)
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    sent_at = models.DateTimeField(null=True, blank=True)
+    error = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [
+            models.UniqueConstraint(fields=["request", "channel", "kind"], name="notification_once_per_request")
+        ]

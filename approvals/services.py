@@ -15,6 +15,7 @@ from runs.services.outbox import outbox_add
 from runs.services.runs import run_transition, task_set_ready
 
 from .models import ApprovalRequest
+from .notify import notifications_add
 
 log = logging.getLogger("warden.approvals")
 RUN_OPERATIONS = "run_operations"
@@ -32,8 +33,14 @@ def _items_hash(hashes) -> str:
     return hashlib.sha256("|".join(hashes).encode()).hexdigest()
 
 
-def approval_request_for_operation(op, *, parent: ApprovalRequest | None = None, quorum: int = 1) -> ApprovalRequest:
-    """One call waits for a reviewer. Inside the intent's (or the bundle's) transaction."""
+def approval_request_for_operation(op, *, parent: ApprovalRequest | None = None, policy: dict | None = None):
+    """One call waits for a reviewer. Inside the intent's (or the bundle's) transaction. ``policy``: the
+    call's approval policy (quorum, the ApprovalPolicy rule that asked for it and its expiry)."""
+    from .models import ApprovalPolicy
+
+    policy = policy or {}
+    rule = ApprovalPolicy.objects.filter(id=policy.get("rule")).first() if policy.get("rule") else None
+    expires_after = policy.get("expires_after") or (rule.expires_after_seconds if rule else None)
     request = ApprovalRequest.objects.create(
         run_id=op.run_id,
         task_id=op.task_id if op.kind == "action" and not op.proposed else None,
@@ -41,10 +48,14 @@ def approval_request_for_operation(op, *, parent: ApprovalRequest | None = None,
         kind=ApprovalRequest.Kind.OPERATION,
         summary=_describe(op),
         arguments_hash=op.arguments_hash,
-        quorum=max(1, quorum),
+        quorum=max(1, int(policy.get("quorum", 1))),
+        policy=rule,
+        expires_at=timezone.now() + timezone.timedelta(seconds=expires_after) if expires_after else None,
     )
     type(op).objects.filter(id=op.id).update(approval=request)
     op.approval = request
+    if parent is None:
+        notifications_add(request, kind="new")
     return request
 
 
@@ -57,6 +68,7 @@ def approval_request_for_operations(*, run: Run, operations, kind: str, title: s
     )
     for op in operations:
         approval_request_for_operation(op, parent=parent)
+    notifications_add(parent, kind="new")
     return parent
 
 
@@ -197,7 +209,7 @@ def _settle_item(item, run, user, approve, note, now) -> None:
     if approve and approvals < item.quorum:
         return  # waits for more reviewers
     verdict = "approved" if approve else "rejected"
-    reason = f"{verdict} by reviewer {user}" + (f": {note}" if note else "")
+    reason = f"rejected by reviewer: {note}" if not approve else f"approved by {user}" + (f": {note}" if note else "")
     item.status = ApprovalRequest.Status.APPROVED if approve else ApprovalRequest.Status.REJECTED
     item.decided_at, item.decided_by, item.note = now, user, note[:4000]
     item.save(update_fields=["status", "decided_at", "decided_by", "note"])

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.core.cache import cache
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 from django.utils.crypto import salted_hmac
 from pydantic import ValidationError
@@ -234,7 +235,7 @@ def tool_call(*, run, task, step: int, call_number: int, name: str, arguments, r
         return _read(call, faults)
 
     propose = name in (run.input or {}).get("propose_tools", [])
-    policy = _policy(run, name)
+    policy = _policy(run, name, args)
     status = OS.PROPOSED if propose else OS.AWAITING_APPROVAL if policy.get("approval") == "always" else OS.EXECUTING
     with transaction.atomic():
         op = _operation_create(
@@ -248,7 +249,7 @@ def tool_call(*, run, task, step: int, call_number: int, name: str, arguments, r
         if status == OS.AWAITING_APPROVAL:
             from approvals.services import approval_request_for_operation
 
-            approval_request_for_operation(op, quorum=int(policy.get("quorum", 1)))
+            approval_request_for_operation(op, policy=policy)
     if status == OS.PROPOSED:
         return _proposed(op)
     if status == OS.AWAITING_APPROVAL:
@@ -271,12 +272,27 @@ class _Call:
     digest: str
 
 
-def _policy(run, tool: str) -> dict:
-    """The workflow's trusted per-tool policy, e.g. {"email.send": {"approval": "always"}}."""
+def _policy(run, tool: str, args: dict) -> dict:
+    """The approval policy of this call: the workflow's trusted per-tool policy (e.g. {"email.send":
+    {"approval": "always", "quorum": 2}}) and the admin's ApprovalPolicy rules that match; the
+    strictest wins (the largest quorum, the shortest expiry)."""
     from agents.models import Workflow
+    from approvals.models import ApprovalPolicy
 
-    policies = Workflow.objects.filter(runs__id=run.id).values_list("tool_policies", flat=True).first() or {}
-    return policies.get(tool) or {}
+    workflow_id, policies = Workflow.objects.filter(runs__id=run.id).values_list("id", "tool_policies").first()
+    policy = dict((policies or {}).get(tool) or {})
+    rules = ApprovalPolicy.objects.filter(enabled=True, tool__in=["", tool])
+    rules = rules.filter(Q(project__isnull=True) | Q(project__runs__id=run.id))
+    rules = rules.filter(Q(workflow__isnull=True) | Q(workflow_id=workflow_id)).distinct()
+    for rule in rules:
+        if not rule.matches(tool=tool, arguments=args):
+            continue
+        policy["approval"] = "always"
+        policy["quorum"] = max(int(policy.get("quorum", 1)), rule.quorum)
+        if rule.expires_after_seconds and rule.expires_after_seconds < policy.get("expires_after", 10**9):
+            policy.update(expires_after=rule.expires_after_seconds, rule=rule.id)
+        policy.setdefault("rule", rule.id)
+    return policy
 
 
 def _undo_plan(spec: ToolSpec) -> dict | None:
@@ -365,7 +381,10 @@ def _resume_operation(op: ToolOperation, spec: ToolSpec, args: dict, faults: Fau
     if op.status == OS.PROPOSED or (op.proposed and op.status in (OS.AWAITING_APPROVAL, OS.APPROVED)):
         return _proposed(op)
     if op.status == OS.REJECTED:
-        return _refuse("rejected", f"{op.tool} was not done: {op.status_reason or 'a reviewer rejected it'}")
+        message = f"{op.tool} was not done: {op.status_reason or 'a reviewer rejected it'}"
+        if op.approval_id and op.approval.policy_id and op.approval.policy.on_reject == "fail_task":
+            raise StepFailure(message, "policy")  # the policy says a rejection fails the task
+        return _refuse("rejected", message)
     if op.status == OS.AWAITING_APPROVAL:
         raise TaskParked(op.id, f"{op.tool} waits for a reviewer's approval")
     if op.status == OS.APPROVED and op.approval_id:

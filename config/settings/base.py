@@ -186,9 +186,21 @@ WARDEN = {
     # Tools: consecutive failures that open a tool's circuit, and for how long it stays open.
     "TOOL_CIRCUIT_FAILURES": int(os.environ.get("WARDEN_TOOL_CIRCUIT_FAILURES", 5)),
     "TOOL_CIRCUIT_OPEN_SECONDS": _env_float("WARDEN_TOOL_CIRCUIT_OPEN_SECONDS", 30),
+    # Approvals: links in notifications, and the webhook (signed with the secret) told of each request.
+    "BASE_URL": os.environ.get("WARDEN_BASE_URL", "http://127.0.0.1:8000"),
+    "APPROVAL_WEBHOOK_URL": os.environ.get("WARDEN_APPROVAL_WEBHOOK_URL", ""),
+    "APPROVAL_WEBHOOK_SECRET": os.environ.get("WARDEN_APPROVAL_WEBHOOK_SECRET", ""),
+    "APPROVAL_WEBHOOK_SLACK": os.environ.get("WARDEN_APPROVAL_WEBHOOK_SLACK", "") == "1",
     # The sandbox systems' effects listing (GET /api/v1/sandbox/effects); off where real tools run.
     "SANDBOX_TOOLS": os.environ.get("WARDEN_SANDBOX_TOOLS", "1") == "1",
 }
+
+# --- E-mail (approval notifications) ---------------------------------------------------------------
+# Embedded mode prints e-mails to the console; set DJANGO_EMAIL_BACKEND / EMAIL_HOST for real delivery.
+EMAIL_BACKEND = os.environ.get("DJANGO_EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
+EMAIL_HOST = os.environ.get("EMAIL_HOST", "localhost")
+EMAIL_PORT = int(os.environ.get("EMAIL_PORT", 25))
+DEFAULT_FROM_EMAIL = os.environ.get("DEFAULT_FROM_EMAIL", "warden@localhost")
 
 # --- Auth, i18n, static ---------------------------------------------------------------------------
 AUTH_PASSWORD_VALIDATORS = [

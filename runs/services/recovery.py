@@ -185,9 +185,16 @@ def sweep_once() -> dict:
 
 
 def _ledger_sweep(now) -> dict:
-    from tools.saga import compensate_by_policy, redrive_operations  # tools builds on the engine
+    from approvals.expiry import approvals_sweep  # tools and approvals build on the engine
+    from approvals.notify import notifications_send
+    from tools.saga import compensate_by_policy, redrive_operations
 
-    return {"operations_redriven": redrive_operations(now), "compensations_started": compensate_by_policy(now)}
+    return {
+        "operations_redriven": redrive_operations(now),
+        "compensations_started": compensate_by_policy(now),
+        **approvals_sweep(now),
+        "notifications_sent": notifications_send(),
+    }
 
 
 class RecoverySweeper:

@@ -1,0 +1,124 @@
+"""Telling reviewers: e-mail through Django's backend and, where configured, an HMAC-signed webhook
+(optionally Slack-compatible). A notification row is written in the transaction that makes the request,
+sent after commit, and claimed before it is sent, so each goes out once; the sweeper sends what a crash
+left behind."""
+
+import hashlib
+import hmac
+import json
+import logging
+import time
+import urllib.request
+
+from django.conf import settings
+from django.core.mail import send_mail
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from .models import ApprovalRequest, Membership, Notification
+
+log = logging.getLogger("warden.notify")
+RESEND_AFTER_SECONDS = 60
+
+
+def _channels() -> list[str]:
+    return ["email"] + (["webhook"] if settings.WARDEN["APPROVAL_WEBHOOK_URL"] else [])
+
+
+def notifications_add(request: ApprovalRequest, *, kind: str) -> None:
+    """Inside the transaction that creates (or reminds of, or escalates) the request."""
+    rows = [Notification(request=request, channel=channel, kind=kind) for channel in _channels()]
+    created = Notification.objects.bulk_create(rows, ignore_conflicts=True)
+    ids = [n.id for n in created if n.id] or list(
+        Notification.objects.filter(request=request, kind=kind, sent_at__isnull=True).values_list("id", flat=True)
+    )
+    transaction.on_commit(lambda: notifications_send(ids))
+
+
+def link(request: ApprovalRequest) -> str:
+    return f"{settings.WARDEN['BASE_URL'].rstrip('/')}/admin/approvals/approvalrequest/{request.id}/change/"
+
+
+def notifications_send(ids=None) -> int:
+    """Send the given (or every due) notification not sent yet. Returns how many went out."""
+    now = timezone.now()
+    due = Notification.objects.filter(sent_at__isnull=True).filter(
+        Q(claimed_at__isnull=True) | Q(claimed_at__lt=now - timezone.timedelta(seconds=RESEND_AFTER_SECONDS))
+    )
+    if ids is not None:
+        due = due.filter(id__in=ids)
+    sent = 0
+    for note in due.select_related("request__run__project"):
+        # Claim it: of several senders (after commit, sweepers) only one sends.
+        claimed = Notification.objects.filter(id=note.id, sent_at__isnull=True, claimed_at=note.claimed_at).update(
+            claimed_at=now
+        )
+        if not claimed:
+            continue
+        try:
+            (_email if note.channel == "email" else _webhook)(note)
+        except Exception as exc:  # the next sweep tries again
+            log.warning("notification %s (%s) failed: %r", note.id, note.channel, exc)
+            Notification.objects.filter(id=note.id).update(error=repr(exc)[:2000])
+            continue
+        Notification.objects.filter(id=note.id).update(sent_at=timezone.now(), error="")
+        sent += 1
+    return sent
+
+
+def _recipients(request: ApprovalRequest, kind: str) -> list[str]:
+    roles = ["admin"] if kind == Notification.Kind.ESCALATION else ["reviewer", "admin"]
+    members = Membership.objects.filter(project_id=request.run.project_id, role__in=roles).select_related("user")
+    return sorted({m.user.email for m in members if m.user.email and m.user.is_active})
+
+
+def _subject(note: Notification) -> str:
+    request = note.request
+    what = {"new": "Approval needed", "reminder": "Reminder: approval needed", "escalation": "Escalated"}[note.kind]
+    return f"[Warden] {what}: run {request.run_id} ({request.get_kind_display()})"
+
+
+def _text(note: Notification) -> str:
+    request = note.request
+    expiry = f"\nExpires at {request.expires_at:%Y-%m-%d %H:%M} UTC." if request.expires_at else ""
+    return f"{request.summary}\n\nDecide: {link(request)}{expiry}\n"
+
+
+def _email(note: Notification) -> None:
+    recipients = _recipients(note.request, note.kind)
+    if recipients:
+        send_mail(_subject(note), _text(note), settings.DEFAULT_FROM_EMAIL, recipients, fail_silently=False)
+
+
+def signature(secret: str, timestamp: str, body: bytes) -> str:
+    """Receivers check: hex HMAC-SHA256 of "<timestamp>." + body, with the shared secret."""
+    return hmac.new(secret.encode(), timestamp.encode() + b"." + body, hashlib.sha256).hexdigest()
+
+
+def _webhook(note: Notification) -> None:
+    request = note.request
+    payload = {
+        "event": f"approval.{note.kind}",
+        "request": {
+            "id": request.id,
+            "run": request.run_id,
+            "project": request.run.project.slug,
+            "kind": request.kind,
+            "summary": request.summary,
+            "link": link(request),
+            "expires_at": request.expires_at.isoformat() if request.expires_at else None,
+        },
+    }
+    if settings.WARDEN["APPROVAL_WEBHOOK_SLACK"]:
+        payload["text"] = f"{_subject(note)}\n{link(request)}"  # what Slack's incoming webhooks show
+    body = json.dumps(payload).encode()
+    timestamp = str(int(time.time()))
+    secret = settings.WARDEN["APPROVAL_WEBHOOK_SECRET"]
+    headers = {"Content-Type": "application/json", "X-Warden-Timestamp": timestamp}
+    if secret:
+        headers["X-Warden-Signature"] = "sha256=" + signature(secret, timestamp, body)
+    call = urllib.request.Request(settings.WARDEN["APPROVAL_WEBHOOK_URL"], data=body, headers=headers, method="POST")
+    with urllib.request.urlopen(call, timeout=5) as response:
+        if response.status >= 300:
+            raise RuntimeError(f"webhook answered {response.status}")
