@@ -6,4 +6,4 @@ class ApprovalsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self):
-        from . import signals  # noqa: F401  (logins into the audit log)
+        from . import auth, signals  # noqa: F401  (login throttling; logins and admin fixes into the audit log)

@@ -1,6 +1,8 @@
 """Logins, logouts and failed logins go to the audit log (the username tried, never the password)."""
 
+from django.contrib.admin.models import ADDITION, CHANGE, DELETION, LogEntry
 from django.contrib.auth.signals import user_logged_in, user_logged_out, user_login_failed
+from django.db.models.signals import post_save
 from django.dispatch import receiver
 
 from .audit import audit
@@ -22,3 +24,17 @@ def _login_failed(sender, credentials, request=None, **kwargs):
     audit(
         actor=None, action="login", outcome="denied", target=str(credentials.get("username", ""))[:150], request=request
     )
+
+
+@receiver(post_save, sender=LogEntry)
+def _admin_change(sender, instance: LogEntry, created, **kwargs):
+    """Every data fix made in the admin (add, change, delete) is in the audit log too."""
+    if created:
+        verb = {ADDITION: "add", CHANGE: "change", DELETION: "delete"}.get(instance.action_flag, "change")
+        audit(
+            actor=instance.user,
+            action=f"admin:{verb}",
+            target=f"{instance.content_type.app_label}.{instance.content_type.model} {instance.object_id}"[:200],
+            via="admin",
+            detail={"object": instance.object_repr[:200], "change": instance.get_change_message()[:1000]},
+        )

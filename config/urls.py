@@ -1,4 +1,5 @@
 from django.contrib import admin
+from django.contrib.auth import views as auth_views
 from django.urls import path
 from django.views.generic import RedirectView
 
@@ -7,6 +8,8 @@ from .api import api
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/v1/", api.urls),
+    path("login/", auth_views.LoginView.as_view(), name="login"),
+    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     # Until the dashboard lands, the admin's run list is the cockpit.
     path("", RedirectView.as_view(url="/admin/runs/run/", permanent=False)),
 ]

@@ -186,6 +186,9 @@ WARDEN = {
     # Tools: consecutive failures that open a tool's circuit, and for how long it stays open.
     "TOOL_CIRCUIT_FAILURES": int(os.environ.get("WARDEN_TOOL_CIRCUIT_FAILURES", 5)),
     "TOOL_CIRCUIT_OPEN_SECONDS": _env_float("WARDEN_TOOL_CIRCUIT_OPEN_SECONDS", 30),
+    # Logins: failures per username and address before a lockout, and how long it lasts.
+    "LOGIN_FAILURES_LIMIT": int(os.environ.get("WARDEN_LOGIN_FAILURES_LIMIT", 5)),
+    "LOGIN_LOCKOUT_SECONDS": _env_float("WARDEN_LOGIN_LOCKOUT_SECONDS", 300),
     # Approvals: links in notifications, and the webhook (signed with the secret) told of each request.
     "BASE_URL": os.environ.get("WARDEN_BASE_URL", "http://127.0.0.1:8000"),
     "APPROVAL_WEBHOOK_URL": os.environ.get("WARDEN_APPROVAL_WEBHOOK_URL", ""),
@@ -202,7 +205,11 @@ EMAIL_HOST = os.environ.get("EMAIL_HOST", "localhost")
 EMAIL_PORT = int(os.environ.get("EMAIL_PORT", 25))
 DEFAULT_FROM_EMAIL = os.environ.get("DEFAULT_FROM_EMAIL", "warden@localhost")
 
-# --- Auth, i18n, static ---------------------------------------------------------------------------
+# --- Auth, i18n, static ---
+AUTHENTICATION_BACKENDS = ["approvals.auth.ThrottledModelBackend"]
+LOGIN_URL = "/login/"
+LOGIN_REDIRECT_URL = "/"
+LOGOUT_REDIRECT_URL = "/login/"
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
 ]
