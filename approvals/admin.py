@@ -4,7 +4,17 @@ from runs.admin import ProjectScoped, ReadOnlyAdmin
 from runs.errors import WardenError
 
 from .access import authorize
-from .models import ApiToken, ApprovalPolicy, ApprovalRequest, AuditEvent, Decision, Membership, Notification, Project
+from .models import (
+    AllowRule,
+    ApiToken,
+    ApprovalPolicy,
+    ApprovalRequest,
+    AuditEvent,
+    Decision,
+    Membership,
+    Notification,
+    Project,
+)
 from .services import approval_decide
 from .tokens import api_token_create, api_token_revoke
 
@@ -185,3 +195,34 @@ class NotificationAdmin(ReadOnlyAdmin):
     list_display = ["id", "request", "channel", "kind", "created_at", "sent_at", "error"]
     list_filter = ["channel", "kind"]
     search_fields = ["=request__id", "error"]
+
+
+@admin.register(AllowRule)
+class AllowRuleAdmin(ProjectScoped, ReadOnlyAdmin):
+    """Listed and revocable here; created through the API (the checks and the audit live in one place)."""
+
+    project_path = "project"
+    list_display = [
+        "id",
+        "project",
+        "tool",
+        "arguments",
+        "agent",
+        "run",
+        "covers_irreversible",
+        "created_by",
+        "revoked_at",
+    ]
+    list_filter = ["tool", "covers_irreversible", "project"]
+    search_fields = ["tool", "note", "created_by__username"]
+    actions = ["revoke"]
+
+    @admin.action(description="Revoke the selected allow rules")
+    def revoke(self, request, queryset):
+        from .rules import allow_rule_revoke
+
+        for rule in queryset:
+            try:
+                allow_rule_revoke(user=request.user, rule_id=rule.id, request=request)
+            except WardenError as exc:
+                self.message_user(request, f"{rule}: {exc}", messages.ERROR)

@@ -3,7 +3,7 @@
 from datetime import datetime
 from typing import Any, Literal
 
-from ninja import Field, Query, Router, Schema
+from ninja import Field, Query, Router, Schema, Status
 
 from runs.errors import NotFound
 
@@ -129,3 +129,96 @@ def decide(request, approval_id: int, payload: DecisionIn):
         "operations", "items__operations", "decisions__reviewer"
     )
     return approval_out(row.get(id=approval_id))
+
+
+class AllowRuleIn(Schema):
+    project: str = Field(min_length=1, max_length=64)
+    tool: str = Field(min_length=1, max_length=64)
+    arguments: dict[str, Any] = Field(default_factory=dict, description="Exact values these arguments must have")
+    agent: str | None = Field(default=None, max_length=64, description="Agent slug; default: any agent")
+    run: int | None = Field(default=None, description="Only this run; default: any run of the project")
+    covers_irreversible: bool = Field(default=False, description="Admins only: allow an irreversible tool")
+    note: str = Field(default="", max_length=2000)
+
+
+class AllowRuleOut(Schema):
+    id: int
+    project: str
+    tool: str
+    arguments: dict[str, Any]
+    agent: str | None
+    run: int | None
+    covers_irreversible: bool
+    note: str
+    created_by: str
+    created_at: datetime
+    revoked_at: datetime | None
+
+
+def allow_rule_out(rule) -> dict:
+    return {
+        "id": rule.id,
+        "project": rule.project.slug,
+        "tool": rule.tool,
+        "arguments": rule.arguments,
+        "agent": rule.agent.slug if rule.agent_id else None,
+        "run": rule.run_id,
+        "covers_irreversible": rule.covers_irreversible,
+        "note": rule.note,
+        "created_by": rule.created_by.get_username(),
+        "created_at": rule.created_at,
+        "revoked_at": rule.revoked_at,
+    }
+
+
+@router.get("/allow-rules", response=list[AllowRuleOut], summary="Standing allow rules of my projects")
+def list_allow_rules(request):
+    from .models import AllowRule
+
+    authorize_token(request.auth, "read", what="allow rules", request=request)
+    rows = AllowRule.objects.select_related("project", "agent", "created_by")
+    visible = project_ids(request.auth.user, "view")
+    if visible is not None:
+        rows = rows.filter(project_id__in=visible)
+    return [allow_rule_out(rule) for rule in rows[:500]]
+
+
+@router.post("/allow-rules", response={201: AllowRuleOut}, summary="Always allow a tool call without review")
+def create_allow_rule(request, payload: AllowRuleIn):
+    from agents.models import Agent
+    from runs.models import Run
+
+    from .models import Project
+    from .rules import allow_rule_create
+
+    project = Project.objects.filter(slug=payload.project).first()
+    if project is None:
+        raise NotFound(f"project {payload.project} does not exist")
+    agent = Agent.objects.filter(slug=payload.agent).first() if payload.agent else None
+    if payload.agent and agent is None:
+        raise NotFound(f"agent {payload.agent} does not exist")
+    run = Run.objects.filter(id=payload.run).first() if payload.run else None
+    if payload.run and run is None:
+        raise NotFound(f"run {payload.run} does not exist")
+    rule = allow_rule_create(
+        user=request.auth.user,
+        project=project,
+        tool=payload.tool,
+        arguments=payload.arguments,
+        agent=agent,
+        run=run,
+        covers_irreversible=payload.covers_irreversible,
+        note=payload.note,
+        token=request.auth,
+        request=request,
+    )
+    return Status(201, allow_rule_out(rule))
+
+
+@router.post("/allow-rules/{rule_id}/revoke", response=AllowRuleOut, summary="Revoke an allow rule")
+def revoke_allow_rule(request, rule_id: int):
+    from .rules import allow_rule_revoke
+
+    return allow_rule_out(
+        allow_rule_revoke(user=request.auth.user, rule_id=rule_id, token=request.auth, request=request)
+    )

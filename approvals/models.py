@@ -276,3 +276,35 @@ class Notification(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["request", "channel", "kind"], name="notification_once_per_request")
         ]
+
+
+class AllowRule(models.Model):
+    """“Always allow this tool with these arguments for this agent / run / project”: a call it covers does
+    not wait for a reviewer. Listed, revocable and audited; never covers an irreversible tool unless an
+    admin said so explicitly."""
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="allow_rules")
+    agent = models.ForeignKey("agents.Agent", null=True, blank=True, on_delete=models.CASCADE, help_text="Empty: any")
+    run = models.ForeignKey("runs.Run", null=True, blank=True, on_delete=models.CASCADE, help_text="Empty: any")
+    tool = models.CharField(max_length=64)
+    arguments = models.JSONField(
+        default=dict, blank=True, help_text="These arguments must have exactly these values; others may vary"
+    )
+    covers_irreversible = models.BooleanField(default=False, help_text="Only an admin may set this")
+    note = models.TextField(blank=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    revoked_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+
+    class Meta:
+        ordering = ["-id"]
+
+    def __str__(self) -> str:
+        scope = f"run {self.run_id}" if self.run_id else f"agent {self.agent_id}" if self.agent_id else "project"
+        return f"allow {self.tool} {self.arguments or ''} ({self.project}, {scope})"
+
+    def covers(self, *, arguments: dict) -> bool:
+        return all(arguments.get(k) == v for k, v in (self.arguments or {}).items())

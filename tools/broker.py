@@ -237,11 +237,21 @@ def tool_call(*, run, task, step: int, call_number: int, name: str, arguments, r
     propose = name in (run.input or {}).get("propose_tools", [])
     policy = _policy(run, name, args)
     status = OS.PROPOSED if propose else OS.AWAITING_APPROVAL if policy.get("approval") == "always" else OS.EXECUTING
+    allowed_by = ""
+    if status == OS.AWAITING_APPROVAL:
+        from approvals.rules import allow_rule_for
+
+        rule = allow_rule_for(
+            run=run, task=task, tool=name, arguments=args, irreversible=spec.reversibility == "irreversible"
+        )
+        if rule is not None:  # a standing "always allow" covers it: no reviewer needed this time
+            status, allowed_by = OS.EXECUTING, f"allowed without review by allow rule {rule.id}"
     with transaction.atomic():
         op = _operation_create(
             call,
             proposed=propose,
             status=status,
+            status_reason=allowed_by,
             compensation=_undo_plan(spec),
             attempts=1 if status == OS.EXECUTING else 0,
             started_at=timezone.now() if status == OS.EXECUTING else None,
@@ -443,7 +453,7 @@ def operation_execute(op: ToolOperation, spec: ToolSpec, args: dict, faults: Fau
     )
     if not changed:
         raise TransientFailure(f"{op.tool} ({op.idempotency_key}) is being executed elsewhere")
-    op.status, op.attempts = OS.EXECUTING, op.attempts + 1
+    op.status, op.attempts, op.status_reason = OS.EXECUTING, op.attempts + 1, ""
     faults.crash("after_intent")
     return _call_and_receipt(op, spec, args, faults)
 
@@ -498,7 +508,9 @@ def _receipt(op: ToolOperation, spec: ToolSpec, result: dict, reason: str = "") 
     _set(
         op,
         status=OS.COMMITTED,
-        status_reason=reason if outcome.error is None else f"{reason} {outcome.error['message']}".strip(),
+        status_reason=(reason or op.status_reason)
+        if outcome.error is None
+        else f"{reason} {outcome.error['message']}".strip(),
         result=outcome.result if outcome.error is None else {"invalid": True},
         external_id=external_id,
         compensation=plan,

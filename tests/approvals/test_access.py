@@ -25,12 +25,16 @@ POLICY = {
     ("GET", "/api/v1/sandbox/effects"): ("any member", "read"),
     ("GET", "/api/v1/approvals"): ("view (filtered)", "read"),
     ("POST", "/api/v1/approvals/{approval_id}/decision"): ("decide", "approve"),
+    ("GET", "/api/v1/allow-rules"): ("view (filtered)", "read"),
+    ("POST", "/api/v1/allow-rules"): ("decide", "approve"),
+    ("POST", "/api/v1/allow-rules/{rule_id}/revoke"): ("decide", "approve"),
 }
 BODIES = {
     "/api/v1/runs": {"workflow": "deploy-review"},
     "/api/v1/runs/{run_id}/compensate": {"reason": "x"},
     "/api/v1/operations/{operation_id}/resolve": {"committed": True},
     "/api/v1/approvals/{approval_id}/decision": {"decision": "approve", "note": "ok", "arguments_hash": "{hash}"},
+    "/api/v1/allow-rules": {"project": "default", "tool": "tickets.create", "arguments": {"customer_id": "c1"}},
 }
 ALLOWED = {  # role → actions
     "viewer": {"view"},
@@ -77,8 +81,17 @@ def scene(demo, django_user_model):
     approval = ApprovalRequest.objects.create(
         run=run, kind="operation", summary="email.send(...)", arguments_hash="a" * 64
     )
-    ids = {"run_id": run.id, "operation_id": op.id, "approval_id": approval.id, "hash": approval.arguments_hash}
-    return {"run": run, "people": people, "ids": ids, "approval": approval, "op": op}
+    from approvals.models import AllowRule
+
+    rule = AllowRule.objects.create(project=home, tool="tickets.create", created_by=people["admin"])
+    ids = {
+        "run_id": run.id,
+        "operation_id": op.id,
+        "approval_id": approval.id,
+        "hash": approval.arguments_hash,
+        "rule_id": rule.id,
+    }
+    return {"run": run, "people": people, "ids": ids, "approval": approval, "op": op, "rule": rule}
 
 
 def _call(client, token, method, path, ids):
@@ -91,11 +104,14 @@ def _call(client, token, method, path, ids):
 
 
 def _state(scene):
+    from approvals.models import AllowRule
+
     run, op, approval = scene["run"], scene["op"], scene["approval"]
     run.refresh_from_db()
     op.refresh_from_db()
     approval.refresh_from_db()
-    return run.status, op.status, approval.status, Run.objects.count()
+    rules = list(AllowRule.objects.values_list("id", "revoked_at"))
+    return run.status, op.status, approval.status, Run.objects.count(), rules
 
 
 @pytest.mark.parametrize("method,path", sorted(POLICY))
@@ -109,7 +125,8 @@ def test_the_authorization_matrix(scene, client, method, path, who):
         token = api_token_create(user=scene["people"][who], scopes=scopes)[1]
     before = _state(scene)
     response = _call(client, token, method, path, scene["ids"])
-    project_scoped = "{" in path or (method, path) == ("POST", "/api/v1/runs")  # starts in the default project
+    # the default project's: starting a run there, or creating an allow rule for it
+    project_scoped = "{" in path or (method, path) in {("POST", "/api/v1/runs"), ("POST", "/api/v1/allow-rules")}
     if who == "anonymous":
         expected = 401
     elif who == "outsider" and project_scoped:

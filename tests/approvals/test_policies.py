@@ -79,9 +79,14 @@ def test_expiry_rejects_the_call_and_the_agent_is_told(demo_tx, worker, reviewer
     assert sent_subjects() == []
     assert "expired" in Artifact.objects.get(run=run).content["outcome"]
     assert set(ToolOperation.objects.filter(run=run).values_list("status", flat=True)) == {"rejected"}
+
     # one reminder per request, however many sweeps ran
+    def reminders():
+        return [m for m in mail.outbox if m.subject.startswith("[Warden] Reminder")]
+
+    wait_for(lambda: len(reminders()) >= 2, message="the reminders")
     sweep_once()
-    reminders = [m for m in mail.outbox if m.subject.startswith("[Warden] Reminder")]
+    reminders = reminders()
     assert len(reminders) == 2 and all(m.to == ["ada@x.example", "rita@x.example"] for m in reminders)
 
 
@@ -106,7 +111,12 @@ def test_expiry_escalates_once_to_the_admins_then_rejects(demo_tx, worker, revie
     wait_for(
         lambda: ApprovalRequest.objects.filter(run=run, escalated_at__isnull=False).exists(), message="the escalation"
     )
-    escalations = [m for m in mail.outbox if m.subject.startswith("[Warden] Escalated")]
+
+    def escalations():
+        return [m for m in mail.outbox if m.subject.startswith("[Warden] Escalated")]
+
+    wait_for(lambda: escalations(), message="the escalation e-mail")  # sent just after the sweeper's commit
+    escalations = escalations()
     assert len(escalations) == 1 and escalations[0].to == ["ada@x.example"]  # the admins only
     run = completed(run)
     assert ApprovalRequest.objects.get(run=run).status == "expired" and sent_subjects() == []
@@ -148,6 +158,7 @@ def test_each_request_is_announced_once_by_email_and_by_a_signed_webhook(demo_tx
         )
         completed(run)
         wait_for(lambda: len(Receiver.received) >= 2, message="the webhooks")
+        wait_for(lambda: len([m for m in mail.outbox if "Approval needed" in m.subject]) >= 2, message="the e-mails")
         sweep_once()
         sweep_once()
     finally:
@@ -164,3 +175,48 @@ def test_each_request_is_announced_once_by_email_and_by_a_signed_webhook(demo_tx
     assert sorted(events) == [("approval.new", r) for r in requests]  # once each
     new_mails = [m for m in mail.outbox if m.subject.startswith("[Warden] Approval needed")]
     assert len(new_mails) == 2
+
+
+def test_allow_rules_cover_matching_calls_are_revocable_and_irreversible_tools_need_an_admin(
+    demo_tx, worker, reviewer, client
+):
+    from approvals.models import AuditEvent
+    from approvals.tokens import api_token_create
+
+    ApprovalPolicy.objects.create(name="all mail", tool="email.send")
+    rita_token = api_token_create(user=reviewer, scopes=["read", "approve"])[1]
+    ada = reviewer.__class__.objects.get(username="ada")
+    ada_token = api_token_create(user=ada, scopes=["read", "approve"])[1]
+
+    def post(token, path, body=None):
+        return client.post(
+            f"/api/v1{path}", data=body or {}, content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {token}"
+        )
+
+    rule = {"project": "default", "tool": "email.send", "arguments": {"subject": "Newsletter"}}
+    refused = post(rita_token, "/allow-rules", rule)
+    assert refused.status_code == 422 and refused.json()["errors"][0]["field"] == "covers_irreversible"
+    assert post(rita_token, "/allow-rules", {**rule, "covers_irreversible": True}).status_code == 403
+    created = post(ada_token, "/allow-rules", {**rule, "covers_irreversible": True})
+    assert created.status_code == 201, created.json()
+
+    run = run_start(workflow=two_mails().slug)
+    wait_for(lambda: ApprovalRequest.objects.filter(run=run).exists(), message="the refund's request")
+    request = ApprovalRequest.objects.get(run=run)
+    assert "Refund issued" in request.summary  # the rule covers the newsletter only
+    approval_decide(request_id=request.id, user=reviewer, approve=True)
+    run = completed(run)
+    assert run.status == Run.Status.COMPLETED and sent_subjects() == ["Newsletter", "Refund issued"]
+    newsletter = ToolOperation.objects.get(run=run, arguments__subject="Newsletter")
+    assert newsletter.approval_id is None and "allow rule" in newsletter.status_reason
+
+    assert post(rita_token, f"/allow-rules/{created.json()['id']}/revoke").json()["revoked_at"] is not None
+    again = run_start(workflow="mailer")
+    wait_for(lambda: ApprovalRequest.objects.filter(run=again).exists(), message="a request after the revoke")
+    approval_decide(request_id=ApprovalRequest.objects.get(run=again).id, user=reviewer, approve=True)
+    # revoked: the newsletter waits for a reviewer again
+    wait_for(lambda: ApprovalRequest.objects.filter(run=again).count() == 2, message="the newsletter's request")
+    assert "Newsletter" in ApprovalRequest.objects.filter(run=again).order_by("id").last().summary
+    events = AuditEvent.objects.filter(action__startswith="allow_rule").order_by("id")
+    actions = list(events.values_list("action", "outcome"))
+    assert actions == [("allow_rule_add", "denied"), ("allow_rule_add", "done"), ("allow_rule_revoke", "done")]
