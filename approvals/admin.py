@@ -38,6 +38,10 @@ class ApiTokenAdmin(admin.ModelAdmin):
     ]
     actions = ["revoke"]
 
+    def get_queryset(self, request):
+        rows = super().get_queryset(request)
+        return rows if request.user.is_superuser else rows.filter(user=request.user)  # one's own tokens only
+
     def save_model(self, request, obj, form, change):
         if change:
             obj.save(update_fields=["name", "expires_at", "scopes"])

@@ -34,6 +34,9 @@ class ProjectScoped:
         visible = project_ids(request.user, "view")
         return rows if visible is None else rows.filter(**{f"{self.project_path}__in": visible})
 
+    def has_delete_permission(self, request, obj=None):
+        return request.user.is_superuser  # deleting a run's records is a superuser's data fix, not a role's
+
 
 def _project_id(obj) -> int:
     return obj.project_id if isinstance(obj, Run) else obj.run.project_id
@@ -154,6 +157,18 @@ class RunAdmin(ProjectScoped, admin.ModelAdmin):
             _apply(self, request, queryset, run_compensate, reason=f"compensation requested by {request.user}")
             return None
         # First show exactly what would be undone or corrected; nothing changes until confirmed.
+        from approvals.access import authorize
+
+        allowed = []
+        for run in queryset:
+            try:
+                authorize(request.user, run.project_id, "operate", what=f"run {run.id}", request=request)
+                allowed.append(run)
+            except WardenError as exc:
+                self.message_user(request, f"{run}: {exc}", messages.ERROR)
+        if not allowed:
+            return None
+        queryset = allowed
         context = {
             **self.admin_site.each_context(request),
             "title": "Compensate runs",

@@ -263,3 +263,64 @@ def test_a_token_made_by_the_command_has_only_the_scopes_asked_for(db, django_us
         ["operate", "read", "run"],
         ["approve", "read"],
     ]
+
+
+# Every admin action, and the role action it needs in the row's project (None: any staff user on rows
+# they can see — their own tokens). A new admin action without a row fails the first test below.
+ADMIN_ACTIONS = {
+    ("runs", "run", "cancel_runs"): "operate",
+    ("runs", "run", "resume_runs"): "operate",
+    ("runs", "run", "compensate_runs"): "operate",
+    ("runs", "task", "retry_tasks"): "operate",
+    ("tools", "tooloperation", "resolve_committed"): "operate",
+    ("tools", "tooloperation", "resolve_not_committed"): "operate",
+    ("approvals", "approvalrequest", "approve"): "decide",
+    ("approvals", "approvalrequest", "reject"): "decide",
+    ("approvals", "allowrule", "revoke"): "decide",
+    ("approvals", "apitoken", "revoke"): None,
+    ("agents", "workflow", "start_runs"): "start",
+}
+
+
+def _admin_actions(rf, superuser):
+    from django.contrib import admin
+
+    request = rf.get("/admin/")
+    request.user = superuser
+    for model, model_admin in admin.site._registry.items():
+        for name in model_admin.get_actions(request):
+            if name != "delete_selected":
+                yield (model._meta.app_label, model._meta.model_name, name)
+
+
+def test_every_admin_action_has_a_row_in_the_policy_table(db, rf, django_user_model):
+    root = django_user_model.objects.create_superuser(username="root", password="root-pass-123", email="r@x.y")
+    assert set(_admin_actions(rf, root)) == set(ADMIN_ACTIONS)
+
+
+@pytest.mark.parametrize("app,model,action", [k for k, v in ADMIN_ACTIONS.items() if v])
+def test_an_admin_action_beyond_the_role_changes_nothing_and_is_audited(scene, client, app, model, action):
+    """A viewer with every Django permission on the model still may not act: the role decides."""
+    from django.apps import apps
+    from django.contrib.auth.models import Permission
+
+    from approvals.models import AllowRule
+
+    viewer = scene["people"]["viewer"]
+    viewer.is_staff = True
+    viewer.save()
+    viewer.user_permissions.add(*Permission.objects.filter(content_type__app_label=app))
+    client.force_login(viewer)
+    rows = {
+        "run": scene["run"].id,
+        "task": scene["run"].tasks.first().id,
+        "tooloperation": scene["op"].id,
+        "approvalrequest": scene["approval"].id,
+        "allowrule": scene["rule"].id,
+        "workflow": scene["run"].workflow_id,
+    }
+    before = _state(scene), list(AllowRule.objects.values_list("revoked_at", flat=True)), Run.objects.count()
+    client.post(reverse(f"admin:{app}_{model}_changelist"), {"action": action, "_selected_action": [rows[model]]})
+    assert (_state(scene), list(AllowRule.objects.values_list("revoked_at", flat=True)), Run.objects.count()) == before
+    assert AuditEvent.objects.filter(actor=viewer, outcome="denied").exists()
+    apps.get_model(app, model)  # the table names real models
