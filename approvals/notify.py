@@ -37,7 +37,8 @@ def notifications_add(request: ApprovalRequest, *, kind: str) -> None:
 
 
 def link(request: ApprovalRequest) -> str:
-    return f"{settings.WARDEN['BASE_URL'].rstrip('/')}/admin/approvals/approvalrequest/{request.id}/change/"
+    top = request.parent_id or request.id  # the queue shows a bundle as one card
+    return f"{settings.WARDEN['BASE_URL'].rstrip('/')}/approvals/#request-{top}"
 
 
 def notifications_send(ids=None) -> int:

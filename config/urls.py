@@ -3,6 +3,8 @@ from django.contrib.auth import views as auth_views
 from django.urls import path
 from django.views.generic import RedirectView
 
+from approvals import views as approvals_views
+
 from .api import api
 
 urlpatterns = [
@@ -10,6 +12,9 @@ urlpatterns = [
     path("api/v1/", api.urls),
     path("login/", auth_views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("approvals/", approvals_views.queue, name="approvals-queue"),
+    path("approvals/new", approvals_views.queue_new, name="approvals-new"),
+    path("approvals/<int:request_id>/decide", approvals_views.decide, name="approvals-decide"),
     # Until the dashboard lands, the admin's run list is the cockpit.
     path("", RedirectView.as_view(url="/admin/runs/run/", permanent=False)),
 ]

@@ -30,6 +30,14 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(
                 pytest.mark.skip(reason="scaled mode only: run with DATABASE_URL=postgres://… REDIS_URL=redis://…")
             )
+        if "browser" in item.keywords and not Path("/usr/bin/chromium").exists():
+            if require:
+                raise pytest.UsageError(
+                    "WARDEN_REQUIRE_SERVICES=1 but /usr/bin/chromium is missing (apt-get install chromium)"
+                )
+            item.add_marker(
+                pytest.mark.skip(reason="browser tests need Debian's chromium: apt-get install -y chromium")
+            )
         if "embedded" in item.keywords and not (SQLITE and not settings.REDIS_URL):
             item.add_marker(pytest.mark.skip(reason="embedded mode only (SQLite, in-memory broker)"))
 

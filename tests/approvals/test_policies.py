@@ -169,7 +169,7 @@ def test_each_request_is_announced_once_by_email_and_by_a_signed_webhook(demo_tx
         assert headers["X-Warden-Signature"] == "sha256=" + signature("s3cret", headers["X-Warden-Timestamp"], body)
         payload = json.loads(body)
         events.append((payload["event"], payload["request"]["id"]))
-        assert payload["request"]["link"].endswith(f"/approvals/approvalrequest/{payload['request']['id']}/change/")
+        assert payload["request"]["link"].endswith(f"/approvals/#request-{payload['request']['id']}")
         assert payload["text"].startswith("[Warden] Approval needed")
     requests = sorted(ApprovalRequest.objects.filter(run=run).values_list("id", flat=True))
     assert sorted(events) == [("approval.new", r) for r in requests]  # once each

@@ -1,0 +1,121 @@
+"""The reviewer queue: pending requests of my projects, oldest first, decided in place.
+
+Decisions are plain POSTs with CSRF and the arguments hash the reviewer saw (never sent over a
+websocket, never queued); new requests are fetched every few seconds and appended."""
+
+import json
+
+from django.contrib.auth.decorators import login_required
+from django.http import HttpResponseNotAllowed
+from django.shortcuts import render
+from django.views.decorators.http import require_GET
+
+from runs.errors import WardenError
+from runs.models import Span
+from tools.models import ToolOperation
+
+from .access import authorize, project_ids
+from .models import ApprovalRequest
+from .services import approval_decide
+
+POLL_SECONDS = 3
+
+
+def _pending(user, after: int = 0):
+    rows = ApprovalRequest.objects.filter(status="pending", parent=None, id__gt=after)
+    visible = project_ids(user, "view")
+    if visible is not None:
+        rows = rows.filter(run__project_id__in=visible)
+    return rows.select_related("run__project", "run__workflow", "task").order_by("requested_at", "id")
+
+
+def _card(request: ApprovalRequest, user) -> dict:
+    """What a reviewer needs to decide: the action, why the agent asked, what it touches."""
+    ops = list(ToolOperation.objects.filter(approval=request)) or list(
+        ToolOperation.objects.filter(approval__parent=request).order_by("order", "id")
+    )
+    reason, trace = "", []
+    first = ops[0] if ops else None
+    if first is not None and first.task_id and first.step:
+        # The model step that asked for the call holds the agent's stated reason.
+        asked = Span.objects.filter(task_id=first.task_id, step=first.step - 1).values_list("body", flat=True).first()
+        reason = (asked or {}).get("text", "")
+        trace = list(
+            Span.objects.filter(task_id=first.task_id, step__isnull=False, step__lte=first.step)
+            .order_by("-step")
+            .values_list("step", "kind", "name")[:5]
+        )[::-1]
+    blast = {}
+    for op in ops:
+        key = (op.tool, op.reversibility or "read")
+        blast[key] = blast.get(key, 0) + 1
+    may_decide = user.is_superuser or request.run.project_id in (project_ids(user, "decide") or [])
+    return {
+        "request": request,
+        "operations": ops,
+        "reason": reason,
+        "trace": trace,
+        "blast": sorted((tool, rev, n) for (tool, rev), n in blast.items()),
+        "may_decide": may_decide,
+        "editable": request.kind == "operation" and len(ops) == 1,
+        "arguments_json": json.dumps(first.arguments if first else {}, indent=1),
+    }
+
+
+@login_required
+@require_GET
+def queue(request):
+    cards = [_card(r, request.user) for r in _pending(request.user)]
+    return render(request, "approvals/queue.html", {"cards": cards, "poll_seconds": POLL_SECONDS})
+
+
+@login_required
+@require_GET
+def queue_new(request):
+    """Cards of requests newer than the newest one the page shows (polled)."""
+    try:
+        after = int(request.GET.get("after", 0))
+    except ValueError:
+        after = 0
+    cards = [_card(r, request.user) for r in _pending(request.user, after=after)]
+    return render(request, "approvals/_cards.html", {"cards": cards})
+
+
+@login_required
+def decide(request, request_id: int):
+    if request.method != "POST":
+        return HttpResponseNotAllowed(["POST"])
+    approval = ApprovalRequest.objects.select_related("run__project").filter(id=request_id).first()
+    error = ""
+    try:
+        if approval is None:
+            raise WardenError("this request does not exist")
+        authorize(
+            request.user, approval.run.project_id, "decide", what=f"approval request {request_id}", request=request
+        )
+        edited = None
+        if request.POST.get("arguments", "").strip() and request.POST.get("decision") == "edit":
+            try:
+                edited = json.loads(request.POST["arguments"])
+            except json.JSONDecodeError as exc:
+                raise WardenError(f"the edited arguments are not JSON: {exc}") from exc
+            if not isinstance(edited, dict):
+                raise WardenError("the edited arguments must be a JSON object")
+        approval_decide(
+            request_id=request_id,
+            user=request.user,
+            approve=request.POST.get("decision") in ("approve", "edit"),
+            note=request.POST.get("note", ""),
+            seen_hash=request.POST.get("arguments_hash", ""),
+            edited_arguments=edited,
+            request=request,
+        )
+    except WardenError as exc:
+        error = str(exc)
+        for detail in getattr(exc, "errors", []) or []:
+            error += f" — {detail['field']}: {detail['message']}"
+    if approval is None:
+        return render(request, "approvals/_gone.html", {"error": error}, status=404)
+    approval.refresh_from_db()
+    context = {"card": _card(approval, request.user), "error": error}
+    return render(request, "approvals/_card.html", context)
