@@ -110,6 +110,7 @@ class RunAdmin(ProjectScoped, admin.ModelAdmin):
         "ops_lease_owner",
         "ops_lease_expires_at",
         "ledger",
+        "audit",
     ]
     inlines = [TaskInline]
     actions = ["cancel_runs", "resume_runs", "compensate_runs"]
@@ -138,6 +139,22 @@ class RunAdmin(ProjectScoped, admin.ModelAdmin):
         columns = ["op", "task", "step", "kind", "tool", "status", "external id"]
         head = "<tr>" + "".join(f"<th>{c}</th>" for c in columns) + "</tr>"
         return format_html("<table>{}{}</table>", mark_safe(head), rows) if ops else "no tool operation"
+
+    @admin.display(description="audit")
+    def audit(self, run):
+        """Who did (or tried) what to this run."""
+        from approvals.models import AuditEvent
+
+        events = AuditEvent.objects.filter(run_id=run.id).order_by("id")[:200]
+        rows = format_html_join(
+            "",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            (
+                (e.at.strftime("%Y-%m-%d %H:%M:%S"), e.actor_label or "system", e.via, e.action, e.outcome, e.target)
+                for e in events
+            ),
+        )
+        return format_html("<table>{}</table>", rows) if events else "nothing yet"
 
     @admin.action(description="Cancel the selected runs")
     def cancel_runs(self, request, queryset):

@@ -218,6 +218,8 @@ def test_admin_actions_check_the_role_and_are_audited(scene, client):
     client.post(reverse("admin:runs_run_changelist"), {"action": "cancel_runs", "_selected_action": [scene["run"].id]})
     assert Run.objects.get(id=scene["run"].id).status == Run.Status.CANCELLED
     assert AuditEvent.objects.filter(actor=operator, action="run_cancel", outcome="done", run=scene["run"]).exists()
+    page = client.get(reverse("admin:runs_run_change", args=[scene["run"].id])).content.decode()
+    assert "run_cancel" in page and "operator" in page  # the run's page shows its audit trail
 
 
 def test_the_audit_log_cannot_be_changed_or_deleted(scene):
@@ -324,3 +326,44 @@ def test_an_admin_action_beyond_the_role_changes_nothing_and_is_audited(scene, c
     assert (_state(scene), list(AllowRule.objects.values_list("revoked_at", flat=True)), Run.objects.count()) == before
     assert AuditEvent.objects.filter(actor=viewer, outcome="denied").exists()
     apps.get_model(app, model)  # the table names real models
+
+
+# Every page outside the API and the admin: who may open it. A new URL without a row fails the test.
+PAGES = {
+    "": "public redirect",
+    "login/": "public",
+    "logout/": "public (POST)",
+    "approvals/": "member",
+    "approvals/new": "member",
+    "approvals/<int:request_id>/decide": "decide (POST)",
+}
+
+
+def _pages():
+    from django.urls import get_resolver
+
+    for pattern in get_resolver().url_patterns:
+        route = str(pattern.pattern)
+        if not route.startswith(("admin/", "api/")):
+            yield route
+
+
+def test_every_page_has_a_row_in_the_policy_table(db):
+    assert set(_pages()) == set(PAGES)
+
+
+def test_member_pages_need_a_login_and_show_an_outsider_nothing(scene, client):
+    for route in ("/approvals/", "/approvals/new"):
+        response = client.get(route)
+        assert response.status_code == 302 and response["Location"].startswith("/login/")
+    client.force_login(scene["people"]["outsider"])
+    assert f"request-{scene['approval'].id}" not in client.get("/approvals/").content.decode()
+    decided = client.post(
+        f"/approvals/{scene['approval'].id}/decide", {"decision": "approve", "arguments_hash": "a" * 64}
+    )
+    assert "does not exist" in decided.content.decode()
+    assert ApprovalRequest.objects.get(id=scene["approval"].id).status == "pending"
+    assert client.get(f"/approvals/{scene['approval'].id}/decide").status_code == 405
+    client.logout()
+    anonymous = client.post(f"/approvals/{scene['approval'].id}/decide", {"decision": "approve"})
+    assert anonymous.status_code == 302 and ApprovalRequest.objects.get(id=scene["approval"].id).status == "pending"
