@@ -58,6 +58,9 @@ def authorize(user, project_id: int, action: str, *, what: str, token: ApiToken 
     if token is not None and scope not in (token.scopes or []):
         _denied(user, project_id, action, what, f"token without the {scope} scope", request)
         raise Forbidden(f"this API token lacks the {scope!r} scope needed to {action} {what}")
+    if token is not None and token.for_agent and action == "decide":  # even if its scopes were edited
+        _denied(user, project_id, action, what, "an agent's token", request)
+        raise Forbidden("a token used by an agent can never decide approvals")
     return role
 
 

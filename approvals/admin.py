@@ -29,6 +29,7 @@ class ApiTokenAdmin(admin.ModelAdmin):
         "user",
         "name",
         "scopes",
+        "for_agent",
         "expires_at",
         "prefix",
         "token_hash",
@@ -42,12 +43,16 @@ class ApiTokenAdmin(admin.ModelAdmin):
         rows = super().get_queryset(request)
         return rows if request.user.is_superuser else rows.filter(user=request.user)  # one's own tokens only
 
+    def get_readonly_fields(self, request, obj=None):
+        # What a token may do is fixed when it is made: a new token is made for other rights.
+        return self.readonly_fields + (["user", "scopes", "for_agent"] if obj is not None else [])
+
     def save_model(self, request, obj, form, change):
         if change:
-            obj.save(update_fields=["name", "expires_at", "scopes"])
+            obj.save(update_fields=["name", "expires_at"])
             return
         token, raw = api_token_create(
-            user=obj.user, name=obj.name, expires_at=obj.expires_at, scopes=obj.scopes or None
+            user=obj.user, name=obj.name, expires_at=obj.expires_at, scopes=obj.scopes or None, for_agent=obj.for_agent
         )
         obj.pk = token.pk
         obj.refresh_from_db()

@@ -52,6 +52,7 @@ class ApiToken(models.Model):
 
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens")
     scopes = models.JSONField(default=list, blank=True, help_text="read, run, operate, approve")
+    for_agent = models.BooleanField(default=False, help_text="Used by an agent: can never decide approvals")
     name = models.CharField(max_length=100, blank=True)
     prefix = models.CharField(max_length=12, help_text="First characters, to recognise a token")
     token_hash = models.CharField(max_length=64, unique=True)
@@ -219,6 +220,12 @@ class ApprovalPolicy(models.Model):
         help_text='Optional, on an argument: {"field": "amount", "op": ">", "value": 100}',
     )
     quorum = models.PositiveSmallIntegerField(default=1)
+    decided_by_role = models.CharField(
+        max_length=16,
+        choices=[("reviewer", "reviewers and admins"), ("admin", "project admins only")],
+        default="reviewer",
+        help_text="Who may decide what this policy gates",
+    )
     expires_after_seconds = models.PositiveIntegerField(null=True, blank=True)
     remind_before_seconds = models.PositiveIntegerField(null=True, blank=True)
     on_expiry = models.CharField(max_length=16, choices=OnExpiry.choices, default=OnExpiry.REJECT)

@@ -158,6 +158,12 @@ def _check(approval, run, user, approve, note, seen_hash, edited) -> None:
         raise Conflict("the arguments changed since you saw them: look again before deciding")
     if not approve and not note.strip():
         raise InvalidInput("a rejection needs a comment", [{"field": "note", "message": "required to reject"}])
+    policy = approval.policy or (approval.parent.policy if approval.parent_id else None)
+    if policy is not None and policy.decided_by_role == "admin":
+        from .access import role_of
+
+        if role_of(user, run.project_id) != "admin":
+            raise Forbidden(f"policy {policy.name!r}: only a project admin may decide this")
     if approval.decisions.filter(reviewer=user).exists():
         raise Conflict(f"you have already decided approval request {approval.id}")
     if edited is not None:

@@ -14,16 +14,26 @@ def _digest(raw: str) -> str:
     return hashlib.sha256(raw.encode()).hexdigest()
 
 
-def api_token_create(*, user, name: str = "", expires_at=None, scopes=None) -> tuple[ApiToken, str]:
+def api_token_create(
+    *, user, name: str = "", expires_at=None, scopes=None, for_agent: bool = False
+) -> tuple[ApiToken, str]:
     """Returns the row and the secret, which is never shown again. Without ``scopes``: read, run and
     operate — deciding approvals needs a token made for it (``approve``)."""
     scopes = sorted(set(ApiToken.DEFAULT_SCOPES if scopes is None else scopes))
     unknown = set(scopes) - set(ApiToken.Scope.values)
     if unknown:
         raise ValueError(f"unknown token scopes: {sorted(unknown)}")
+    if for_agent and ApiToken.Scope.APPROVE in scopes:
+        raise ValueError("a token used by an agent never has the approve scope")
     raw = TOKEN_PREFIX + secrets.token_urlsafe(32)
     token = ApiToken.objects.create(
-        user=user, name=name, prefix=raw[:10], token_hash=_digest(raw), expires_at=expires_at, scopes=scopes
+        user=user,
+        name=name,
+        prefix=raw[:10],
+        token_hash=_digest(raw),
+        expires_at=expires_at,
+        scopes=scopes,
+        for_agent=for_agent,
     )
     return token, raw
 

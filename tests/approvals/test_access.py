@@ -367,3 +367,22 @@ def test_member_pages_need_a_login_and_show_an_outsider_nothing(scene, client):
     client.logout()
     anonymous = client.post(f"/approvals/{scene['approval'].id}/decide", {"decision": "approve"})
     assert anonymous.status_code == 302 and ApprovalRequest.objects.get(id=scene["approval"].id).status == "pending"
+
+
+def test_there_is_no_websocket_route_without_a_row():
+    """Websocket routes join the matrix when they exist: today the ASGI app serves HTTP only."""
+    from config.asgi import application
+
+    assert set(application.application_mapping) == {"http"}
+
+
+def test_a_token_used_by_an_agent_never_decides(scene, client):
+    from approvals.models import ApiToken
+
+    with pytest.raises(ValueError, match="never has the approve scope"):
+        api_token_create(user=scene["people"]["admin"], scopes=["read", "approve"], for_agent=True)
+    token, raw = api_token_create(user=scene["people"]["admin"], for_agent=True)
+    ApiToken.objects.filter(id=token.id).update(scopes=["read", "approve"])  # edited behind the service's back
+    response = _call(client, raw, "POST", "/api/v1/approvals/{approval_id}/decision", scene["ids"])
+    assert response.status_code == 403 and "agent" in response.json()["message"]
+    assert ApprovalRequest.objects.get(id=scene["approval"].id).status == "pending"

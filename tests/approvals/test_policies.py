@@ -220,3 +220,18 @@ def test_allow_rules_cover_matching_calls_are_revocable_and_irreversible_tools_n
     events = AuditEvent.objects.filter(action__startswith="allow_rule").order_by("id")
     actions = list(events.values_list("action", "outcome"))
     assert actions == [("allow_rule_add", "denied"), ("allow_rule_add", "done"), ("allow_rule_revoke", "done")]
+
+
+def test_a_policy_can_reserve_the_decision_for_admins(demo_tx, worker, reviewer):
+    from runs.errors import Forbidden
+
+    ApprovalPolicy.objects.create(name="big refunds", tool="email.send", decided_by_role="admin")
+    script = [{"tool": "email.send", "arguments": REFUND}, {"final": {"outcome": "{last}"}}]
+    run = run_start(workflow=scripted_workflow("one-mail", script, tools=["email.send"]).slug)
+    wait_for(lambda: ApprovalRequest.objects.filter(run=run).exists(), message="the request")
+    request = ApprovalRequest.objects.get(run=run)
+    with pytest.raises(Forbidden, match="only a project admin"):
+        approval_decide(request_id=request.id, user=reviewer, approve=True)
+    assert ApprovalRequest.objects.get(id=request.id).status == "pending"
+    approval_decide(request_id=request.id, user=reviewer.__class__.objects.get(username="ada"), approve=True)
+    assert completed(run).status == Run.Status.COMPLETED and sent_subjects() == ["Refund issued"]

@@ -77,3 +77,17 @@ def test_decisions_in_place_check_the_hash_and_the_comment(waiting, client):
     newer = client.get(reverse("approvals-new"), {"after": first.id}).content.decode()
     assert f'id="request-{second.id}"' in newer and f'id="request-{first.id}"' not in newer
     wait_for(lambda: Run.objects.get(id=first.run_id).status == Run.Status.COMPLETED, message="the approved run")
+
+
+def test_a_queue_opened_before_the_role_was_removed_decides_nothing(waiting, client):
+    runs, rita = waiting
+    client.force_login(rita)
+    page = client.get(reverse("approvals-queue")).content.decode()
+    request = ApprovalRequest.objects.order_by("id").first()
+    assert f'id="request-{request.id}"' in page
+    rita.memberships.update(role="viewer")
+    response = client.post(
+        reverse("approvals-decide", args=[request.id]),
+        {"decision": "approve", "arguments_hash": request.arguments_hash},
+    ).content.decode()
+    assert "may not decide" in response and ApprovalRequest.objects.get(id=request.id).status == "pending"

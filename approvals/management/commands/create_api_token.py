@@ -16,11 +16,15 @@ class Command(BaseCommand):
             choices=["read", "run", "operate", "approve"],
             help="repeat for several; default: read, run, operate (approve only when asked for)",
         )
+        parser.add_argument("--agent", action="store_true", help="a token for an agent: it can never approve")
 
-    def handle(self, username, name, scope=None, **options):
+    def handle(self, username, name, scope=None, agent=False, **options):
         try:
             user = get_user_model().objects.get(username=username)
         except get_user_model().DoesNotExist:
             raise CommandError(f"no user named {username!r}") from None
-        _, raw = api_token_create(user=user, name=name, scopes=scope)
+        try:
+            _, raw = api_token_create(user=user, name=name, scopes=scope, for_agent=agent)
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
         self.stdout.write(raw)
