@@ -115,7 +115,7 @@ def _state(scene):
 
 
 @pytest.mark.parametrize("method,path", sorted(POLICY))
-@pytest.mark.parametrize("who", ["anonymous", "viewer", "operator", "reviewer", "outsider"])
+@pytest.mark.parametrize("who", ["anonymous", "viewer", "operator", "reviewer", "admin", "outsider"])
 def test_the_authorization_matrix(scene, client, method, path, who):
     """Each role against each operation: allowed, 401, 403 or 404, and a refusal changes nothing."""
     action, scope = POLICY[(method, path)]
@@ -143,6 +143,21 @@ def test_the_authorization_matrix(scene, client, method, path, who):
         assert _state(scene) == before
         if expected in (403, 404):
             assert AuditEvent.objects.filter(actor=scene["people"][who], outcome="denied").exists()
+
+
+@pytest.mark.parametrize("method,path", sorted(POLICY))
+@pytest.mark.parametrize("scope", ["read", "run", "operate", "approve"])
+def test_each_token_scope_against_each_operation(scene, client, method, path, scope):
+    """An admin's token with one scope: it may do exactly what that scope covers, and a refusal changes nothing."""
+    needed = POLICY[(method, path)][1]
+    token = api_token_create(user=scene["people"]["admin"], scopes=[scope])[1]
+    before = _state(scene)
+    response = _call(client, token, method, path, scene["ids"])
+    if scope == needed:
+        assert response.status_code not in (401, 403, 404), (scope, method, path, response.json())
+    else:
+        assert response.status_code == 403 and f"'{needed}' scope" in response.json()["message"], response.json()
+        assert _state(scene) == before
 
 
 def test_a_token_without_the_scope_is_refused_even_for_an_admin(scene, client):
