@@ -48,6 +48,11 @@ document.addEventListener("keydown", (event) => {
   event.preventDefault();
 });
 
+// The poll asks only for requests newer than the newest card (no hx-vals "js:": htmx runs without eval).
+document.addEventListener("htmx:configRequest", (event) => {
+  if (event.detail.elt.id === "queue") event.detail.parameters.after = wardenNewest();
+});
+
 setInterval(wardenTick, 1000);
 document.addEventListener("DOMContentLoaded", wardenTick);
 document.addEventListener("htmx:afterSwap", wardenTick);
