@@ -192,5 +192,5 @@ class SandboxDeployment(models.Model):
 class SandboxDocument(models.Model):
     """The search index: runbooks and past incidents."""
 
-    title = models.CharField(max_length=200)
+    title = models.CharField(max_length=200, unique=True)
     body = models.TextField()

@@ -25,6 +25,11 @@ from .models import (
 )
 
 SLOW_SECONDS = 0.5
+SEARCH_SEED = [
+    ("Checkout runbook", "Roll back with the deploy tool; page the on-call."),
+    ("Incident 2031", "Checkout timeouts after a schema migration."),
+    ("Customer comms", "E-mail affected customers within one hour."),
+]
 
 
 class SystemError_(Exception):
@@ -87,15 +92,15 @@ def _record(customer_id: str) -> SandboxRecord:
 
 def deployments_read(*, service: str, key: str, logged: dict, fault=None, deadline=None) -> dict:
     _before_call("deployments", fault, deadline)
+    if service == "checkout":  # the inventory knows the demo's service (get_or_create: concurrent first reads)
+        SandboxDeployment.objects.get_or_create(
+            service=service, defaults={"version": "v43", "pods": 12, "region": "eu-west-1"}
+        )
     row = SandboxDeployment.objects.filter(service=service).first()
-    if row is None:
-        # The inventory knows the demo's service; anything else is an empty answer, not an error.
-        if service != "checkout":
-            result = {"service": service, "version": "", "pods": 0, "region": ""}
-            _log("deployments.read", key, logged, result, effect=False)
-            return result
-        row = SandboxDeployment.objects.create(service=service, version="v43", pods=12, region="eu-west-1")
-    result = {"service": row.service, "version": row.version, "pods": row.pods, "region": row.region}
+    if row is None:  # an unknown service is an empty answer, not an error
+        result = {"service": service, "version": "", "pods": 0, "region": ""}
+    else:
+        result = {"service": row.service, "version": row.version, "pods": row.pods, "region": row.region}
     _log("deployments.read", key, logged, result, effect=False)
     return result
 
@@ -110,14 +115,8 @@ def crm_read(*, customer_id: str, key: str, logged: dict, fault=None, deadline=N
 
 def search_query(*, query: str, limit: int, key: str, logged: dict, fault=None, deadline=None) -> dict:
     _before_call("search", fault, deadline)
-    if not SandboxDocument.objects.exists():
-        SandboxDocument.objects.bulk_create(
-            [
-                SandboxDocument(title="Checkout runbook", body="Roll back with the deploy tool; page the on-call."),
-                SandboxDocument(title="Incident 2031", body="Checkout timeouts after a schema migration."),
-                SandboxDocument(title="Customer comms", body="E-mail affected customers within one hour."),
-            ]
-        )
+    for title, body in SEARCH_SEED:  # get_or_create: two first searches at once must not seed twice
+        SandboxDocument.objects.get_or_create(title=title, defaults={"body": body})
     words = [w for w in query.lower().split() if w]
     hits = [
         {"title": d.title, "snippet": d.body[:200]}
