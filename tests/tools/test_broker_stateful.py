@@ -20,6 +20,8 @@ Checked by hand (not kept): replacing `tools.broker.reconcile` with a blind "cal
 with two e-mails for one key (a crash after the send, then a retry), in both embedded and scaled mode.
 """
 
+import os
+
 import pytest
 from django.db.models import Count
 from hypothesis import HealthCheck, Phase, settings
@@ -261,6 +263,8 @@ def test_broker_keeps_one_effect_per_key_through_faults_crashes_and_duplicates(b
             stateful_step_count=15,
             deadline=None,
             database=None,  # examples hold run ids of a rolled-back test database: nothing worth replaying
+            # CI replays one fixed set of examples (a red build must be reproducible); local runs explore anew.
+            derandomize=os.environ.get("WARDEN_REQUIRE_SERVICES") == "1",
             # The explain phase re-runs failing examples under a tracer: minutes here, for little news.
             phases=[Phase.explicit, Phase.generate, Phase.shrink],
             suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
