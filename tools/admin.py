@@ -38,29 +38,17 @@ class ToolOperationAdmin(ProjectScoped, ReadOnlyAdmin):
     list_select_related = ["run", "task"]
     actions = ["resolve_committed", "resolve_not_committed"]
 
+    def _resolve(self, request, queryset, committed: bool):
+        note = f"checked by {request.user}"
+        _apply(self, request, queryset, operation_resolve, id_arg="operation_id", committed=committed, note=note)
+
     @admin.action(description="Resolve the selected ambiguous operations: the effect happened")
     def resolve_committed(self, request, queryset):
-        _apply(
-            self,
-            request,
-            queryset,
-            operation_resolve,
-            id_arg="operation_id",
-            committed=True,
-            note=f"checked by {request.user}",
-        )
+        self._resolve(request, queryset, committed=True)
 
     @admin.action(description="Resolve the selected ambiguous operations: the effect did not happen")
     def resolve_not_committed(self, request, queryset):
-        _apply(
-            self,
-            request,
-            queryset,
-            operation_resolve,
-            id_arg="operation_id",
-            committed=False,
-            note=f"checked by {request.user}",
-        )
+        self._resolve(request, queryset, committed=False)
 
 
 @admin.register(SealedArguments)

@@ -217,30 +217,12 @@ def _change(*, kind: str, customer_id: str, values: dict, key: str, logged: dict
     return result
 
 
-def crm_update(*, customer_id: str, fields: dict, key: str, logged: dict, fault=None, deadline=None) -> dict:
-    return _change(
-        kind="update",
-        customer_id=customer_id,
-        values=fields,
-        key=key,
-        logged=logged,
-        fault=fault,
-        deadline=deadline,
-        tool="crm.update",
-    )
+def crm_update(*, customer_id: str, fields: dict, **call) -> dict:
+    return _change(kind="update", customer_id=customer_id, values=fields, tool="crm.update", **call)
 
 
-def crm_restore(*, customer_id: str, before: dict, key: str, logged: dict, fault=None, deadline=None) -> dict:
-    return _change(
-        kind="restore",
-        customer_id=customer_id,
-        values=before,
-        key=key,
-        logged=logged,
-        fault=fault,
-        deadline=deadline,
-        tool="crm.restore",
-    )
+def crm_restore(*, customer_id: str, before: dict, **call) -> dict:
+    return _change(kind="restore", customer_id=customer_id, values=before, tool="crm.restore", **call)
 
 
 def crm_change_lookup(key: str) -> dict | None:
