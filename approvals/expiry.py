@@ -39,7 +39,7 @@ def approvals_expire(now) -> int:
 
 
 def _expire(request_id: int, now) -> int:
-    from tools.models import ToolOperation
+    from tools.broker import operations_decided
 
     from .services import _wake_parked_task, run_operations_send
 
@@ -62,9 +62,7 @@ def _expire(request_id: int, now) -> int:
         for item in requests:
             item.status, item.decided_at, item.note = ApprovalRequest.Status.EXPIRED, now, "expired"
             item.save(update_fields=["status", "decided_at", "note"])
-            ToolOperation.objects.filter(approval=item, status=ToolOperation.Status.AWAITING_APPROVAL).update(
-                status=ToolOperation.Status.REJECTED, status_reason=reason, ended_at=now
-            )
+            operations_decided(approval_ids=[item.id], approved=False, reason=reason, now=now)
         log.info("approval %s expired", request.id)
         if request.task_id:
             _wake_parked_task(run, request, reason, now)

@@ -75,14 +75,16 @@ def approval_request_for_operations(*, run: Run, operations, kind: str, title: s
 def approvals_withdraw(*, run: Run, reason: str) -> int:
     """The run moved on (cancelled, compensated): nobody needs to decide any more, and nothing it still
     meant to do will be done. Run locked."""
+    from tools.broker import operations_decided
     from tools.models import ToolOperation
 
+    now = timezone.now()
     pending = ApprovalRequest.objects.filter(run=run, status=ApprovalRequest.Status.PENDING)
     ids = list(pending.values_list("id", flat=True))
-    pending.update(status=ApprovalRequest.Status.WITHDRAWN, decided_at=timezone.now(), note=reason[:1000])
+    pending.update(status=ApprovalRequest.Status.WITHDRAWN, decided_at=now, note=reason[:1000])
     OS = ToolOperation.Status
-    not_done = {"status": OS.REJECTED, "status_reason": f"not done: {reason}"[:1000], "ended_at": timezone.now()}
-    ToolOperation.objects.filter(approval_id__in=ids, status=OS.AWAITING_APPROVAL).update(**not_done)
+    not_done = {"status": OS.REJECTED, "status_reason": f"not done: {reason}"[:1000], "ended_at": now}
+    operations_decided(approval_ids=ids, approved=False, reason=not_done["status_reason"], now=now)
     # Proposals not bundled yet, and approved agent calls nobody has started: they will not be done either.
     ToolOperation.objects.filter(run=run, kind="action", status__in=[OS.PROPOSED, OS.APPROVED]).update(**not_done)
     return len(ids)
@@ -208,9 +210,8 @@ def _decide(approval, run, user, approve, note, edited, now) -> str:
 
 
 def _settle_item(item, run, user, approve, note, now) -> None:
-    from tools.models import ToolOperation
+    from tools.broker import operations_decided
 
-    OS = ToolOperation.Status
     approvals = item.decisions.filter(verdict="approve").count()
     if approve and approvals < item.quorum:
         return  # waits for more reviewers
@@ -219,9 +220,7 @@ def _settle_item(item, run, user, approve, note, now) -> None:
     item.status = ApprovalRequest.Status.APPROVED if approve else ApprovalRequest.Status.REJECTED
     item.decided_at, item.decided_by, item.note = now, user, note[:4000]
     item.save(update_fields=["status", "decided_at", "decided_by", "note"])
-    ToolOperation.objects.filter(approval=item, status=OS.AWAITING_APPROVAL).update(
-        status=OS.APPROVED if approve else OS.REJECTED, status_reason=reason[:1000], ended_at=None if approve else now
-    )
+    operations_decided(approval_ids=[item.id], approved=approve, reason=reason, now=now)
     log.info("approval %s (%s) of run %s %s", item.id, item.kind, run.id, verdict)
     if item.parent_id is None and item.task_id:
         _wake_parked_task(run, item, reason, now)

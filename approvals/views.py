@@ -29,7 +29,12 @@ def _pending(user, after: int = 0):
     return rows.select_related("run__project", "run__workflow", "task").order_by("requested_at", "id")
 
 
-def _card(request: ApprovalRequest, user) -> dict:
+def _deciding(user):
+    """The projects where ``user`` may decide (None: all), looked up once per page, not per card."""
+    return project_ids(user, "decide")
+
+
+def _card(request: ApprovalRequest, deciding) -> dict:
     """What a reviewer needs to decide: the action, why the agent asked, what it touches."""
     ops = list(ToolOperation.objects.filter(approval=request)) or list(
         ToolOperation.objects.filter(approval__parent=request).order_by("order", "id")
@@ -49,7 +54,7 @@ def _card(request: ApprovalRequest, user) -> dict:
     for op in ops:
         key = (op.tool, op.reversibility or "read")
         blast[key] = blast.get(key, 0) + 1
-    may_decide = user.is_superuser or request.run.project_id in (project_ids(user, "decide") or [])
+    may_decide = deciding is None or request.run.project_id in deciding
     return {
         "request": request,
         "operations": ops,
@@ -65,7 +70,8 @@ def _card(request: ApprovalRequest, user) -> dict:
 @login_required
 @require_GET
 def queue(request):
-    cards = [_card(r, request.user) for r in _pending(request.user)]
+    deciding = _deciding(request.user)
+    cards = [_card(r, deciding) for r in _pending(request.user)]
     return render(request, "approvals/queue.html", {"cards": cards, "poll_seconds": POLL_SECONDS})
 
 
@@ -77,7 +83,8 @@ def queue_new(request):
         after = int(request.GET.get("after", 0))
     except ValueError:
         after = 0
-    cards = [_card(r, request.user) for r in _pending(request.user, after=after)]
+    deciding = _deciding(request.user)
+    cards = [_card(r, deciding) for r in _pending(request.user, after=after)]
     return render(request, "approvals/_cards.html", {"cards": cards})
 
 
@@ -117,5 +124,5 @@ def decide(request, request_id: int):
     if approval is None:
         return render(request, "approvals/_gone.html", {"error": error}, status=404)
     approval.refresh_from_db()
-    context = {"card": _card(approval, request.user), "error": error}
+    context = {"card": _card(approval, _deciding(request.user)), "error": error}
     return render(request, "approvals/_card.html", context)

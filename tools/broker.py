@@ -437,6 +437,16 @@ def reconcile(op: ToolOperation, spec: ToolSpec) -> ToolOutcome | None:
     return _receipt(op, spec, found, reason="reconciled: committed")
 
 
+def operations_decided(*, approval_ids, approved: bool, reason: str, now) -> int:
+    """The ledger side of a decision (approval, rejection, withdrawal, expiry): the operations waiting on
+    these requests may go, or are recorded as not done. Call inside the deciding transaction."""
+    return ToolOperation.objects.filter(approval_id__in=list(approval_ids), status=OS.AWAITING_APPROVAL).update(
+        status=OS.APPROVED if approved else OS.REJECTED,
+        status_reason=reason[:1000],
+        ended_at=None if approved else now,
+    )
+
+
 def _set(op: ToolOperation, **changes) -> None:
     for name, value in changes.items():
         setattr(op, name, value)
@@ -482,16 +492,12 @@ def _call_and_receipt(op: ToolOperation, spec: ToolSpec, args: dict, faults: Fau
 def _external(spec: ToolSpec, args: dict, *, key: str, fault: str | None) -> dict:
     """The call itself, with the tool's deadline; feeds the circuit breaker."""
     try:
-        result = spec.execute(args, key=key, logged=_logged(spec, args), fault=fault, deadline=spec.timeout_seconds)
+        result = spec.execute(args, key=key, logged=redact(spec, args), fault=fault, deadline=spec.timeout_seconds)
     except (sandbox.SystemTimeout, sandbox.SystemTransient, sandbox.SystemError_):
         _circuit_record(spec.name, ok=False)
         raise
     _circuit_record(spec.name, ok=True)
     return result
-
-
-def _logged(spec: ToolSpec, args: dict) -> dict:
-    return redact(spec, args)
 
 
 def _receipt(op: ToolOperation, spec: ToolSpec, result: dict, reason: str = "") -> ToolOutcome:

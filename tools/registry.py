@@ -1,8 +1,6 @@
 """Typed tools: arguments and result as pydantic models, a class, a reversibility and what undoes or
 corrects an effect. The registry is trusted configuration; what a model asks for is checked against it."""
 
-import hashlib
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -69,10 +67,6 @@ def redact(spec: ToolSpec, arguments: dict) -> dict:
     if not spec.secret_fields or not isinstance(arguments, dict):
         return arguments
     return {k: (REDACTED if k in spec.secret_fields and v is not None else v) for k, v in arguments.items()}
-
-
-def canonical_hash(name: str, arguments) -> str:
-    return hashlib.sha256(json.dumps([name, arguments], sort_keys=True, default=str).encode()).hexdigest()
 
 
 # --- argument and result models ------------------------------------------------------------------

@@ -21,7 +21,7 @@ from runs.models import Run, Task
 from runs.services.leases import worker_id
 from runs.services.runs import run_transition
 
-from .broker import Faults, _unseal, approval_recheck, operation_execute, reconcile
+from .broker import Faults, _unseal, approval_recheck, arguments_hash, operation_execute, reconcile
 from .models import ToolOperation
 from .registry import TOOLS, Reversibility
 
@@ -142,8 +142,10 @@ def run_compensate(*, run_id: int, reason: str = "compensation requested by an o
         order = ToolOperation.objects.filter(run=run).exclude(kind=Kind.ACTION).count()
         policies = run.workflow.tool_policies or {}
         corrections = []
-        for item in plan["undo"] + plan["correct"]:
-            original = ToolOperation.objects.get(id=item["operation"])
+        items = plan["undo"] + plan["correct"]
+        originals = ToolOperation.objects.in_bulk([item["operation"] for item in items])
+        for item in items:
+            original = originals[item["operation"]]
             retry = original.compensations.filter(status=OS.FAILED).first()
             if retry is not None:  # a compensation that failed before: try it again, same key
                 ToolOperation.objects.filter(id=retry.id).update(status=OS.APPROVED, status_reason="retried")
@@ -161,7 +163,7 @@ def run_compensate(*, run_id: int, reason: str = "compensation requested by an o
                     kind=Kind.CORRECTION if "needs_approval" in item else Kind.COMPENSATION,
                     tool=item["action"],
                     idempotency_key=f"warden:{run.id}:undo:{original.id}",
-                    arguments_hash=_hash(item["action"], item["arguments"]),
+                    arguments_hash=arguments_hash(item["action"], item["arguments"]),
                     arguments=item["arguments"],
                     tool_class=spec.tool_class,
                     reversibility=spec.reversibility,
@@ -183,12 +185,6 @@ def run_compensate(*, run_id: int, reason: str = "compensation requested by an o
         run_operations_send(run)
     log.info("run %s: compensation started (%d undo, %d corrections)", run_id, len(plan["undo"]), len(corrections))
     return run
-
-
-def _hash(tool: str, arguments) -> str:
-    from .broker import arguments_hash
-
-    return arguments_hash(tool, arguments)
 
 
 def operation_resolve(*, operation_id: int, committed: bool, note: str) -> ToolOperation:
