@@ -24,7 +24,10 @@ def snapshot(run_ids):
     }
 
 
-def test_every_actor_fed_each_message_twice_changes_nothing_the_second_time(demo_tx, operator, monkeypatch):
+def test_every_actor_fed_each_message_twice_changes_nothing_the_second_time(demo_tx, operator, monkeypatch, settings):
+    # A duplicate that arrives after the retry is due is the retry itself, not a duplicate: keep the backoff
+    # well above the time between the two deliveries, even on a loaded machine.
+    settings.WARDEN = {**settings.WARDEN, "RETRY_BASE_SECONDS": 0.6, "RETRY_CAP_SECONDS": 1.2}
     sent: list[Outbox] = []
     # Hold messages here instead of a broker, so this test decides what is delivered and when.
     monkeypatch.setattr("runs.services.outbox.outbox_deliver", lambda rows: sent.extend(rows))
