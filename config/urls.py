@@ -1,6 +1,6 @@
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
-from django.urls import path
+from django.urls import include, path
 from django.views.generic import RedirectView
 
 from approvals import views as approvals_views
@@ -15,6 +15,6 @@ urlpatterns = [
     path("approvals/", approvals_views.queue, name="approvals-queue"),
     path("approvals/new", approvals_views.queue_new, name="approvals-new"),
     path("approvals/<int:request_id>/decide", approvals_views.decide, name="approvals-decide"),
-    # Until the dashboard lands, the admin's run list is the cockpit.
-    path("", RedirectView.as_view(url="/admin/runs/run/", permanent=False)),
+    path("", include("runs.urls")),
+    path("", RedirectView.as_view(pattern_name="runs:list", permanent=False), name="home"),
 ]

@@ -351,15 +351,33 @@ PAGES = {
     "approvals/": "member",
     "approvals/new": "member",
     "approvals/<int:request_id>/decide": "decide (POST)",
+    "runs/": "member (their projects' runs)",
+    "runs/bulk": "operate (POST), per run",
+    "runs/<int:run_id>/": "view",
+    "runs/<int:run_id>/live": "view",
+    "runs/<int:run_id>/timeline": "view",
+    "runs/<int:run_id>/spans/<int:span_id>/children": "view",
+    "runs/<int:run_id>/spans/<int:span_id>/payload": "view",
+    "runs/<int:run_id>/artifacts/<int:artifact_id>": "view",
+    "runs/<int:run_id>/cancel": "operate",
+    "runs/<int:run_id>/resume": "operate",
+    "runs/<int:run_id>/compensate": "operate",
+    "runs/<int:run_id>/tasks/<int:task_id>/retry": "operate",
+    "runs/<int:run_id>/operations/<int:operation_id>/resolve": "operate",
+    "insight/": "member (their projects' figures)",
 }
 
 
-def _pages():
-    from django.urls import get_resolver
+def _pages(patterns=None, prefix=""):
+    from django.urls import URLResolver, get_resolver
 
-    for pattern in get_resolver().url_patterns:
-        route = str(pattern.pattern)
-        if not route.startswith(("admin/", "api/")):
+    for pattern in get_resolver().url_patterns if patterns is None else patterns:
+        route = prefix + str(pattern.pattern)
+        if route.startswith(("admin/", "api/")):
+            continue
+        if isinstance(pattern, URLResolver):
+            yield from _pages(pattern.url_patterns, route)
+        else:
             yield route
 
 

@@ -1,0 +1,26 @@
+from django.urls import path
+
+from .views import insight, run_actions, run_page, runs_list
+
+app_name = "runs"
+
+urlpatterns = [
+    path("runs/", runs_list.run_list, name="list"),
+    path("runs/bulk", runs_list.run_bulk, name="bulk"),
+    path("runs/<int:run_id>/", run_page.run_detail, name="detail"),
+    path("runs/<int:run_id>/live", run_page.run_live, name="live"),
+    path("runs/<int:run_id>/timeline", run_page.run_timeline, name="timeline"),
+    path("runs/<int:run_id>/spans/<int:span_id>/children", run_page.span_children, name="span-children"),
+    path("runs/<int:run_id>/spans/<int:span_id>/payload", run_page.span_payload, name="span-payload"),
+    path("runs/<int:run_id>/artifacts/<int:artifact_id>", run_page.artifact_download, name="artifact"),
+    path("runs/<int:run_id>/cancel", run_actions.cancel, name="cancel"),
+    path("runs/<int:run_id>/resume", run_actions.resume, name="resume"),
+    path("runs/<int:run_id>/compensate", run_actions.compensate, name="compensate"),
+    path("runs/<int:run_id>/tasks/<int:task_id>/retry", run_actions.task_retry, name="task-retry"),
+    path(
+        "runs/<int:run_id>/operations/<int:operation_id>/resolve",
+        run_actions.operation_resolve,
+        name="operation-resolve",
+    ),
+    path("insight/", insight.insight, name="insight"),
+]
