@@ -87,5 +87,16 @@ def _denied(user, project_id, action: str, what: str, why: str, request) -> None
 
 
 def membership_grant(*, user, project: Project, role: str) -> Membership:
+    from runs.events import access_changed
+
     membership, _ = Membership.objects.update_or_create(user=user, project=project, defaults={"role": role})
+    access_changed(user.id)
     return membership
+
+
+def membership_revoke(*, user, project: Project) -> int:
+    from runs.events import access_changed
+
+    deleted, _ = Membership.objects.filter(user=user, project=project).delete()
+    access_changed(user.id)
+    return deleted

@@ -2,6 +2,7 @@ from django.contrib import admin, messages
 
 from runs.admin import ProjectScoped, ReadOnlyAdmin
 from runs.errors import WardenError
+from runs.events import access_changed
 
 from .access import authorize
 from .models import (
@@ -143,6 +144,21 @@ class MembershipAdmin(admin.ModelAdmin):
     list_display = ["project", "user", "role", "created_at"]
     list_filter = ["role", "project"]
     search_fields = ["user__username", "project__slug"]
+
+    # Open dashboard sockets follow membership changes at once (runs/consumers.py).
+    def save_model(self, request, obj, form, change):
+        super().save_model(request, obj, form, change)
+        access_changed(obj.user_id)
+
+    def delete_model(self, request, obj):
+        super().delete_model(request, obj)
+        access_changed(obj.user_id)
+
+    def delete_queryset(self, request, queryset):
+        users = set(queryset.values_list("user_id", flat=True))
+        super().delete_queryset(request, queryset)
+        for user_id in users:
+            access_changed(user_id)
 
 
 @admin.register(AuditEvent)

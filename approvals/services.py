@@ -9,6 +9,7 @@ import logging
 from django.db import transaction
 from django.utils import timezone
 
+from runs import events
 from runs.errors import Conflict, Forbidden, InvalidInput, NotFound
 from runs.models import Run, Task
 from runs.services.outbox import outbox_add
@@ -36,6 +37,7 @@ def _items_hash(hashes) -> str:
 def approval_request_for_operation(op, *, parent: ApprovalRequest | None = None, policy: dict | None = None):
     """One call waits for a reviewer. Inside the intent's (or the bundle's) transaction. ``policy``: the
     call's approval policy (quorum, the ApprovalPolicy rule that asked for it and its expiry)."""
+    events.run_changed(op.run_id)
     from .models import ApprovalPolicy
 
     policy = policy or {}
@@ -62,6 +64,7 @@ def approval_request_for_operation(op, *, parent: ApprovalRequest | None = None,
 def approval_request_for_operations(*, run: Run, operations, kind: str, title: str) -> ApprovalRequest:
     """A parent request for several operations (a bundle of proposals, or the corrections of a
     compensation), with one item per operation that can also be decided alone."""
+    events.run_changed(run.id)
     lines = [title] + [f"{n}. {_describe(op)}" for n, op in enumerate(operations, 1)]
     parent = ApprovalRequest.objects.create(
         run=run, kind=kind, summary="\n".join(lines), arguments_hash=_items_hash(op.arguments_hash for op in operations)
@@ -75,6 +78,7 @@ def approval_request_for_operations(*, run: Run, operations, kind: str, title: s
 def approvals_withdraw(*, run: Run, reason: str) -> int:
     """The run moved on (cancelled, compensated): nobody needs to decide any more, and nothing it still
     meant to do will be done. Run locked."""
+    events.run_changed(run.id)
     from tools.broker import operations_decided
     from tools.models import ToolOperation
 
@@ -179,6 +183,7 @@ def _check(approval, run, user, approve, note, seen_hash, edited) -> None:
 
 def _decide(approval, run, user, approve, note, edited, now) -> str:
     """Record the decision on this request (and on each pending item of a parent); returns its outcome."""
+    events.run_changed(run.id)
     from .models import Decision
 
     items = (

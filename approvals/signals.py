@@ -17,6 +17,9 @@ def _logged_in(sender, request, user, **kwargs):
 def _logged_out(sender, request, user, **kwargs):
     if user is not None:
         audit(actor=user, action="logout", target=user.get_username(), request=request)
+        from runs.events import access_changed
+
+        access_changed(user.id)  # its open dashboard sockets close now, not at their next heartbeat
 
 
 @receiver(user_login_failed)

@@ -121,6 +121,11 @@ class Task(models.Model):
     ready_at = models.DateTimeField(null=True, blank=True)
     not_before = models.DateTimeField(null=True, blank=True)
     continuing = models.BooleanField(default=False, help_text="Next claim continues the same attempt")
+    # A retry from step N takes steps N.. out of the journal and starts a new epoch: the steps executed
+    # again carry new idempotency keys (warden:<run>:<task>:<step>:e<epoch>), so they really happen again.
+    journal_epoch = models.PositiveIntegerField(
+        default=0, help_text="Retries from an earlier step so far; part of the idempotency keys of later calls"
+    )
     max_steps = models.PositiveIntegerField(null=True, blank=True)
     max_tokens = models.PositiveBigIntegerField(null=True, blank=True)
     max_tool_calls = models.PositiveIntegerField(null=True, blank=True)

@@ -25,6 +25,7 @@ from django.utils import timezone
 from django.utils.crypto import salted_hmac
 from pydantic import ValidationError
 
+from runs import events
 from runs.errors import StepFailure, TransientFailure
 from runs.faults import crash_now, fault_fire_once, faults_at
 
@@ -60,9 +61,11 @@ def _refuse(code: str, message: str, **extra) -> ToolOutcome:
     return ToolOutcome(error={"code": code, "message": message, **extra})
 
 
-def idempotency_key(*, run_id: int, task_key: str, step: int) -> str:
-    """Derived from run, task and step, never from the attempt: a retry reuses it."""
-    return f"warden:{run_id}:{task_key}:{step}"
+def idempotency_key(*, run_id: int, task_key: str, step: int, epoch: int = 0) -> str:
+    """Derived from run, task and step, never from the attempt: a retry reuses it. ``epoch`` is the task's
+    journal epoch: after a retry from an earlier step, the steps executed again get keys of their own."""
+    key = f"warden:{run_id}:{task_key}:{step}"
+    return f"{key}:e{epoch}" if epoch else key
 
 
 def arguments_hash(name: str, arguments: dict) -> str:
@@ -211,7 +214,7 @@ def tool_call(*, run, task, step: int, call_number: int, name: str, arguments, r
         fields = [{"field": ".".join(map(str, e["loc"])) or "arguments", "message": e["msg"]} for e in exc.errors()]
         return _refuse("invalid_arguments", f"invalid arguments for {name}", fields=fields)
 
-    key = idempotency_key(run_id=run.id, task_key=task.key, step=step)
+    key = idempotency_key(run_id=run.id, task_key=task.key, step=step, epoch=task.journal_epoch)
     digest = arguments_hash(name, args)
     existing = ToolOperation.objects.filter(idempotency_key=key).first()
     if existing is None:
@@ -367,6 +370,7 @@ def _record_read(call: _Call, result, reason: str) -> None:
 
 def _operation_create(call: _Call, **fields) -> ToolOperation:
     """A ledger row for an agent's call; its arguments are stored redacted."""
+    events.run_changed(call.run.id)
     return ToolOperation.objects.create(
         run_id=call.run.id,
         task_id=call.task.id,
@@ -451,6 +455,7 @@ def _set(op: ToolOperation, **changes) -> None:
     for name, value in changes.items():
         setattr(op, name, value)
     ToolOperation.objects.filter(id=op.id).update(**changes)
+    events.run_changed(op.run_id)
 
 
 def operation_execute(op: ToolOperation, spec: ToolSpec, args: dict, faults: Faults) -> ToolOutcome:

@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from approvals.models import ApprovalRequest
 from approvals.services import approval_request_for_operations, approvals_withdraw, run_operations_send
+from runs import events
 from runs.errors import Conflict, NotFound, StepFailure, TransientFailure
 from runs.models import Run, Task
 from runs.services.leases import worker_id
@@ -200,6 +201,7 @@ def operation_resolve(*, operation_id: int, committed: bool, note: str) -> ToolO
         op.status_reason = f"resolved by an operator: {verdict}" + (f" ({note})" if note else "")
         op.ended_at = timezone.now()
         op.save(update_fields=["status", "status_reason", "ended_at"])
+        events.run_changed(op.run_id)
     return op
 
 
@@ -249,6 +251,7 @@ def run_operations(run_id: int) -> None:
 
 
 def _execute_supervised(run: Run, op: ToolOperation) -> bool:
+    events.run_changed(run.id)
     spec = TOOLS[op.tool]
     if op.status == OS.APPROVED and op.approval_id and approval_recheck(op) is not None:
         return True  # rejected just now: the approval no longer stands; the others go on
@@ -289,6 +292,7 @@ def _supervised_failed(run: Run, op: ToolOperation, message: str) -> bool:
     now = timezone.now()
     with transaction.atomic():
         locked = Run.objects.select_for_update().get(id=run.id)
+        events.run_changed(run.id)
         if op.status != OS.AMBIGUOUS:
             ToolOperation.objects.filter(id=op.id).update(status=OS.FAILED, status_reason=message[:4000], ended_at=now)
         what = "proposal" if op.kind == Kind.ACTION else op.kind
@@ -311,6 +315,7 @@ def _settle(run_id: int) -> None:
     now = timezone.now()
     with transaction.atomic():
         run = Run.objects.select_for_update().get(id=run_id)
+        events.run_changed(run_id)
         ops = ToolOperation.objects.filter(run=run)
         if ops.filter(status__in=[OS.APPROVED, OS.EXECUTING, OS.AMBIGUOUS]).filter(SUPERVISED).exists():
             return  # approved meanwhile: the message that approval sent will do it

@@ -1,6 +1,7 @@
 from .execution import task_execute
 from .leases import task_reserve
 from .recovery import sweep_once
+from .retry import task_retry_from, task_retry_from_preview, task_retry_preview
 from .runs import run_cancel, run_resume, run_start, run_transition, task_retry
 
 __all__ = [
@@ -12,4 +13,7 @@ __all__ = [
     "task_execute",
     "task_reserve",
     "task_retry",
+    "task_retry_from",
+    "task_retry_from_preview",
+    "task_retry_preview",
 ]

@@ -19,6 +19,7 @@ from agents.gateway import ModelRequest, ModelResponse, model_complete
 from agents.models import Agent
 from agents.prompts import build_prompt
 
+from .. import events
 from ..errors import BudgetExceeded, InvalidInput, LeaseLost, StepFailure, TransientFailure
 from ..faults import crash_now
 from ..heartbeat import lease_keeper
@@ -104,7 +105,7 @@ _CONTEXT_SQL = (
     "t.max_tool_calls, t.max_cost_micros, t.max_seconds, t.started_at, "
     "a.slug, a.instructions, a.provider, a.model, a.script, a.is_planner, "
     "r.input, r.status, r.steps_used, r.tokens_used, r.tool_calls_used, r.cost_micros, r.max_steps, r.max_tokens, "
-    "r.max_tool_calls, r.max_cost_micros, r.plan_version, w.max_tasks "
+    "r.max_tool_calls, r.max_cost_micros, r.plan_version, w.max_tasks, t.journal_epoch "
     "FROM runs_task t JOIN agents_agent a ON a.id = t.agent_id JOIN runs_run r ON r.id = t.run_id "
     "JOIN agents_workflow w ON w.id = r.workflow_id WHERE t.id = %s"
 )
@@ -116,7 +117,7 @@ def _load_context(lease: Lease) -> tuple[Run, Task, Agent, dict]:
     (key, objective, depends_on, dependents, output_schema, allowed_tools, plan_version, depth, agent_id, *rest) = row
     t_usage, (max_seconds, started_at), rest = rest[:8], rest[8:10], rest[10:]
     (slug, instructions, provider, model, script, is_planner), rest = rest[:6], rest[6:]
-    run_input, r_status, *r_usage, r_plan, max_tasks = rest
+    run_input, r_status, *r_usage, r_plan, max_tasks, journal_epoch = rest
     agent = Agent(
         id=agent_id,
         slug=slug,
@@ -149,6 +150,7 @@ def _load_context(lease: Lease) -> tuple[Run, Task, Agent, dict]:
         status=Task.Status.RUNNING,
         attempts=lease.attempt,
         fencing_token=lease.token,
+        journal_epoch=journal_epoch,
         **dict(zip(sql.USAGE_FIELDS, t_usage, strict=True)),
     )
     task.agent, task.run = agent, run
@@ -419,6 +421,7 @@ def _journal(
     except LeaseLost:
         quarantine(lease, task, step=step, body=body)
         raise
+    events.run_changed(lease.run_id)  # committed by now: the PostgreSQL path is a single statement
     state.apply({"step": step, "kind": kind, "name": name, "body": body})
     return run_usage, task_usage
 
@@ -465,6 +468,7 @@ def _journal_generic(p: dict, body, body_json: str) -> tuple[Usage, Usage]:
 
 
 def _error_span(lease: Lease, *, kind: str, name: str, started, message: str) -> None:
+    events.run_changed(lease.run_id)
     Span.objects.create(
         run_id=lease.run_id,
         task_id=lease.task_id,

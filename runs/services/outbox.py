@@ -9,6 +9,8 @@ import logging
 import dramatiq
 from django.db import transaction
 
+from runs import events
+
 from ..models import Outbox
 
 log = logging.getLogger("warden.outbox")
@@ -17,6 +19,8 @@ log = logging.getLogger("warden.outbox")
 def outbox_add(*, actor: str, kwargs: dict, delay_ms: int = 0) -> Outbox:
     """Call inside the transaction whose commit decides that the message must leave."""
     row = Outbox.objects.create(actor=actor, kwargs=kwargs, delay_ms=delay_ms)
+    if "run_id" in kwargs:
+        events.run_changed(kwargs["run_id"])
     transaction.on_commit(lambda: outbox_deliver(rows=[row]))
     return row
 

@@ -14,6 +14,7 @@ from django.db import close_old_connections, connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from .. import events
 from ..models import Outbox, Run, Span, Task
 from ..transitions import check_task_transition
 from .completion import fail_task
@@ -31,6 +32,7 @@ def _seconds_ago(now, seconds: float):
 
 def _recovery_span(*, run_id: int, task_id: int | None, name: str, now, **attributes) -> None:
     """A recovery in the trace: under the task's span when it concerns a task, else under the run's."""
+    events.run_changed(run_id)
     parent = Span.objects.filter(run_id=run_id, kind=Span.Kind.TASK if task_id else Span.Kind.RUN)
     if task_id:
         parent = parent.filter(task_id=task_id)
@@ -67,6 +69,7 @@ def expire_leases(now) -> int:
                 check_task_transition(task.status, Task.Status.CANCELLED)
                 Task.objects.filter(id=task.id).update(status=Task.Status.CANCELLED, finished_at=now)
                 Span.objects.filter(task=task, ended_at__isnull=True).update(ended_at=now, status=Span.Status.ERROR)
+                events.run_changed(run.id)
                 run_finish_cancel_if_idle(run=run, now=now)
             elif task.recoveries > settings.WARDEN["MAX_RECOVERIES"]:
                 fail_task(
@@ -148,6 +151,7 @@ def reap_cancelled(now) -> int:
                 lease_expires_at=None,
                 finished_at=now,
             )
+            events.run_changed(run.id)
             Span.objects.filter(run=run, ended_at__isnull=True).exclude(kind=Span.Kind.RUN).update(
                 ended_at=now, status=Span.Status.ERROR
             )

@@ -10,6 +10,7 @@ from pydantic import ValidationError
 from agents.models import Agent, Workflow
 from agents.planning import plan_validate, pydantic_errors
 
+from .. import events
 from ..errors import Conflict, InvalidInput
 from ..models import Run, Span, Task
 from ..schemas import PLAN_OUTPUT_SCHEMA, BudgetIn, RunInputIn
@@ -26,6 +27,7 @@ def run_transition(*, run: Run, to: str, reason: str = "", now=None) -> Run:
     check_run_transition(run.status, to)
     now = now or timezone.now()
     log.info("run %s: %s -> %s (%s)", run.id, run.status, to, reason)
+    events.run_changed(run.id)
     run.status, run.status_reason = to, reason
     changes = {"status": to, "status_reason": reason}
     if to in Run.TERMINAL:
@@ -232,13 +234,18 @@ def task_retry(*, task_id: int, reason: str = "retried by operator") -> Task:
     with transaction.atomic():
         run = Run.objects.select_for_update().get(id=run_id)  # lock order: run, then task
         task = Task.objects.select_for_update().get(id=task_id)
-        if run.is_terminal:
-            raise Conflict(f"run {run.id} is {run.status}; a task of a finished run cannot be retried")
-        check_task_transition(task.status, Task.Status.READY)
-        task.max_attempts = max(task.max_attempts, task.attempts + 1)
-        task.failure_class = ""
-        task.save(update_fields=["max_attempts", "failure_class"])
-        task_set_ready(task=task, now=now)
-        if run.status == Run.Status.NEEDS_ATTENTION:
-            _resume_locked(run=run, reason=reason, now=now, skip=(task.id,))
+        task_retry_locked(run=run, task=task, reason=reason, now=now)
     return task
+
+
+def task_retry_locked(*, run: Run, task: Task, reason: str, now) -> None:
+    """task_retry's body. Call inside transaction.atomic() with ``run``, then ``task``, locked."""
+    if run.is_terminal:
+        raise Conflict(f"run {run.id} is {run.status}; a task of a finished run cannot be retried")
+    check_task_transition(task.status, Task.Status.READY)
+    task.max_attempts = max(task.max_attempts, task.attempts + 1)
+    task.failure_class = ""
+    task.save(update_fields=["max_attempts", "failure_class"])
+    task_set_ready(task=task, now=now)
+    if run.status == Run.Status.NEEDS_ATTENTION:
+        _resume_locked(run=run, reason=reason, now=now, skip=(task.id,))

@@ -1,9 +1,109 @@
-from django.http import HttpResponse
+"""The runs list (filters in the query string, keyset pages, more rows by htmx) and its bulk actions:
+a preview of what an action would touch, then the action on exactly the runs previewed."""
+
+from django.contrib.auth.decorators import login_required
+from django.shortcuts import render
+from django.views.decorators.http import require_GET, require_POST
+from django.views.decorators.vary import vary_on_headers
+
+from runs import bulk, listing
+from runs.models import Run
 
 
-def run_list(request):  # placeholder until the runs list lands
-    return HttpResponse(status=501)
+@login_required
+@require_GET
+@vary_on_headers("HX-Request")
+def run_list(request):
+    choices = listing.filter_choices(request.user)
+    filters = listing.filters_parse(request.GET, **choices)
+    rows = list(listing.runs_for_list(user=request.user, filters=filters)[: listing.PAGE_SIZE + 1])
+    runs = listing.rows_prepare(rows[: listing.PAGE_SIZE])
+    context = {
+        "runs": runs,
+        "filters": filters,
+        "next_query": filters.querystring(after=runs[-1].id) if len(rows) > listing.PAGE_SIZE else "",
+        "statuses": Run.Status.choices,
+        "bulk_actions": bulk.ACTIONS.items(),
+        **choices,
+    }
+    if request.htmx and not request.htmx.boosted:  # "Next page": its rows, and the pager out of band
+        return render(request, "runs/list.html#page-rows", {**context, "oob": True})
+    return render(request, "runs/list.html", context)
 
 
+def _ids(values: list[str]) -> list[int]:
+    """Run ids from form values, each of which may hold several, comma-separated."""
+    ids = []
+    for value in values:
+        for part in value.split(","):
+            part = part.strip()
+            if not part:
+                continue
+            if not part.isdigit() or len(part) > 18:
+                raise bulk.Refused(f"“{part[:40]}” is not a run id")
+            if int(part) not in ids:
+                ids.append(int(part))
+    return ids
+
+
+def _selection(request) -> tuple[list[int], str]:
+    """The runs a preview is about: the ticked ones, or every run matching the list's filter (never only
+    the page shown). Raises bulk.Refused when the selection cannot be used."""
+    user = request.user
+    if request.POST.get("scope") == "ticked":
+        ids = _ids(request.POST.getlist("ids"))
+        if len(ids) > bulk.MAX_RUNS:
+            raise bulk.Refused(f"{len(ids)} runs are ticked; a bulk action acts on at most {bulk.MAX_RUNS}")
+        visible = listing.runs_filtered(user=user, filters=listing.RunFilters()).filter(id__in=ids)
+        return list(visible.values_list("id", flat=True)), "the ticked runs"
+    filters = listing.filters_parse(request.POST, **listing.filter_choices(user))
+    filters.after = None
+    if filters.errors:  # ignoring a bad filter, as the list does, would widen what the action touches
+        raise bulk.Refused(" ".join(filters.errors))
+    ids = list(listing.runs_filtered(user=user, filters=filters).values_list("id", flat=True)[: bulk.MAX_RUNS + 1])
+    if len(ids) > bulk.MAX_RUNS:
+        raise bulk.Refused(
+            f"more than {bulk.MAX_RUNS} runs match this filter; narrow it (by status, workflow or dates) and try again"
+        )
+    return ids, ("every run matching the filter" if filters.active else "every run you can see")
+
+
+@login_required
+@require_POST
 def run_bulk(request):
-    return HttpResponse(status=501)
+    """Without ``confirm``: the preview, whose form carries the exact ids previewed. With ``confirm=1``:
+    the action on those ids, each authorized and audited on its own, and a page of what happened."""
+    action = request.POST.get("action", "")
+    context = {
+        "action": action,
+        "label": bulk.ACTIONS.get(action, ""),
+        "reason": request.POST.get("reason", "").strip()[:1000],
+        "back": request.POST.get("back", "")[:2000],
+        "scope": request.POST.get("scope_label", "the previewed runs")[:100],
+    }
+    status = 200
+    try:
+        if action not in bulk.ACTIONS:
+            raise bulk.Refused("choose an action: cancel, retry failed tasks or compensate")
+        if request.POST.get("confirm") == "1":
+            ids = _ids(request.POST.getlist("run_ids"))
+            if not ids:
+                raise bulk.Refused("there are no previewed runs to act on; preview the action again")
+            if context["reason"]:
+                outcomes = bulk.bulk_apply(
+                    user=request.user, action=action, run_ids=ids, reason=context["reason"], request=request
+                )
+                counts = {kind: sum(1 for o in outcomes if o.result == kind) for kind in ("done", "skipped", "failed")}
+                return render(request, "runs/bulk.html", {**context, "outcomes": outcomes, "counts": counts})
+            context["error"] = "Give a reason: it is recorded with each run in the audit log."
+            status = 400
+        else:
+            ids, context["scope"] = _selection(request)
+            context["back"] = listing.filters_parse(request.POST).querystring()
+            if not ids:
+                raise bulk.Refused("no run is selected: tick some runs, or preview for the filter")
+        context["preview"] = bulk.bulk_preview(user=request.user, action=action, run_ids=ids)
+    except bulk.Refused as exc:
+        context["error"] = f"Nothing was done: {exc}."
+        status = 400
+    return render(request, "runs/bulk.html", context, status=status)

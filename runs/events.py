@@ -1,0 +1,195 @@
+"""What the dashboard learns, sent only after commit.
+
+A service that changes a run calls ``run_changed(run_id)`` inside its transaction. After commit the run
+id goes to this process's publisher thread, which coalesces bursts, renders the changed parts of the run
+page (and the run's row of the runs list) once, and sends them through the channel layer to the run's
+group and its project's list group. The worker that committed pays for a queue put, nothing more, and
+nothing is rendered or sent while nobody watches (viewers announce themselves with a short-lived
+presence key, refreshed while their socket is open).
+
+The socket is lossy by nature (a full channel, a Redis reconnect, a closed tab): every push carries a
+per-run sequence number from a shared counter, and a browser that sees a gap, or reconnects, re-renders
+from the database (static/warden/live.js). See docs/dashboard.md.
+"""
+
+import asyncio
+import json
+import logging
+import threading
+import time
+
+from channels.layers import get_channel_layer
+from django.core.cache import cache
+from django.db import close_old_connections, connection, transaction
+
+log = logging.getLogger("warden.events")
+
+PRESENCE_SECONDS = 60
+LIST_PRESENCE = "watch:runs"
+
+
+def run_group(run_id: int) -> str:
+    return f"run-{run_id}"
+
+
+def list_group(project_id: int) -> str:
+    return f"runs-{project_id}"
+
+
+def run_presence(run_id: int) -> str:
+    return f"watch:run:{run_id}"
+
+
+def run_seq_name(run_id: int) -> str:
+    return f"run-{run_id}"
+
+
+def list_seq_name(project_id: int) -> str:
+    return f"project-{project_id}"
+
+
+def seq_current(name: str) -> int:
+    return cache.get(f"seq:{name}", 0)
+
+
+def seq_next(name: str) -> int:
+    key = f"seq:{name}"
+    try:
+        return cache.incr(key)
+    except ValueError:
+        cache.add(key, 0, timeout=None)
+        return cache.incr(key)
+
+
+def watching(*keys: str) -> None:
+    """Announce a viewer (a page being rendered, an open socket) so changes are published."""
+    cache.set_many(dict.fromkeys(keys, 1), timeout=PRESENCE_SECONDS)
+
+
+def run_changed(run_id: int) -> None:
+    """Call in the transaction that changed the run: its viewers learn after commit, never on rollback.
+
+    Registered once per run and transaction. Django replaces its list of commit hooks on commit and
+    on every rollback, so the list's identity tells whether our earlier registration is still alive.
+    """
+    conn = transaction.get_connection()
+    if not conn.in_atomic_block:
+        publisher.push(run_id)
+        return
+    hooks = conn.run_on_commit
+    state = getattr(conn, "_warden_changed", None)
+    if state is None or state[0] is not hooks:
+        state = conn._warden_changed = (hooks, set())
+    if run_id in state[1]:
+        return
+    state[1].add(run_id)
+    transaction.on_commit(lambda: publisher.push(run_id))
+
+
+def access_changed(user_id: int) -> None:
+    """A membership of this user changed: their open sockets check again what they may see."""
+    transaction.on_commit(lambda: publisher.push_user(user_id))
+
+
+class Publisher:
+    """One daemon thread per process: renders each changed run once per burst and sends it."""
+
+    IDLE_CLOSE_SECONDS = 1.0  # close the thread's database connection when idle (tests drop databases)
+
+    def __init__(self):
+        self._cv = threading.Condition()
+        self._pending: dict[int, None] = {}
+        self._users: dict[int, None] = {}
+        self._thread: threading.Thread | None = None
+        self._busy = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        # The in-memory channel layer (embedded mode) must be used from the event loop of the server
+        # that owns its queues; consumers register it here when they connect.
+        self.server_loop: asyncio.AbstractEventLoop | None = None
+
+    def push(self, run_id: int) -> None:
+        with self._cv:
+            self._pending[run_id] = None
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="warden-events", daemon=True)
+                self._thread.start()
+            self._cv.notify()
+
+    def push_user(self, user_id: int) -> None:
+        with self._cv:
+            self._users[user_id] = None
+        self.push(0)
+
+    def flush(self, timeout: float = 10) -> None:
+        """Wait until everything pushed so far is published (tests, benchmarks)."""
+        deadline = time.monotonic() + timeout
+        with self._cv:
+            while (self._pending or self._busy) and time.monotonic() < deadline:
+                self._cv.wait(0.01)
+
+    def _run(self) -> None:
+        self._loop = asyncio.new_event_loop()
+        while True:
+            with self._cv:
+                if not self._pending:
+                    self._cv.wait(self.IDLE_CLOSE_SECONDS)
+                if not self._pending:
+                    connection.close()
+                    continue
+                batch, self._pending, self._busy = list(self._pending), {}, True
+                users, self._users = list(self._users), {}
+            try:
+                close_old_connections()
+                for user_id in users:
+                    self.send(f"user-{user_id}", "", kind="access.changed")
+                for run_id in batch:
+                    if run_id:
+                        publish(run_id)
+            except Exception:  # a failed push is a gap the browsers recover from
+                log.exception("publishing changes of runs %s failed", batch)
+            finally:
+                with self._cv:
+                    self._busy = False
+                    self._cv.notify_all()
+
+    def send(self, group: str, text: str, kind: str = "push") -> None:
+        """Called from the publisher thread only (it owns the event loop used for channels-redis)."""
+        layer = get_channel_layer()
+        if layer is None:
+            return
+        message = {"type": kind, "text": text}
+        if _in_memory(layer):
+            loop = self.server_loop
+            if loop is None or loop.is_closed():
+                return  # no socket has ever connected in this process: nobody to tell
+            asyncio.run_coroutine_threadsafe(layer.group_send(group, message), loop).result(timeout=5)
+        else:
+            self._loop.run_until_complete(layer.group_send(group, message))
+
+
+def _in_memory(layer) -> bool:
+    return type(layer).__name__ == "InMemoryChannelLayer"
+
+
+publisher = Publisher()
+
+
+def publish(run_id: int) -> None:
+    """Render what changed in the run and send it to whoever watches. Runs in the publisher thread."""
+    from runs.listing import run_row_html
+    from runs.views.run_page import run_push
+
+    present = cache.get_many([run_presence(run_id), LIST_PRESENCE])
+    if run_presence(run_id) in present:
+        # The number is taken before rendering: a push rendered later is never older than one with a
+        # smaller number, so the browser can drop anything below what it has.
+        seq = seq_next(run_seq_name(run_id))
+        body = run_push(run_id)
+        if body is not None:
+            publisher.send(run_group(run_id), json.dumps({"seq": seq, **body}))
+    if LIST_PRESENCE in present:
+        row = run_row_html(run_id)
+        if row is not None:
+            project_id, html = row
+            seq = seq_next(list_seq_name(project_id))
+            publisher.send(list_group(project_id), json.dumps({"project": project_id, "seq": seq, "html": html}))

@@ -1,0 +1,223 @@
+"""Retrying a failed task, plainly or from step N of its journal, and the preview an operator reads first.
+
+A plain retry replays the whole journal and calls out only past its last step, with the keys the failed
+attempt used (a call it made is found by key, never made twice). A retry **from step N** takes the journal
+entries of steps N.. out of the journal (they stay in the trace, their step cleared, their attributes
+saying what they were) and starts a new journal epoch: steps 1..N-1 are replayed, steps N.. are executed
+afresh under new idempotency keys (``warden:<run>:<task>:<step>:e<epoch>``), so a write made again
+really happens again — the preview lists those second effects before anyone confirms.
+"""
+
+from django.db import transaction
+from django.utils import timezone
+
+from ..errors import Conflict, InvalidInput, NotFound, WardenError
+from ..models import Run, Span, Task
+from .runs import task_retry_locked
+
+# Ledger statuses, as the broker and the saga use them (tools.models.ToolOperation.Status).
+HAPPENED = frozenset({"committed", "compensating", "compensated", "compensation_failed"})
+UNRESOLVED = frozenset({"executing", "ambiguous"})
+NOT_DONE_YET = frozenset({"proposed", "awaiting_approval", "approved"})
+RETRY_FROM_REFUSED_WHILE = frozenset({Run.Status.CANCELLING, Run.Status.COMPENSATING})
+
+
+def _run_id(task_id: int) -> int:
+    run_id = Task.objects.filter(id=task_id).values_list("run_id", flat=True).first()
+    if run_id is None:
+        raise NotFound(f"task {task_id} does not exist")
+    return run_id
+
+
+def _journal(task_id: int) -> list[dict]:
+    return list(
+        Span.objects.filter(task_id=task_id, step__isnull=False).order_by("step").values("step", "kind", "name", "attempt")
+    )
+
+
+def _operations(task_id: int, from_step: int):
+    from tools.models import ToolOperation  # the tools app builds on the engine
+
+    return ToolOperation.objects.filter(task_id=task_id, kind=ToolOperation.Kind.ACTION, step__gte=from_step).order_by(
+        "step", "id"
+    )
+
+
+def _refusal(run: Run, task: Task, *, step: int | None, last: int, unresolved: list) -> WardenError | None:
+    """Why this retry would be refused now, or None. ``step`` None: a plain retry."""
+    if run.is_terminal:
+        return Conflict(f"run {run.id} is {run.status}; a task of a finished run cannot be retried")
+    if task.status != Task.Status.FAILED:
+        return Conflict(f"task {task.key} is {task.status}; only a failed task can be retried")
+    if step is None:
+        return None
+    if run.status in RETRY_FROM_REFUSED_WHILE:
+        return Conflict(f"run {run.id} is {run.status}; its tasks cannot be retried from an earlier step now")
+    if not 1 <= step <= last + 1:
+        message = (
+            f"task {task.key} has journaled steps 1 to {last}: a retry may start from step 1 to {last + 1}, not {step}"
+        )
+        return InvalidInput(message, [{"field": "step", "message": f"between 1 and {last + 1}"}])
+    if unresolved:
+        listed = ", ".join(f"{op.id} ({op.tool}, {op.status})" for op in unresolved)
+        return Conflict(
+            f"operations {listed} may or may not have happened: resolve them before executing their steps afresh"
+        )
+    return None
+
+
+def task_retry_from(*, task_id: int, step: int, reason: str = "retried by operator") -> Task:
+    """Retry a failed task with steps 1..``step``-1 replayed from its journal and steps ``step``.. executed
+    afresh under the task's next journal epoch; then what task_retry does (the run resumes if it needed
+    attention). Refused, changing nothing, for a task that is not failed, a step out of range, a run
+    that is finished, cancelling or compensating, or an operation at or after ``step`` whose outcome is
+    unknown (an operator resolves it first)."""
+    from approvals.models import ApprovalRequest  # approvals and tools build on the engine
+    from tools.models import SealedArguments, ToolOperation
+
+    now = timezone.now()
+    run_id = _run_id(task_id)
+    with transaction.atomic():
+        run = Run.objects.select_for_update().get(id=run_id)  # lock order: run, then task
+        task = Task.objects.select_for_update().get(id=task_id)
+        journal = list(Span.objects.filter(task_id=task.id, step__isnull=False).order_by("step"))
+        last = journal[-1].step if journal else 0
+        ops = _operations(task.id, step)
+        unresolved = list(ops.filter(status__in=UNRESOLVED))
+        refused = _refusal(run, task, step=step, last=last, unresolved=unresolved)
+        if refused is not None:
+            raise refused
+
+        superseded = [span for span in journal if span.step >= step]
+        for span in superseded:
+            span.attributes = {
+                **(span.attributes or {}),
+                "superseded_by_retry_from": step,
+                "journal_step": span.step,
+                "journal_epoch": task.journal_epoch,
+            }
+            span.step = None
+        Span.objects.bulk_update(superseded, ["step", "attributes"])
+        # A model step seals its call's secrets under the next step: those of steps after N belong to
+        # superseded responses. Step N's stay, when step N-1 (a replayed response) asked for that call.
+        SealedArguments.objects.filter(task_id=task.id, step__gt=step).delete()
+        # Calls asked for in superseded steps and not done yet will not be done: the new epoch asks again.
+        why = f"not done: superseded by a retry from step {step}"
+        pending = ops.filter(status__in=NOT_DONE_YET)
+        approvals = [a for a in pending.values_list("approval_id", flat=True) if a]
+        ApprovalRequest.objects.filter(id__in=approvals, status=ApprovalRequest.Status.PENDING).update(
+            status=ApprovalRequest.Status.WITHDRAWN, decided_at=now, note=why
+        )
+        pending.update(status=ToolOperation.Status.REJECTED, status_reason=why, ended_at=now)
+
+        task.journal_epoch += 1
+        task.save(update_fields=["journal_epoch"])
+        Span.objects.create(
+            run_id=run.id,
+            task_id=task.id,
+            parent_id=Span.objects.filter(task_id=task.id, kind=Span.Kind.TASK).values_list("id", flat=True).first(),
+            kind=Span.Kind.RECOVERY,
+            name=f"retry from step {step}",
+            started_at=now,
+            ended_at=now,
+            attributes={
+                "from_step": step,
+                "superseded_steps": [span.attributes["journal_step"] for span in superseded],
+                "journal_epoch": task.journal_epoch,
+                "reason": reason[:2000],
+            },
+        )
+        task_retry_locked(run=run, task=task, reason=reason, now=now)
+    return task
+
+
+def _outcome(op, spec, *, plain: bool, new_key: str) -> str:
+    """What the retry does about one ledger operation of the task, in an operator's words."""
+    status = op.status
+    if plain:
+        if status in HAPPENED:
+            return "done already: its stored receipt answers the step, nothing is called"
+        if status in UNRESOLVED:
+            if spec is not None and spec.lookup is not None:
+                return "outcome unknown: looked up by its key first, called again with it only if it did not happen"
+            return "outcome unknown and the tool has no lookup: resolve it first, or the task fails again"
+        if status == "rejected":
+            return "not done: the agent is told so"
+        if status in ("proposed", "awaiting_approval"):
+            return "still waits for its approval"
+        return "called again with the same key"
+    if status in UNRESOLVED:
+        return "outcome unknown: resolve it before retrying from this step"
+    if status in HAPPENED:
+        if op.tool_class == "read_only":
+            return f"read again, under {new_key}"
+        return f"happened; it happens AGAIN under {new_key} (a second effect)"
+    if status in NOT_DONE_YET:
+        return f"withdrawn (not done); asked for again under {new_key}"
+    return f"called afresh under {new_key}"
+
+
+def task_retry_preview(*, task_id: int, step: int | None = None) -> dict:
+    """What retrying the task would do, changing nothing: plainly (``step`` None) or from ``step``. Lists
+    the journal (for a step picker), the steps executed again and the task's ledger operations at or
+    after the first of them — committed writes flagged, since a retry from an earlier step repeats them —
+    and, if the retry would be refused now, why."""
+    from tools.broker import idempotency_key
+    from tools.registry import TOOLS
+
+    task = Task.objects.select_related("run").filter(id=task_id).first()
+    if task is None:
+        raise NotFound(f"task {task_id} does not exist")
+    run = task.run
+    journal = _journal(task.id)
+    last = journal[-1]["step"] if journal else 0
+    plain = step is None
+    first = last + 1 if plain else step
+    ops = list(_operations(task.id, first))
+    unresolved = [op for op in ops if op.status in UNRESOLVED]
+    refusal = _refusal(run, task, step=step, last=last, unresolved=unresolved)
+    epoch = task.journal_epoch if plain else task.journal_epoch + 1
+    operations = []
+    for op in ops:
+        spec = TOOLS.get(op.tool)
+        key = idempotency_key(run_id=run.id, task_key=task.key, step=op.step, epoch=epoch)
+        happened = op.status in HAPPENED
+        operations.append(
+            {
+                "id": op.id,
+                "step": op.step,
+                "tool": op.tool,
+                "status": op.status,
+                "tool_class": op.tool_class,
+                "reversibility": op.reversibility,
+                "idempotency_key": op.idempotency_key,
+                "new_key": key,
+                "committed_write": happened and op.tool_class != "read_only",
+                "repeated": happened and op.tool_class != "read_only" and not plain,
+                "irreversible": op.reversibility == "irreversible",
+                "unresolved": op.status in UNRESOLVED,
+                "has_lookup": spec is not None and spec.lookup is not None,
+                "outcome": _outcome(op, spec, plain=plain, new_key=key),
+            }
+        )
+    return {
+        "task_id": task.id,
+        "task_key": task.key,
+        "run_id": run.id,
+        "mode": "retry" if plain else "retry_from",
+        "from_step": first,
+        "last_step": last,
+        "journal_epoch": task.journal_epoch,
+        "journal": [{**entry, "re_executed": entry["step"] >= first} for entry in journal],
+        "re_executed": [
+            {"step": e["step"], "kind": e["kind"], "name": e["name"]} for e in journal if e["step"] >= first
+        ],
+        "operations": operations,
+        "repeated_effects": [op for op in operations if op["repeated"]],
+        "refusal": "" if refusal is None else str(refusal),
+    }
+
+
+def task_retry_from_preview(*, task_id: int, step: int) -> dict:
+    """What task_retry_from(task_id=…, step=…) would do; see task_retry_preview."""
+    return task_retry_preview(task_id=task_id, step=step)

@@ -1,0 +1,343 @@
+"""The run page: header and budgets, live trace tree, timeline, ledger, attribution and artifacts.
+
+Reads are a fixed handful of queries whatever the run's size (spans as light rows, payloads on demand).
+``run_push`` renders what changed since the last push, for runs.events to send to the run's viewers.
+"""
+
+import json
+
+from django.contrib.auth.decorators import login_required
+from django.core.cache import cache
+from django.db.models import Max, Q, Sum
+from django.http import Http404, HttpResponse, JsonResponse
+from django.shortcuts import render
+from django.template.loader import render_to_string
+from django.utils import timezone
+from django.utils.html import format_html_join
+from django.views.decorators.http import require_GET
+
+from runs import events
+from runs.models import Artifact, Run, Span, Task
+from runs.trace import (
+    ONLY_CHOICES,
+    SPAN_FIELDS,
+    critical_path,
+    money,
+    node_html,
+    node_row,
+    operation_flags,
+    parallel_speedup,
+    span_rows,
+    timeline_svg,
+    tree_build,
+    tree_filter,
+    tree_html,
+)
+from tools.models import ToolOperation
+
+from .common import run_for_view
+
+PREVIEW_CHARS = 4000
+TEMPLATE = "runs/run.html"
+
+
+# --- what the page shows -----------------------------------------------------------------------------------
+def _operations(run_id: int) -> list[ToolOperation]:
+    return list(ToolOperation.objects.filter(run_id=run_id).select_related("approval", "task").order_by("id"))
+
+
+def _ledger_row(op: ToolOperation) -> dict:
+    plan = op.compensation or {}
+    if op.tool_class == "read_only":
+        undo = "nothing (a read)"
+    elif op.kind != "action":
+        undo = f"({op.kind} of operation {op.compensates_id})"
+    elif op.reversibility == "reversible" and plan.get("tool"):
+        undo = f"undo with {plan['tool']}"
+    elif plan.get("tool"):
+        undo = f"correction with {plan['tool']} (a reviewer approves first)"
+    else:
+        undo = "cannot be undone"
+    return {"op": op, "undo": undo}
+
+
+def _model_usage(run_id: int) -> dict:
+    return Span.objects.filter(run_id=run_id, kind=Span.Kind.MODEL_CALL).aggregate(
+        out=Sum("tokens_out"), biggest_in=Max("tokens_in"), cost=Sum("cost_micros"), tokens_in=Sum("tokens_in")
+    )
+
+
+def cost_multiple(run: Run, usage: dict) -> tuple[float | None, int | None]:
+    """The run's cost over an estimate of one agent doing the same work: it writes every output once
+    and reads one context as large as the largest prompt, instead of each worker re-reading its own.
+    A rough yardstick (docs/dashboard.md): a multiple well above the speedup says the fan-out did not pay."""
+    out, biggest, cost = usage.get("out") or 0, usage.get("biggest_in") or 0, usage.get("cost") or 0
+    tokens = out + (usage.get("tokens_in") or 0)
+    if not tokens or not cost:
+        return None, None
+    estimate = int((out + biggest) * cost / tokens)
+    return (run.cost_micros / estimate if estimate else None), estimate
+
+
+def _budgets(run: Run) -> list[dict]:
+    rows = [
+        ("steps", run.steps_used, run.max_steps, str),
+        ("tokens", run.tokens_used, run.max_tokens, str),
+        ("tool calls", run.tool_calls_used, run.max_tool_calls, str),
+        ("cost", run.cost_micros, run.max_cost_micros, money),
+    ]
+    return [
+        {
+            "name": name,
+            "used": used,
+            "limit": limit,
+            "high": int(limit * 0.8) if limit else None,
+            "label": f"{fmt(used)} of {fmt(limit)}" if limit is not None else f"{fmt(used)} (no limit)",
+        }
+        for name, used, limit, fmt in rows
+    ]
+
+
+def _attribution(run: Run, tasks: list[Task]) -> list[dict]:
+    by_agent: dict[str, dict] = {}
+    for task in tasks:
+        row = by_agent.setdefault(task.agent.name, {"agent": task.agent.name, "tasks": 0, "tokens": 0, "cost": 0})
+        row["tasks"] += 1
+        row["tokens"] += task.tokens_used
+        row["cost"] += task.cost_micros
+    total = max(run.cost_micros, 1)
+    rows = sorted(by_agent.values(), key=lambda r: -r["cost"])
+    for row in rows:
+        row["share"] = round(100 * row["cost"] / total)
+        row["cost_label"] = money(row["cost"])
+    return rows
+
+
+def header_context(run: Run, tasks: list[Task], ops: list[ToolOperation], now) -> dict:
+    done = sum(t.status == Task.Status.COMPLETED for t in tasks)
+    multiple, estimate = cost_multiple(run, _model_usage(run.id))
+    speedup = parallel_speedup(tasks, run, now)
+    end = run.finished_at or now
+    return {
+        "run": run,
+        "tasks_total": len(tasks),
+        "tasks_done": done,
+        "failed_tasks": [t for t in tasks if t.status == Task.Status.FAILED],
+        "pending_approvals": len({op.approval_id for op in ops if op.status == "awaiting_approval"}),
+        "ambiguous": sum(op.status == "ambiguous" for op in ops),
+        "budgets": _budgets(run),
+        "cost": money(run.cost_micros),
+        "speedup": f"{speedup:.2f}×" if speedup else "—",
+        "multiple": f"{multiple:.2f}×" if multiple else "—",
+        "estimate": money(estimate) if estimate else "—",
+        "wall": (end - run.started_at).total_seconds() if run.started_at else None,
+        "can_cancel": run.status in ("pending", "running", "waiting_for_approval", "needs_attention"),
+        "can_resume": run.status == "needs_attention",
+        "can_compensate": run.status in ("needs_attention", "failed", "cancelled"),
+    }
+
+
+def run_context(run: Run, *, q: str = "", only: str = "") -> dict:
+    now = timezone.now()
+    tasks = list(Task.objects.filter(run=run).select_related("agent").order_by("id"))
+    rows = span_rows(run.id)
+    ops = _operations(run.id)
+    roots, nodes = tree_build(rows, operation_flags(ops))
+    keep = tree_filter(nodes, q=q, only=only if only in ONLY_CHOICES else "")
+    critical = critical_path(tasks, now)
+    by_id = {t.id: t for t in tasks}
+    return {
+        **header_context(run, tasks, ops, now),
+        "tree": tree_html(roots, run.id, total=len(rows), keep=keep),
+        "span_count": len(rows),
+        "filtered": keep is not None,
+        "matches": len(keep) if keep is not None else None,
+        "q": q,
+        "only": only,
+        "only_choices": ONLY_CHOICES.items(),
+        "timeline": timeline_svg(tasks, [r for r in rows if r["kind"] == "attempt"], run, set(critical), now),
+        "critical": [by_id[i].key for i in critical],
+        "ledger": [_ledger_row(op) for op in ops],
+        "attribution": _attribution(run, tasks),
+        "artifacts": list(Artifact.objects.filter(run=run).select_related("task").order_by("id")),
+        "seq": events.seq_current(events.run_seq_name(run.id)),
+    }
+
+
+def _params(request) -> tuple[str, str]:
+    return request.GET.get("q", "")[:200], request.GET.get("only", "")
+
+
+# --- pages and fragments -----------------------------------------------------------------------------------
+@login_required
+@require_GET
+def run_detail(request, run_id: int):
+    run = run_for_view(request, run_id)
+    # Announce the viewer before reading: a change committed from now on is pushed to this page.
+    events.watching(events.run_presence(run.id))
+    q, only = _params(request)
+    return render(request, TEMPLATE, run_context(run, q=q, only=only))
+
+
+@login_required
+@require_GET
+def run_live(request, run_id: int):
+    """Everything that moves on the page, re-rendered from the database (after a gap or a reconnect)."""
+    run = run_for_view(request, run_id)
+    events.watching(events.run_presence(run.id))
+    q, only = _params(request)
+    return render(request, TEMPLATE + "#run-live", run_context(run, q=q, only=only))
+
+
+@login_required
+@require_GET
+def run_timeline(request, run_id: int):
+    run = run_for_view(request, run_id)
+    now = timezone.now()
+    tasks = list(Task.objects.filter(run=run).select_related("agent").order_by("id"))
+    attempts = span_rows(run.id, kind=Span.Kind.ATTEMPT)
+    critical = critical_path(tasks, now)
+    by_id = {t.id: t for t in tasks}
+    context = {
+        "run": run,
+        "timeline": timeline_svg(tasks, attempts, run, set(critical), now),
+        "critical": [by_id[i].key for i in critical],
+        "speedup": header_context(run, tasks, [], now)["speedup"],
+    }
+    return render(request, TEMPLATE + "#timeline", context)
+
+
+@login_required
+@require_GET
+def span_children(request, run_id: int, span_id: int):
+    """The spans below one node, for a subtree opened on demand (a whole page without htmx)."""
+    run = run_for_view(request, run_id)
+    root = Span.objects.filter(run=run, id=span_id).values(*SPAN_FIELDS).first()
+    if root is None:
+        raise Http404("no such span in this run")
+    rows = span_rows(run.id, task_id=root["task_id"]) if root["task_id"] else span_rows(run.id)
+    _, nodes = tree_build(rows, operation_flags(_operations(run.id)))
+    node = nodes[span_id]
+    now = timezone.now()
+    kids = format_html_join("", "{}", ((node_html(c, run.id, now, mode="lazy"),) for c in node.children))
+    if request.htmx:
+        return HttpResponse(kids)
+    return render(request, "runs/subtree.html", {"run": run, "node": node_html(node, run.id, now, mode="full")})
+
+
+@login_required
+@require_GET
+def span_payload(request, run_id: int, span_id: int):
+    """A span's journaled body: a truncated preview (htmx), or the whole of it as a JSON download."""
+    run = run_for_view(request, run_id)
+    span = Span.objects.filter(run=run, id=span_id).select_related("payload").first()
+    if span is None:
+        raise Http404("no such span in this run")
+    body = span.payload.body if span.payload_id else span.body
+    if span.kind == Span.Kind.RECOVERY or body is None:
+        body = {"attributes": span.attributes, "body": body}
+    if request.GET.get("preview"):
+        text = json.dumps(body, indent=1, default=str)
+        return render(
+            request,
+            "runs/run.html#payload-preview",
+            {
+                "text": text[:PREVIEW_CHARS],
+                "truncated": len(text) > PREVIEW_CHARS,
+                "size": len(text),
+                "url": request.path,
+            },
+        )
+    response = JsonResponse(body, safe=False, json_dumps_params={"indent": 1, "default": str})
+    response["Content-Disposition"] = f'attachment; filename="run-{run.id}-span-{span.id}.json"'
+    return response
+
+
+@login_required
+@require_GET
+def artifact_download(request, run_id: int, artifact_id: int):
+    run = run_for_view(request, run_id)
+    artifact = Artifact.objects.filter(run=run, id=artifact_id).first()
+    if artifact is None:
+        raise Http404("no such artifact in this run")
+    document = {
+        "key": artifact.key,
+        "version": artifact.version,
+        "verification": artifact.verification,
+        "provenance": artifact.provenance,
+        "schema": artifact.schema,
+        "content": artifact.content,
+    }
+    response = JsonResponse(document, json_dumps_params={"indent": 1, "default": str})
+    response["Content-Disposition"] = f'attachment; filename="run-{run.id}-{artifact.key}-v{artifact.version}.json"'
+    return response
+
+
+# --- live pushes -------------------------------------------------------------------------------------------
+def _mark_key(run_id: int) -> str:
+    return f"mark:run:{run_id}"
+
+
+def run_push(run_id: int) -> dict | None:
+    """What changed in the run since the last push, as HTML fragments with stable ids (no payloads).
+
+    The watermark (last span id, spans still open, operation statuses, last artifact) lives in the
+    shared cache. Without one — the first push to a new viewer, an evicted key — the browsers are told
+    to re-render from the database instead."""
+    run = Run.objects.select_related("workflow", "project").filter(id=run_id).first()
+    if run is None:
+        return None
+    now = timezone.now()
+    mark = cache.get(_mark_key(run_id))
+    tasks = list(Task.objects.filter(run=run).select_related("agent").order_by("id"))
+    ops = _operations(run_id)
+    last_span = Span.objects.filter(run_id=run_id).aggregate(m=Max("id"))["m"] or 0
+    open_now = list(Span.objects.filter(run_id=run_id, ended_at__isnull=True).values_list("id", flat=True))
+    last_artifact = Artifact.objects.filter(run_id=run_id).aggregate(m=Max("id"))["m"] or 0
+    new_mark = {"span": last_span, "open": open_now, "ops": {op.id: op.status for op in ops}, "art": last_artifact}
+    cache.set(_mark_key(run_id), new_mark, timeout=24 * 3600)
+    if mark is None:
+        return {"refetch": True}
+
+    changed = list(
+        Span.objects.filter(run_id=run_id, id__lte=last_span)
+        .filter(Q(id__gt=mark["span"]) | Q(id__in=mark["open"]))
+        .values("id", "task_id", "kind")
+    )
+    task_ids = {s["task_id"] for s in changed if s["task_id"]}
+    rows = span_rows(run_id) if not task_ids else list(
+        Span.objects.filter(run_id=run_id)
+        .filter(Q(task_id__in=task_ids) | Q(kind=Span.Kind.RUN))
+        .order_by("id")
+        .values(*SPAN_FIELDS)
+    )
+    _, nodes = tree_build(rows, operation_flags(ops))
+    for node in nodes.values():
+        if node.kind == Span.Kind.RUN:  # the tree above holds only the changed tasks: take the run's totals
+            node.sub_tokens, node.sub_cost = run.tokens_used, run.cost_micros
+            node.sub_count = Span.objects.filter(run_id=run_id).count()
+    parts = [render_to_string(TEMPLATE + "#run-header", header_context(run, tasks, ops, now))]
+    rows_done: set[int] = set()
+    for span in changed:
+        node = nodes.get(span["id"])
+        if node is None:
+            continue
+        if span["id"] > mark["span"]:
+            parts.append(node_html(node, run_id, now, mode="lazy"))
+        else:
+            parts.append(node_row(node, now))
+        rows_done.add(node.id)
+        parent = nodes.get(node.parent_id) if node.parent_id else None
+        while parent is not None:  # subtree totals moved all the way up
+            if parent.id not in rows_done:
+                parts.append(node_row(parent, now))
+                rows_done.add(parent.id)
+            parent = nodes.get(parent.parent_id) if parent.parent_id else None
+    for op in ops:
+        if mark["ops"].get(str(op.id), mark["ops"].get(op.id)) != op.status:
+            parts.append(render_to_string(TEMPLATE + "#ledger-row", {"row": _ledger_row(op), "run": run}))
+    parts.append(render_to_string(TEMPLATE + "#attribution", {"attribution": _attribution(run, tasks)}))
+    for artifact in Artifact.objects.filter(run_id=run_id, id__gt=mark["art"]).select_related("task"):
+        parts.append(render_to_string(TEMPLATE + "#artifact", {"artifact": artifact, "run": run}))
+    timeline = any(s["kind"] in (Span.Kind.TASK, Span.Kind.ATTEMPT) for s in changed)
+    return {"html": "".join(parts), "timeline": timeline}
