@@ -49,6 +49,10 @@ def nice_scale(peak: float | None, *, ticks: int = 4, integer: bool = False) -> 
     return round(float(top), 12), round(float(step), 12)
 
 
+def _g(value: float) -> str:
+    return f"{value:g}"
+
+
 def _n(x: float) -> str:
     """A coordinate: short, and never ``-0.0``."""
     return f"{x + 0.0:.1f}".rstrip("0").rstrip(".") or "0"
@@ -134,13 +138,15 @@ def bar_chart(
     title: str,
     x_label: str,
     y_label: str,
-    fmt: Callable[[float], str] = str,
+    fmt: Callable[[float], str] = _g,
+    tick_fmt: Callable[[float], str] | None = None,
     integer: bool = False,
     top: float | None = None,
     empty_text: str = "No data in this period",
 ) -> SafeString:
     """Vertical bars, one per point (``(label, value)``; a value of None draws no bar). ``top`` fixes the
-    axis (100 for percentages); otherwise it is a round number above the largest value."""
+    axis (100 for percentages); otherwise it is a round number above the largest value. ``fmt`` writes a
+    value in the tooltips, ``tick_fmt`` (by default ``fmt``) on the axis."""
     if not points:
         return _empty(chart_id, title, empty_text)
     values = [v for _, v in points if v is not None]
@@ -152,7 +158,7 @@ def bar_chart(
     slot = plot_w / len(points)
     bar_w = max(slot * 0.8, 1)
     every = math.ceil(len(points) / MAX_X_LABELS)
-    body = _y_axis(top, step, fmt, y_label)
+    body = _y_axis(top, step, tick_fmt or fmt, y_label)
     for i, (label, value) in enumerate(points):
         x = LEFT + slot * i + (slot - bar_w) / 2
         if value is not None:
@@ -230,14 +236,16 @@ def histogram(
             )
     for n, (value, label) in enumerate(marks):
         x = _position(bins, value, LEFT, w)
+        right = x > WIDTH - RIGHT - 160  # no room after the line: the label goes before it
         body.append(
             format_html(
                 '<line class="mark" x1="{x}" x2="{x}" y1="{}" y2="{}"/>'
-                '<text class="mark-label" x="{}" y="{}" text-anchor="start">{}</text>',
+                '<text class="mark-label" x="{}" y="{}" text-anchor="{}">{}</text>',
                 TOP - 4,
                 TOP + plot_h,
-                _n(x + 3),
+                _n(x - 3 if right else x + 3),
                 TOP + 8 + 12 * n,
+                "end" if right else "start",
                 label,
                 x=_n(x),
             )
@@ -264,7 +272,7 @@ def horizontal_bars(
     chart_id: str,
     title: str,
     x_label: str,
-    fmt: Callable[[float], str] = str,
+    fmt: Callable[[float], str] = _g,
     integer: bool = True,
     top: float | None = None,
     empty_text: str = "Nothing in this period",

@@ -23,7 +23,7 @@ read one value per run. A page costs the same handful of queries however many ru
 
 import datetime as dt
 import math
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -257,8 +257,7 @@ def insight_compute(
     total = Figures(key=None, label="All runs")
     today = timezone.localdate(now or timezone.now())
     by_day = {
-        d: Figures(key=d, label=d.isoformat())
-        for d in (today - dt.timedelta(days=n) for n in range(days - 1, -1, -1))
+        d: Figures(key=d, label=d.isoformat()) for d in (today - dt.timedelta(days=n) for n in range(days - 1, -1, -1))
     }
     wf_names = {w.id: w.name or w.slug for w in workflows}
     pr_names = {p.id: p.name or p.slug for p in projects}
@@ -416,4 +415,6 @@ def wait_bins(waits: list[float]) -> list[Bin]:
     counts = Counter()
     for w in waits:
         counts[next(i for i in range(len(WAIT_EDGES) - 1, -1, -1) if w >= WAIT_EDGES[i])] += 1
-    return [Bin(lo=edges[i], hi=edges[i + 1], count=counts.get(i, 0), label=WAIT_LABELS[i]) for i in range(len(WAIT_EDGES))]
+    return [
+        Bin(lo=edges[i], hi=edges[i + 1], count=counts.get(i, 0), label=WAIT_LABELS[i]) for i in range(len(WAIT_EDGES))
+    ]

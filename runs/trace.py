@@ -182,7 +182,7 @@ def node_row(node: Node, now) -> SafeString:
     flags = format_html_join(" ", '<span class="flag f-{}">{}</span>', ((f, f) for f in sorted(node.flags)))
     label = KIND_LABELS.get(node.kind, node.kind)
     step = format_html('<span class="step">step {}</span>', node.step) if node.step else ""
-    attempt = format_html(" #{}", node.attempt) if node.kind == "attempt" and node.attempt else ""
+    attempt = ""
     return format_html(
         '<summary id="row-{}" data-row><span class="kind">{}{}</span> <span class="name" hx-disable>{}</span> {} '
         '<span class="badge s-{}">{}</span> <span class="dur">{}</span> {} {} {}</summary>',

@@ -59,7 +59,9 @@ def _percent(value: float) -> str:
 def _charts(data: Insight) -> dict:
     days = [(f.key.strftime("%b %d"), f) for f in data.by_day]
     p95 = data.total.steps_p95
-    waits = [(v, f"{name} = {fmt_duration(v)}") for name, v in (("p50", data.total.wait_p50), ("p95", data.total.wait_p95))]
+    waits = [
+        (v, f"{name} = {fmt_duration(v)}") for name, v in (("p50", data.total.wait_p50), ("p95", data.total.wait_p95))
+    ]
     return {
         "success": charts.bar_chart(
             [(d, None if f.success_rate is None else f.success_rate * 100) for d, f in days],
@@ -76,7 +78,6 @@ def _charts(data: Insight) -> dict:
             title="Runs per day",
             x_label="day the run was created",
             y_label="runs",
-            fmt=lambda v: f"{v:g}",
             integer=True,
         ),
         "cost": charts.bar_chart(
@@ -86,6 +87,7 @@ def _charts(data: Insight) -> dict:
             x_label="day the run was created",
             y_label="cost (USD)",
             fmt=fmt_usd,
+            tick_fmt=lambda micros: f"${micros / 1_000_000:g}",
         ),
         "steps": charts.histogram(
             data.step_bins,

@@ -9,7 +9,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from agents.models import Workflow
-from approvals.access import default_project, membership_grant, project_ids
+from approvals.access import membership_grant, project_ids
 from approvals.models import ApprovalRequest, Project
 from runs import charts
 from runs.insight import insight_choices, insight_compute, percentile, period_start, step_bins, step_width
@@ -189,7 +189,8 @@ def test_steps_histogram_flags_the_runs_beyond_the_p95(demo, operator, client):
     html = client.get(URL).content.decode()
     assert f'href="{reverse("runs:detail", args=[looping.id])}"' in html
     svg = chart(html, "chart-steps")
-    assert svg.count('class="bar tail"') == 1 and "p95 = 19 steps" in svg
+    tail = [b for b in bars(svg) if b["class"] == "bar tail" and b["height"] != "0"]
+    assert len(tail) == 1 and "<title>60–64: 1</title>" in svg and "p95 = 19 steps" in svg
 
 
 def test_step_bins_widen_to_round_numbers():
@@ -318,8 +319,8 @@ def test_the_page_costs_the_same_queries_for_5_and_50_runs(demo, operator, clien
 
 
 def test_nice_scale():
-    assert charts.nice_scale(0) == (1, 0.5) and charts.nice_scale(0, integer=True) == (1, 1)
-    assert charts.nice_scale(None) == (1, 0.5) and charts.nice_scale(float("nan")) == (1, 0.5)
+    assert charts.nice_scale(0) == (1, 0.25) and charts.nice_scale(0, integer=True) == (1, 1)
+    assert charts.nice_scale(None) == (1, 0.25) and charts.nice_scale(float("nan")) == (1, 0.25)
     assert charts.nice_scale(7, integer=True) == (8, 2)
     assert charts.nice_scale(1, integer=True) == (1, 1)
     assert charts.nice_scale(100) == (100, 25)
@@ -335,7 +336,7 @@ def test_bar_chart_with_all_zero_data_still_has_an_axis():
     svg = charts.bar_chart([("a", 0), ("b", 0)], chart_id="z", title="Zero", x_label="x", y_label="y")
     assert [b["height"] for b in bars(svg)] == ["0", "0"]
     assert "nan" not in svg.lower() and "inf" not in svg.lower()
-    assert svg.count('class="grid"') == 3  # 0, 0.5, 1
+    assert svg.count('class="grid"') == 5 and ">0.25<" in svg  # 0 to 1 by a quarter
 
 
 def test_bar_chart_with_a_single_value_and_missing_values():

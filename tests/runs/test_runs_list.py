@@ -104,7 +104,7 @@ def test_a_row_shows_the_runs_figures_escaped_with_native_bars_and_no_inline_sty
     row = re.search(rf'<tr id="run-row-{run.id}".*?</tr>', page, re.S).group(0)
     assert EVIL not in page and "&lt;script&gt;" in row
     assert f'href="{reverse("runs:detail", args=[run.id])}"' in row
-    assert 'class="badge status-running"' in row and ">deploy-review<" in row and ">default<" in row
+    assert 'class="badge s-running"' in row and ">deploy-review<" in row and ">default<" in row
     assert '<progress max="3" value="1">' in row and "1/3" in row
     assert 'max="10"' in row and 'value="4"' in row and row.count("<meter") == 2  # tokens: no limit
     assert "$0.0125/$1.0000" in row and "no limit" in row and "1 pending" in row and "olivia" in row
@@ -132,8 +132,8 @@ def test_next_page_by_htmx_answers_rows_and_the_pager_out_of_band(demo, people, 
     olivia, _, _ = people
     runs = start(PAGE_SIZE + 2, started_by=olivia)
     client.force_login(olivia)
-    third_newest = sorted(r.id for r in runs)[-3]
-    response = client.get(reverse("runs:list"), {"after": third_newest + 1}, headers={"HX-Request": "true"})
+    newest = max(r.id for r in runs)
+    response = client.get(reverse("runs:list"), {"after": newest}, headers={"HX-Request": "true"})
     body = response.content.decode()
     assert "<html" not in body and "<tbody" not in body
     assert body.index("<tr") < body.index('<nav id="run-pager" class="pager" aria-label="Pages" hx-swap-oob="true">')
@@ -247,7 +247,7 @@ def test_an_operators_bulk_cancel_acts_on_exactly_the_previewed_runs(demo, peopl
     assert "<strong>9</strong> tasks stopped" in page  # three tasks each, none finished
     ids = previewed_ids(preview)
     assert sorted(map(int, ids.split(","))) == sorted(r.id for r in targets)
-    assert all(r.status == Run.Status.RUNNING for r in Run.objects.all())  # a preview changes nothing
+    assert Run.objects.filter(status=Run.Status.RUNNING).count() == 4  # a preview changes nothing
 
     (newcomer,) = start()  # matches the filter, but was not previewed
     assert bulk(client, action="cancel", confirm="1", run_ids=ids, reason=" ").status_code == 400  # no reason
@@ -300,7 +300,7 @@ def test_bulk_retry_retries_each_failed_task_and_resumes_the_run(demo, people, c
     client.force_login(olivia)
     preview = bulk(client, action="retry", scope="ticked", ids=[stuck.id, healthy.id])
     page = preview.content.decode()
-    assert "1 needs attention run will be retried" in page and "1 running run skipped: no failed task" in page
+    assert "<strong>1</strong> needs attention run will be retried" in page and "1 running run skipped: no failed task" in page
     assert "<strong>1</strong> failed tasks retried" in page
     result = bulk(client, action="retry", confirm="1", run_ids=previewed_ids(preview), reason="flaky model")
     assert "1 done" in result.content.decode() and "1 failed task retried" in result.content.decode()
@@ -345,7 +345,7 @@ def test_the_compensate_preview_counts_the_effects_to_undo_and_to_correct(demo, 
 
     preview = bulk(client, action="compensate", scope="filter")
     page = preview.content.decode()
-    assert "1 failed run will be compensated" in page and "1 needs attention run will be compensated" in page
+    assert "<strong>1</strong> failed run will be compensated" in page and "<strong>1</strong> needs attention run will be" in page
     assert "1 running run skipped: only a run that needs attention, failed or was cancelled" in page
     assert "<strong>3</strong> committed effects undone" in page
     assert "<strong>3</strong> irreversible effects to correct (each correction waits for a reviewer)" in page
