@@ -402,11 +402,19 @@ def test_member_pages_need_a_login_and_show_an_outsider_nothing(scene, client):
     assert anonymous.status_code == 302 and ApprovalRequest.objects.get(id=scene["approval"].id).status == "pending"
 
 
-def test_there_is_no_websocket_route_without_a_row():
-    """Websocket routes join the matrix when they exist: today the ASGI app serves HTTP only."""
-    from config.asgi import application
+SOCKETS = {
+    "ws/runs/": "member: joins the list groups of the projects they may view",
+    "ws/runs/<int:run_id>/": "view the run",
+}
 
-    assert set(application.application_mapping) == {"http"}
+
+def test_every_websocket_route_has_a_row():
+    """Websockets are checked like pages (tests/runs/test_consumers.py): a new route needs a row here."""
+    from config.asgi import application
+    from config.routing import websocket_urlpatterns
+
+    assert set(application.application_mapping) == {"http", "websocket"}
+    assert {str(p.pattern) for p in websocket_urlpatterns} == set(SOCKETS)
 
 
 def test_a_token_used_by_an_agent_never_decides(scene, client):
