@@ -1,12 +1,13 @@
 from django.urls import path
 
-from .views import insight, run_actions, run_page, runs_list
+from .views import insight, run_actions, run_page, run_start, runs_list
 
 app_name = "runs"
 
 urlpatterns = [
     path("runs/", runs_list.run_list, name="list"),
     path("runs/bulk", runs_list.run_bulk, name="bulk"),
+    path("runs/start", run_start.run_start, name="start"),
     path("runs/<int:run_id>/", run_page.run_detail, name="detail"),
     path("runs/<int:run_id>/live", run_page.run_live, name="live"),
     path("runs/<int:run_id>/timeline", run_page.run_timeline, name="timeline"),

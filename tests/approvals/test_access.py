@@ -353,6 +353,7 @@ PAGES = {
     "approvals/<int:request_id>/decide": "decide (POST)",
     "runs/": "member (their projects' runs)",
     "runs/bulk": "operate (POST), per run",
+    "runs/start": "start (POST), in the workflow's project",
     "runs/<int:run_id>/": "view",
     "runs/<int:run_id>/live": "view",
     "runs/<int:run_id>/timeline": "view",
