@@ -180,7 +180,8 @@ def bulk_apply(*, user, action: str, run_ids: list[int], reason: str, request=No
             outcomes.append(Outcome(run_id, "skipped", str(exc)))
             continue
         try:
-            outcomes.append(Outcome(run_id, "done", _act(user=user, action=action, run=run, reason=reason, request=request)))
+            done = _act(user=user, action=action, run=run, reason=reason, request=request)
+            outcomes.append(Outcome(run_id, "done", done))
         except _Skip as exc:
             outcomes.append(Outcome(run_id, "skipped", str(exc)))
         except (WardenError, TransitionNotAllowed) as exc:

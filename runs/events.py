@@ -61,6 +61,17 @@ def seq_next(name: str) -> int:
         return cache.incr(key)
 
 
+def list_seqs(project_ids: list[int] | None) -> dict[str, int]:
+    """The runs list's sequence number per project (``None``: every project, for a superuser)."""
+    if project_ids is None:
+        from approvals.models import Project
+
+        project_ids = list(Project.objects.values_list("id", flat=True))
+    keys = {f"seq:{list_seq_name(p)}": str(p) for p in project_ids}
+    found = cache.get_many(list(keys))
+    return {p: found.get(k, 0) for k, p in keys.items()}
+
+
 def watching(*keys: str) -> None:
     """Announce a viewer (a page being rendered, an open socket) so changes are published."""
     cache.set_many(dict.fromkeys(keys, 1), timeout=PRESENCE_SECONDS)
@@ -176,6 +187,7 @@ publisher = Publisher()
 
 def publish(run_id: int) -> None:
     """Render what changed in the run and send it to whoever watches. Runs in the publisher thread."""
+    from runs.errors import NotFound
     from runs.listing import run_row_html
     from runs.views.run_page import run_push
 
@@ -188,8 +200,10 @@ def publish(run_id: int) -> None:
         if body is not None:
             publisher.send(run_group(run_id), json.dumps({"seq": seq, **body}))
     if LIST_PRESENCE in present:
-        row = run_row_html(run_id)
-        if row is not None:
-            project_id, html = row
+        try:
+            project_id, html = run_row_html(run_id)
+        except NotFound:
+            pass
+        else:
             seq = seq_next(list_seq_name(project_id))
             publisher.send(list_group(project_id), json.dumps({"project": project_id, "seq": seq, "html": html}))

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from datetime import date, datetime, time, timedelta
 from urllib.parse import urlencode
 
+from django.contrib.auth import get_user_model
+from django.db import connection
 from django.db.models import Count, OuterRef, Q, QuerySet, Subquery
 from django.db.models.functions import Coalesce
 from django.template.loader import render_to_string
@@ -77,6 +79,20 @@ class RunFilters:
     @property
     def active(self) -> bool:
         return bool(self.params())
+
+    def describe(self) -> str:
+        """The filter in words, for a page that acts on its runs."""
+        parts = [f"status {' or '.join(s.replace('_', ' ') for s in self.statuses)}"] if self.statuses else []
+        for name, label in (("workflow", "workflow"), ("project", "project"), ("starter", "started by")):
+            if getattr(self, name):
+                parts.append(f"{label} {getattr(self, name)}")
+        if self.since:
+            parts.append(f"created since {self.since.isoformat()}")
+        if self.until:
+            parts.append(f"created until {self.until.isoformat()}")
+        if self.q:
+            parts.append(f"matching “{self.q}”")
+        return ", ".join(parts)
 
 
 def _date(value: str, label: str, errors: list[str]) -> date | None:
@@ -172,6 +188,19 @@ def runs_annotated(runs: QuerySet) -> QuerySet:
     )
 
 
+def _contains(field: str, text: str) -> Q:
+    """A case-insensitive substring match. On PostgreSQL, as a regex of the escaped text: the planner has
+    statistics for ``goal ~* …`` but none for icontains' ``UPPER(goal) LIKE …``, and without them it
+    sorts every match instead of walking the id index back until the page is full."""
+    if connection.vendor == "postgresql":
+        return Q(**{f"{field}__iregex": re.escape(text)})
+    return Q(**{f"{field}__icontains": text})
+
+
+def _id_of(rows: QuerySet) -> Subquery:
+    return Subquery(rows.values("id")[:1])
+
+
 def runs_filtered(*, user, filters: RunFilters) -> QuerySet:
     """The runs of ``user``'s projects that match ``filters``, newest first, from ``filters.after`` on;
     no figures (the bulk actions select ids with this)."""
@@ -181,30 +210,39 @@ def runs_filtered(*, user, filters: RunFilters) -> QuerySet:
         runs = runs.filter(project_id__in=visible)
     if filters.statuses:
         runs = runs.filter(status__in=filters.statuses)
+    # By id, from a scalar subquery rather than a join: the (column, id) indexes then yield the runs of one
+    # project, workflow or person newest first, however long ago its last run was.
     if filters.workflow:
-        runs = runs.filter(workflow__slug=filters.workflow)
+        runs = runs.filter(workflow_id=_id_of(Workflow.objects.filter(slug=filters.workflow)))
     if filters.project:
-        runs = runs.filter(project__slug=filters.project)
+        runs = runs.filter(project_id=_id_of(Project.objects.filter(slug=filters.project)))
     if filters.starter:
-        runs = runs.filter(started_by__username=filters.starter)
+        runs = runs.filter(started_by_id=_id_of(get_user_model().objects.filter(username=filters.starter)))
     if filters.since:
         runs = runs.filter(created_at__gte=_day_start(filters.since))
     if filters.until:
         runs = runs.filter(created_at__lt=_day_start(filters.until + timedelta(days=1)))
     if filters.q:
-        match = Q(goal__icontains=filters.q) | Q(workflow__slug__icontains=filters.q)
         run_id = RUN_ID.match(filters.q)
-        if run_id:
-            match |= Q(id=int(run_id.group(1)))
-        runs = runs.filter(match)
+        if run_id and not filters.q.isdigit():  # "#42", "run 42": that run; "42" may be in a goal too
+            runs = runs.filter(id=int(run_id.group(1)))
+        else:
+            # The workflows by a subquery, not through the join: the join would test each goal once per workflow.
+            workflows = Workflow.objects.filter(_contains("slug", filters.q)).values("id")
+            match = _contains("goal", filters.q) | Q(workflow_id__in=workflows)
+            runs = runs.filter(match | Q(id=int(filters.q)) if run_id else match)
     if filters.after:
         runs = runs.filter(id__lt=filters.after)
     return runs
 
 
-def runs_for_list(*, user, filters: RunFilters) -> QuerySet:
-    """The list's rows: slice it (``[:PAGE_SIZE + 1]`` tells whether a next page exists)."""
-    return runs_annotated(runs_filtered(user=user, filters=filters))
+def runs_for_list(*, user, filters: RunFilters, limit: int = PAGE_SIZE + 1) -> QuerySet:
+    """A page of the list: at most ``limit`` runs (one more than a page tells whether there is a next).
+
+    One query: the page's ids are chosen by a subquery that reads nothing else, so the row figures are
+    computed for those runs only (SQLite computes a row's columns before it sorts, PostgreSQL may too)."""
+    page = runs_filtered(user=user, filters=filters).values("id")[:limit]
+    return runs_annotated(Run.objects.filter(id__in=page)).order_by("-id")
 
 
 def _duration(seconds: float) -> str:
@@ -222,10 +260,13 @@ def _duration(seconds: float) -> str:
 
 
 def rows_prepare(runs, now=None) -> list[Run]:
-    """What a row computes in Python: its duration (a run not finished yet: since it started)."""
+    """What a row computes in Python: its cost in dollars, and its duration (a run not finished yet:
+    since it started)."""
     now = now or timezone.now()
     runs = list(runs)
     for run in runs:
+        run.cost_label = f"${run.cost_micros / 1_000_000:.4f}"
+        run.cost_limit_label = "" if run.max_cost_micros is None else f"${run.max_cost_micros / 1_000_000:.4f}"
         if run.started_at is None:
             run.duration = ""
         else:

@@ -218,7 +218,8 @@ def _body(run_id: int, node: Node) -> SafeString:
     # Bodies are fetched when asked for, never pushed; the fetched text lands inside hx-disable.
     return format_html(
         '<div class="payload-slot"><a href="{}" download>download</a> '
-        '<a href="{}?preview=1" hx-get="{}?preview=1" hx-target="closest .payload-slot" hx-swap="innerHTML">show</a></div>',
+        '<a href="{}?preview=1" hx-get="{}?preview=1" hx-target="closest .payload-slot" '
+        'hx-swap="innerHTML">show</a></div>',
         url,
         url,
         url,
@@ -371,7 +372,8 @@ def timeline_svg(tasks, attempt_rows, run, critical: set[int], now) -> SafeStrin
             a_end = a["ended_at"] or now
             parts.append(
                 format_html(
-                    '<rect class="attempt s-{}" x="{}" y="{}" width="{}" height="{}"><title>attempt {} {}</title></rect>',
+                    '<rect class="attempt s-{}" x="{}" y="{}" width="{}" height="{}">'
+                    "<title>attempt {} {}</title></rect>",
                     a["status"] if a["ended_at"] else "running",
                     f1(x(a["started_at"])),
                     f1(y + 2),
@@ -382,7 +384,8 @@ def timeline_svg(tasks, attempt_rows, run, critical: set[int], now) -> SafeStrin
                 )
             )
     return format_html(
-        '<svg class="gantt" viewBox="0 0 {} {}" width="100%" role="img" aria-label="Timeline of tasks and attempts">{}</svg>',
+        '<svg class="gantt" viewBox="0 0 {} {}" width="100%" role="img" '
+        'aria-label="Timeline of tasks and attempts">{}</svg>',
         width,
         height,
         format_html_join("", "{}", ((p,) for p in parts)),

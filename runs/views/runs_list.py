@@ -1,12 +1,15 @@
 """The runs list (filters in the query string, keyset pages, more rows by htmx) and its bulk actions:
 a preview of what an action would touch, then the action on exactly the runs previewed."""
 
+import json
+
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import render
 from django.views.decorators.http import require_GET, require_POST
 from django.views.decorators.vary import vary_on_headers
 
-from runs import bulk, listing
+from approvals import access
+from runs import bulk, events, listing
 from runs.models import Run
 
 
@@ -16,7 +19,7 @@ from runs.models import Run
 def run_list(request):
     choices = listing.filter_choices(request.user)
     filters = listing.filters_parse(request.GET, **choices)
-    rows = list(listing.runs_for_list(user=request.user, filters=filters)[: listing.PAGE_SIZE + 1])
+    rows = list(listing.runs_for_list(user=request.user, filters=filters))
     runs = listing.rows_prepare(rows[: listing.PAGE_SIZE])
     context = {
         "runs": runs,
@@ -26,6 +29,12 @@ def run_list(request):
         "bulk_actions": bulk.ACTIONS.items(),
         **choices,
     }
+    # Announce the viewer before reading, so every change from now on is pushed (runs/events.py).
+    events.watching(events.LIST_PRESENCE)
+    context["seqs_json"] = json.dumps(events.list_seqs(access.project_ids(request.user, "view")))
+    context["accept_new"] = not filters.active and not filters.after
+    if request.GET.get("live"):  # a live re-render after a gap or a reconnect
+        return render(request, "runs/list.html#run-rows", context)
     if request.htmx and not request.htmx.boosted:  # "Next page": its rows, and the pager out of band
         return render(request, "runs/list.html#page-rows", {**context, "oob": True})
     return render(request, "runs/list.html", context)
@@ -65,7 +74,7 @@ def _selection(request) -> tuple[list[int], str]:
         raise bulk.Refused(
             f"more than {bulk.MAX_RUNS} runs match this filter; narrow it (by status, workflow or dates) and try again"
         )
-    return ids, ("every run matching the filter" if filters.active else "every run you can see")
+    return ids, (f"every run matching the filter ({filters.describe()})" if filters.active else "every run you can see")
 
 
 @login_required
@@ -79,7 +88,7 @@ def run_bulk(request):
         "label": bulk.ACTIONS.get(action, ""),
         "reason": request.POST.get("reason", "").strip()[:1000],
         "back": request.POST.get("back", "")[:2000],
-        "scope": request.POST.get("scope_label", "the previewed runs")[:100],
+        "scope": request.POST.get("scope_label", "the previewed runs")[:500],
     }
     status = 200
     try:

@@ -80,7 +80,8 @@
         existing.replaceWith(el);
         htmx.process(el);
         restoreOpen(el);
-      } else if (el.dataset.parent) {
+      } else if (el.dataset.parent && (isRun || root.dataset.acceptNew !== undefined)) {
+        // A new row joins the list only where it certainly belongs: the newest runs, unfiltered.
         const parent = document.getElementById(el.dataset.parent);
         if (!parent) return; // inside a subtree not loaded yet: it will come from the database
         const empty = parent.querySelector(":scope > .empty");
