@@ -68,6 +68,12 @@ class Run(models.Model):
     def __str__(self) -> str:
         return f"run {self.pk} ({self.workflow_id}, {self.status})"
 
+    def get_absolute_url(self) -> str:
+        """The run's dashboard page (the admin's "View on site")."""
+        from django.urls import reverse
+
+        return reverse("runs:detail", args=[self.pk])
+
     @property
     def is_terminal(self) -> bool:
         return self.status in self.TERMINAL
