@@ -217,6 +217,7 @@ class TaskAdmin(ProjectScoped, admin.ModelAdmin):
         "lease_expires_at",
         "heartbeat_at",
         "fencing_token",
+        "journal_epoch",
         "ready_at",
         "not_before",
         "continuing",

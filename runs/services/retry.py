@@ -31,7 +31,9 @@ def _run_id(task_id: int) -> int:
 
 def _journal(task_id: int) -> list[dict]:
     return list(
-        Span.objects.filter(task_id=task_id, step__isnull=False).order_by("step").values("step", "kind", "name", "attempt")
+        Span.objects.filter(task_id=task_id, step__isnull=False)
+        .order_by("step")
+        .values("step", "kind", "name", "attempt")
     )
 
 

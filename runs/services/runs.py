@@ -223,6 +223,9 @@ def run_resume(*, run_id: int, reason: str = "resumed by operator") -> Run:
     """Continue a run that needs attention."""
     with transaction.atomic():
         run = Run.objects.select_for_update().get(id=run_id)
+        if run.status != Run.Status.NEEDS_ATTENTION:
+            # A run waiting for approval moves on when the reviewers decide, not on an operator's resume.
+            raise Conflict(f"run {run.id} is {run.status}; only a run that needs attention can be resumed")
         _resume_locked(run=run, reason=reason, now=timezone.now())
     return run
 
@@ -242,6 +245,9 @@ def task_retry_locked(*, run: Run, task: Task, reason: str, now) -> None:
     """task_retry's body. Call inside transaction.atomic() with ``run``, then ``task``, locked."""
     if run.is_terminal:
         raise Conflict(f"run {run.id} is {run.status}; a task of a finished run cannot be retried")
+    if run.status in (Run.Status.CANCELLING, Run.Status.COMPENSATING):
+        # No worker claims a task of such a run: it would sit ready for good.
+        raise Conflict(f"run {run.id} is {run.status}; its tasks cannot be retried now")
     check_task_transition(task.status, Task.Status.READY)
     task.max_attempts = max(task.max_attempts, task.attempts + 1)
     task.failure_class = ""

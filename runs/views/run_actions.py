@@ -8,6 +8,7 @@ with the reason, and nothing has changed. Plain forms: everything works with Jav
 """
 
 import json
+from dataclasses import dataclass, field
 
 from django.conf import settings
 from django.contrib import messages
@@ -20,26 +21,26 @@ from django.views.decorators.http import require_http_methods
 
 from approvals.audit import audit
 from approvals.models import ApprovalRequest
+from runs import services
 from runs.errors import Conflict, Forbidden, InvalidInput, NotFound, WardenError
 from runs.models import Run, Task
-from runs.services import run_cancel, run_resume, task_retry_from, task_retry_preview
-from runs.services import task_retry as task_retry_service
 from runs.transitions import RUN_TRANSITIONS, TransitionNotAllowed
+from tools import saga
 from tools.models import ToolOperation
 from tools.registry import TOOLS
-from tools.saga import COMPENSABLE_FROM, compensation_plan, operation_resolve, run_compensate
 
 from .common import run_for_view
 
 OS = ToolOperation.Status
-_methods = require_http_methods(["GET", "POST"])
+_get_or_post = require_http_methods(["GET", "POST"])
 
 
+@dataclass
 class _Done:
-    """What a POST did, for the audit log and the message on the run page."""
+    """What a POST did: the message for the run page, and the details for the audit log."""
 
-    def __init__(self, action: str, target: str, message: str, **detail):
-        self.action, self.target, self.message, self.detail = action, target, message, detail
+    message: str
+    detail: dict = field(default_factory=dict)
 
 
 def _status(exc: Exception) -> int:
@@ -49,7 +50,7 @@ def _status(exc: Exception) -> int:
         return 404
     if isinstance(exc, Forbidden):
         return 403
-    return 409  # a conflict with the run's state, or a transition the state machine refuses
+    return 409  # a conflict with the run's state, or a transition its state machine refuses
 
 
 def _describe(exc: Exception) -> str:
@@ -63,33 +64,38 @@ def _see_other(url: str) -> HttpResponseRedirect:
     return response
 
 
-def _required(request, field: str, what: str) -> str:
-    value = request.POST.get(field, "").strip()
-    if not value:
-        raise InvalidInput(f"{what} is required", [{"field": field, "message": "required"}])
+def _reason(request, *, required: bool, default: str = "") -> str:
+    value = request.POST.get("reason", "").strip()
+    if required and not value:
+        raise InvalidInput("a reason is required", [{"field": "reason", "message": "required"}])
     if len(value) > 1000:
-        raise InvalidInput(f"{what} is too long", [{"field": field, "message": "at most 1000 characters"}])
-    return value
+        raise InvalidInput("the reason is too long", [{"field": "reason", "message": "at most 1000 characters"}])
+    return value or default
 
 
-def _confirm(request, run: Run, template: str, context, act):
-    """GET: the confirmation page. POST: ``act()`` (which raises on refusal) and its audit row in one
-    transaction, then back to the run. ``context()`` builds the page's preview from the current state."""
-    error, status = "", 200
+def _confirm(request, run: Run, template: str, context, act, *, action: str, target: str, get_status: int = 200):
+    """GET: the confirmation page, with ``context()`` (the preview, from the current state). POST:
+    ``act()`` (which raises on refusal) and its audit row in one transaction, then back to the run.
+    The engine's refusals are audited too, as denied; bad input is not."""
+    error, status = "", get_status
     if request.method == "POST":
         try:
             with transaction.atomic():
                 done = act()
-                audit(
-                    actor=request.user,
-                    action=done.action,
-                    run=run,
-                    target=done.target,
-                    detail=done.detail,
-                    request=request,
-                )
+                audit(actor=request.user, action=action, run=run, target=target, detail=done.detail, request=request)
         except (WardenError, TransitionNotAllowed) as exc:
             error, status = _describe(exc), _status(exc)
+            if status == 409:  # written after the rollback, so that it stays
+                why = {"why": error[:1000]}
+                audit(
+                    actor=request.user,
+                    action=action,
+                    outcome="denied",
+                    run=run,
+                    target=target,
+                    detail=why,
+                    request=request,
+                )
             run.refresh_from_db()
         else:
             messages.success(request, done.message)
@@ -98,18 +104,14 @@ def _confirm(request, run: Run, template: str, context, act):
     return render(request, template, {**page, **context()}, status=status)
 
 
-def _allowed(run: Run, to: str) -> str:
-    """Why the run cannot go to ``to`` now ("" if it can)."""
-    return "" if to in RUN_TRANSITIONS[run.status] else f"run {run.id} is {run.status}: it cannot go to {to}"
-
-
 # --- cancel ---------------------------------------------------------------------------------------------
 
 
 def _cancel_preview(run: Run) -> dict:
     tasks = list(run.tasks.select_related("agent").order_by("id"))
+    refusal = "" if Run.Status.CANCELLING in RUN_TRANSITIONS[run.status] else f"run {run.id} is {run.status}"
     return {
-        "refusal": _allowed(run, Run.Status.CANCELLING),
+        "refusal": refusal and f"{refusal}: it cannot be cancelled",
         "running": [t for t in tasks if t.status == Task.Status.RUNNING],
         "queued": [t for t in tasks if t.status not in Task.TERMINAL and t.status != Task.Status.RUNNING],
         "approvals": list(
@@ -125,20 +127,19 @@ def _cancel_preview(run: Run) -> dict:
 
 
 @login_required
-@_methods
+@_get_or_post
 def cancel(request, run_id: int):
     run = run_for_view(request, run_id, "operate")
 
     def act():
-        reason = _required(request, "reason", "a reason")
-        done = run_cancel(run_id=run.id, reason=reason)
-        if done.status == Run.Status.CANCELLED:
-            message = f"Run {run.id} is cancelled."
-        else:
-            message = f"Run {run.id} is cancelling: running tasks stop at their next step."
-        return _Done("run_cancel", f"run {run.id}", message, reason=reason)
+        reason = _reason(request, required=True)
+        cancelled = services.run_cancel(run_id=run.id, reason=reason)
+        if cancelled.status == Run.Status.CANCELLED:
+            return _Done(f"Run {run.id} is cancelled.", {"reason": reason})
+        return _Done(f"Run {run.id} is cancelling: running tasks stop at their next step.", {"reason": reason})
 
-    return _confirm(request, run, "runs/cancel.html", lambda: _cancel_preview(run), act)
+    context = lambda: _cancel_preview(run)  # noqa: E731
+    return _confirm(request, run, "runs/cancel.html", context, act, action="run_cancel", target=f"run {run.id}")
 
 
 # --- resume -----------------------------------------------------------------------------------------------
@@ -163,34 +164,34 @@ def _resume_preview(run: Run) -> dict:
 
 
 @login_required
-@_methods
+@_get_or_post
 def resume(request, run_id: int):
     run = run_for_view(request, run_id, "operate")
 
     def act():
-        reason = request.POST.get("reason", "").strip()[:1000] or f"resumed by {request.user} from the dashboard"
-        # Checked under the run's lock, in the transaction run_resume joins: a run waiting for a decision
-        # or already running is not "resumed" by an operator.
-        locked = Run.objects.select_for_update().get(id=run.id)
-        refusal = _resume_refusal(locked)
+        reason = _reason(request, required=False, default=f"resumed by {request.user} from the dashboard")
+        # Checked under the run's lock, in the transaction run_resume joins: a run that waits for a
+        # decision (or runs) is not the operator's to resume.
+        refusal = _resume_refusal(Run.objects.select_for_update().get(id=run.id))
         if refusal:
             raise Conflict(refusal)
-        run_resume(run_id=run.id, reason=reason)
-        return _Done("run_resume", f"run {run.id}", f"Run {run.id} is running again.", reason=reason)
+        services.run_resume(run_id=run.id, reason=reason)
+        return _Done(f"Run {run.id} is running again.", {"reason": reason})
 
-    return _confirm(request, run, "runs/resume.html", lambda: _resume_preview(run), act)
+    context = lambda: _resume_preview(run)  # noqa: E731
+    return _confirm(request, run, "runs/resume.html", context, act, action="run_resume", target=f"run {run.id}")
 
 
 # --- compensate -------------------------------------------------------------------------------------------
 
 
 def _compensate_preview(run: Run) -> dict:
-    plan = compensation_plan(run.id)
+    plan = saga.compensation_plan(run.id)
     running = list(run.tasks.filter(status=Task.Status.RUNNING).values_list("key", flat=True))
     refusal = ""
-    if run.status not in COMPENSABLE_FROM:
-        refusal = f"run {run.id} is {run.status}; only a run that needs attention, failed or was cancelled"
-        refusal += " can be compensated"
+    if run.status not in saga.COMPENSABLE_FROM:
+        refusal = f"run {run.id} is {run.status}; only a run that needs attention, failed or was cancelled "
+        refusal += "can be compensated"
     elif running:
         refusal = f"tasks {', '.join(running)} are still running; compensate when they have stopped"
     elif plan["unresolved"]:
@@ -200,26 +201,22 @@ def _compensate_preview(run: Run) -> dict:
 
 
 @login_required
-@_methods
+@_get_or_post
 def compensate(request, run_id: int):
     run = run_for_view(request, run_id, "operate")
 
     def act():
-        reason = _required(request, "reason", "a reason")
-        plan = compensation_plan(run.id)
-        run_compensate(run_id=run.id, reason=reason)
-        message = f"Run {run.id} is being compensated: {len(plan['undo'])} to undo"
-        message += f", {len(plan['correct'])} correction(s) waiting for a reviewer." if plan["correct"] else "."
-        return _Done(
-            "run_compensate",
-            f"run {run.id}",
-            message,
-            reason=reason,
-            undo=[item["operation"] for item in plan["undo"]],
-            correct=[item["operation"] for item in plan["correct"]],
-        )
+        reason = _reason(request, required=True)
+        plan = saga.compensation_plan(run.id)
+        saga.run_compensate(run_id=run.id, reason=reason)
+        message = f"Run {run.id} is being compensated: {len(plan['undo'])} effect(s) to undo"
+        if plan["correct"]:
+            message += f", {len(plan['correct'])} correction(s) waiting for a reviewer"
+        undo, correct = [i["operation"] for i in plan["undo"]], [i["operation"] for i in plan["correct"]]
+        return _Done(f"{message}.", {"reason": reason, "undo": undo, "correct": correct})
 
-    return _confirm(request, run, "runs/compensate.html", lambda: _compensate_preview(run), act)
+    context = lambda: _compensate_preview(run)  # noqa: E731
+    return _confirm(request, run, "runs/compensate.html", context, act, action="run_compensate", target=f"run {run.id}")
 
 
 # --- retry a task -----------------------------------------------------------------------------------------
@@ -239,7 +236,7 @@ def _step(raw: str) -> int | None:
 
 
 @login_required
-@_methods
+@_get_or_post
 def task_retry(request, run_id: int, task_id: int):
     run = run_for_view(request, run_id, "operate")
     task = Task.objects.filter(id=task_id, run=run).first()
@@ -254,43 +251,50 @@ def task_retry(request, run_id: int, task_id: int):
     def context():
         task.refresh_from_db()
         # With a step that is not a number, the page shows the plain retry's journal to pick from.
-        preview = task_retry_preview(task_id=task.id, step=None if step_error else step)
+        preview = services.task_retry_preview(task_id=task.id, step=None if step_error else step)
         return {"task": task, "step_error": step_error, "preview": preview, "failed": task.status == "failed"}
 
     def act():
         if step_error:
             raise InvalidInput(step_error)
-        reason = request.POST.get("reason", "").strip()[:1000] or f"retried by {request.user} from the dashboard"
+        reason = _reason(request, required=False, default=f"retried by {request.user} from the dashboard")
         if step is None:
-            task_retry_service(task_id=task.id, reason=reason)
-            return _Done("task_retry", f"task {task.id}", f"Task {task.key} is retried.", reason=reason)
-        preview = task_retry_preview(task_id=task.id, step=step)
+            services.task_retry(task_id=task.id, reason=reason)
+            return _Done(f"Task {task.key} is retried.", {"reason": reason})
+        preview = services.task_retry_preview(task_id=task.id, step=step)
         repeated = [op["id"] for op in preview["repeated_effects"]]
         if repeated and request.POST.get("repeat_effects") != "yes":
             raise InvalidInput(
                 f"confirm that {len(repeated)} committed effect(s) will happen a second time",
                 [{"field": "repeat_effects", "message": "required"}],
             )
-        retried = task_retry_from(task_id=task.id, step=step, reason=reason)
-        return _Done(
-            "task_retry_from",
-            f"task {task.id}",
-            f"Task {task.key} is retried from step {step}.",
-            reason=reason,
-            from_step=step,
-            journal_epoch=retried.journal_epoch,
-            re_executed=[s["step"] for s in preview["re_executed"]],
-            repeated_operations=repeated,
-        )
+        retried = services.task_retry_from(task_id=task.id, step=step, reason=reason)
+        detail = {
+            "reason": reason,
+            "from_step": step,
+            "journal_epoch": retried.journal_epoch,
+            "re_executed": [entry["step"] for entry in preview["re_executed"]],
+            "repeated_operations": repeated,
+        }
+        return _Done(f"Task {task.key} is retried from step {step}.", detail)
 
-    return _confirm(request, run, "runs/task_retry.html", context, act)
+    return _confirm(
+        request,
+        run,
+        "runs/task_retry.html",
+        context,
+        act,
+        action="task_retry" if step is None else "task_retry_from",
+        target=f"task {task.id} ({task.key})",
+        get_status=400 if step_error else 200,
+    )
 
 
 # --- resolve an ambiguous operation ----------------------------------------------------------------------
 
 
 @login_required
-@_methods
+@_get_or_post
 def operation_resolve(request, run_id: int, operation_id: int):
     run = run_for_view(request, run_id, "operate")
     op = ToolOperation.objects.filter(id=operation_id, run=run).select_related("task").first()
@@ -316,18 +320,19 @@ def operation_resolve(request, run_id: int, operation_id: int):
         verdict = request.POST.get("committed", "")
         if verdict not in ("yes", "no"):
             raise InvalidInput(
-                "say whether the effect is in the outside system",
-                [{"field": "committed", "message": "yes or no"}],
+                "say whether the effect is in the outside system", [{"field": "committed", "message": "yes or no"}]
             )
-        note = _required(request, "note", "a note on what you found")
-        operation_resolve(operation_id=op.id, committed=verdict == "yes", note=note)
+        note = request.POST.get("note", "").strip()
+        if not note:
+            raise InvalidInput("a note on what you found is required", [{"field": "note", "message": "required"}])
+        if len(note) > 1000:
+            raise InvalidInput("the note is too long", [{"field": "note", "message": "at most 1000 characters"}])
+        saga.operation_resolve(operation_id=op.id, committed=verdict == "yes", note=note)
         found = "committed" if verdict == "yes" else "not committed"
-        return _Done(
-            "operation_resolve",
-            f"operation {op.id}",
-            f"Operation {op.id} ({op.tool}) is resolved as {found}.",
-            committed=verdict == "yes",
-            note=note,
-        )
+        message = f"Operation {op.id} ({op.tool}) is resolved as {found}."
+        return _Done(message, {"committed": verdict == "yes", "note": note})
 
-    return _confirm(request, run, "runs/operation_resolve.html", context, act)
+    target = f"operation {op.id}"
+    return _confirm(
+        request, run, "runs/operation_resolve.html", context, act, action="operation_resolve", target=target
+    )
