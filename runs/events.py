@@ -113,6 +113,7 @@ class Publisher:
         self._users: dict[int, None] = {}
         self._thread: threading.Thread | None = None
         self._busy = False
+        self._stopping = False
         self._loop: asyncio.AbstractEventLoop | None = None
         # The in-memory channel layer (embedded mode) must be used from the event loop of the server
         # that owns its queues; consumers register it here when they connect.
@@ -138,12 +139,28 @@ class Publisher:
             while (self._pending or self._busy) and time.monotonic() < deadline:
                 self._cv.wait(0.01)
 
+    def stop(self, timeout: float = 10) -> None:
+        """Publish what is pending, close the thread's database connection and end it (test teardown)."""
+        thread = self._thread
+        if thread is None:
+            return
+        self.flush(timeout)
+        with self._cv:
+            self._stopping = True
+            self._cv.notify_all()
+        thread.join(timeout)
+        with self._cv:
+            self._stopping, self._thread = False, None
+
     def _run(self) -> None:
         self._loop = asyncio.new_event_loop()
         while True:
             with self._cv:
-                if not self._pending:
+                if not self._pending and not self._stopping:
                     self._cv.wait(self.IDLE_CLOSE_SECONDS)
+                if self._stopping and not self._pending:
+                    connection.close()
+                    return
                 if not self._pending:
                     connection.close()
                     continue

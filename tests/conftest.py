@@ -175,6 +175,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.fixture(scope="session", autouse=True)
+def events_publisher_stopped(django_db_setup, django_db_blocker):
+    """The live-update publisher thread holds a database connection: it ends before the test database
+    is dropped (PostgreSQL refuses to drop a database in use)."""
+    yield
+    from runs.events import publisher
+
+    publisher.stop()
+
+
 @pytest.fixture(autouse=True)
 def closed_circuits():
     """Tool circuit breakers live in the cache, which outlives a test: every test starts with them closed."""
