@@ -17,6 +17,8 @@ import json
 import logging
 import threading
 import time
+import uuid
+from contextlib import contextmanager
 
 from channels.layers import get_channel_layer
 from django.core.cache import cache
@@ -209,18 +211,36 @@ def publish(run_id: int) -> None:
     from runs.views.run_page import run_push
 
     present = cache.get_many([run_presence(run_id), LIST_PRESENCE])
-    if run_presence(run_id) in present:
-        # The number is taken before rendering: a push rendered later is never older than one with a
-        # smaller number, so the browser can drop anything below what it has.
-        seq = seq_next(run_seq_name(run_id))
-        body = run_push(run_id)
-        if body is not None:
-            publisher.send(run_group(run_id), json.dumps({"seq": seq, **body}))
-    if LIST_PRESENCE in present:
-        try:
-            project_id, html = run_row_html(run_id)
-        except NotFound:
-            pass
-        else:
+    if not present:
+        return
+    # One publisher at a time per run, across processes: render, number, send. So numbers follow the
+    # order of the renders (a higher number never carries older content), and a page that read its
+    # number before its data holds everything a push with a number up to its own carried.
+    with _run_lock(run_id):
+        if run_presence(run_id) in present:
+            body = run_push(run_id)
+            if body is not None:
+                seq = seq_next(run_seq_name(run_id))
+                publisher.send(run_group(run_id), json.dumps({"seq": seq, **body}))
+        if LIST_PRESENCE in present:
+            try:
+                project_id, html = run_row_html(run_id)
+            except NotFound:
+                return
             seq = seq_next(list_seq_name(project_id))
             publisher.send(list_group(project_id), json.dumps({"project": project_id, "seq": seq, "html": html}))
+
+
+@contextmanager
+def _run_lock(run_id: int, wait: float = 5.0, hold: float = 10.0):
+    """A lock in the shared cache (Redis in scaled mode). After ``wait`` we go on without it: a late
+    push is better than none, and the browser's gap check still holds."""
+    key, token = f"lock:publish:{run_id}", uuid.uuid4().hex
+    deadline = time.monotonic() + wait
+    while not cache.add(key, token, timeout=hold) and time.monotonic() < deadline:
+        time.sleep(0.002)
+    try:
+        yield
+    finally:
+        if cache.get(key) == token:
+            cache.delete(key)

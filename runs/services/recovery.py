@@ -33,9 +33,12 @@ def _seconds_ago(now, seconds: float):
 def _recovery_span(*, run_id: int, task_id: int | None, name: str, now, **attributes) -> None:
     """A recovery in the trace: under the task's span when it concerns a task, else under the run's."""
     events.run_changed(run_id)
-    parent = Span.objects.filter(run_id=run_id, kind=Span.Kind.TASK if task_id else Span.Kind.RUN)
+    spans = Span.objects.filter(run_id=run_id)
+    parent_id = None
     if task_id:
-        parent = parent.filter(task_id=task_id)
+        parent_id = spans.filter(kind=Span.Kind.TASK, task_id=task_id).values_list("id", flat=True).first()
+    if parent_id is None:  # a task not started yet has no span of its own: under the run's
+        parent_id = spans.filter(kind=Span.Kind.RUN).values_list("id", flat=True).first()
     Span.objects.create(
         run_id=run_id,
         task_id=task_id,
@@ -43,7 +46,7 @@ def _recovery_span(*, run_id: int, task_id: int | None, name: str, now, **attrib
         name=name,
         started_at=now,
         ended_at=now,
-        parent_id=parent.values_list("id", flat=True).first(),
+        parent_id=parent_id,
         attributes=attributes,
     )
 

@@ -138,6 +138,8 @@ def header_context(run: Run, tasks: list[Task], ops: list[ToolOperation], now) -
 
 
 def run_context(run: Run, *, q: str = "", only: str = "") -> dict:
+    # The number first, then the data: a push numbered up to this one was rendered before these reads.
+    seq = events.seq_current(events.run_seq_name(run.id))
     now = timezone.now()
     tasks = list(Task.objects.filter(run=run).select_related("agent").order_by("id"))
     rows = span_rows(run.id)
@@ -160,7 +162,7 @@ def run_context(run: Run, *, q: str = "", only: str = "") -> dict:
         "ledger": [_ledger_row(op) for op in ops],
         "attribution": _attribution(run, tasks),
         "artifacts": list(Artifact.objects.filter(run=run).select_related("task").order_by("id")),
-        "seq": events.seq_current(events.run_seq_name(run.id)),
+        "seq": seq,
     }
 
 

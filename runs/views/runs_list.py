@@ -17,6 +17,9 @@ from runs.models import Run
 @require_GET
 @vary_on_headers("HX-Request")
 def run_list(request):
+    # Announce the viewer, then read the numbers, then the data (runs/events.py says why).
+    events.watching(events.LIST_PRESENCE)
+    seqs_json = json.dumps(events.list_seqs(access.project_ids(request.user, "view")))
     choices = listing.filter_choices(request.user)
     filters = listing.filters_parse(request.GET, **choices)
     rows = list(listing.runs_for_list(user=request.user, filters=filters))
@@ -29,9 +32,7 @@ def run_list(request):
         "bulk_actions": bulk.ACTIONS.items(),
         **choices,
     }
-    # Announce the viewer before reading, so every change from now on is pushed (runs/events.py).
-    events.watching(events.LIST_PRESENCE)
-    context["seqs_json"] = json.dumps(events.list_seqs(access.project_ids(request.user, "view")))
+    context["seqs_json"] = seqs_json
     context["accept_new"] = not filters.active and not filters.after
     if request.GET.get("live"):  # a live re-render after a gap or a reconnect
         return render(request, "runs/list.html#run-rows", context)
