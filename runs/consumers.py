@@ -61,13 +61,13 @@ class _Consumer(AsyncWebsocketConsumer):
     async def connect(self):
         user = self.scope.get("user")
         if user is None or not user.is_authenticated:
-            await self.close(code=DENIED)
+            await self.refuse()
             return
         self.user_id = user.id
         self.session_key = getattr(self.scope.get("session"), "session_key", None)
         self.groups_joined = []
         if not await self.allowed(user):
-            await self.close(code=DENIED)
+            await self.refuse()
             return
         if events._in_memory(self.channel_layer):
             events.publisher.server_loop = asyncio.get_running_loop()
@@ -77,6 +77,12 @@ class _Consumer(AsyncWebsocketConsumer):
         await self.accept()
         await self.hello()
         self.beat = asyncio.create_task(self.heartbeat())
+
+    async def refuse(self) -> None:
+        # Accepted, then closed with our code: a refused handshake reaches the browser as 1006, which
+        # looks like a network failure and would be retried forever.
+        await self.accept()
+        await self.close(code=DENIED)
 
     async def join(self, group: str) -> None:
         await self.channel_layer.group_add(group, self.channel_name)

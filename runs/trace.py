@@ -1,17 +1,21 @@
 """The run page's trace tree and timeline, built from light span rows in one pass.
 
-Nodes are rendered with ``format_html`` rather than a template per node: a run page may draw a thousand
-task nodes and their bars, and a template include per node costs ten times as much. Every value that
-came from a model, a tool or an operator goes through ``format_html``'s escaping; names sit inside
+Nodes and bars are rendered as plain strings rather than a template (or ``format_html``) per node: a
+run page may draw a thousand task nodes and their bars, and those cost ten times as much. Every text
+that came from a model, a tool or an operator goes through ``esc`` (the standard library's
+``html.escape``, quotes included); numbers are formatted from ints and floats; names sit inside
 ``hx-disable`` so htmx never processes attributes found in them.
 """
 
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import lru_cache
+from html import escape as esc
 
+from django.db.models import Count, Q, Sum
 from django.urls import reverse
 from django.utils import timezone
-from django.utils.html import format_html, format_html_join
+from django.utils.html import format_html
 from django.utils.safestring import SafeString, mark_safe
 
 from .models import Span
@@ -32,6 +36,7 @@ SPAN_FIELDS = (
     "cost_micros",
     "payload_id",
 )
+CONTAINERS = ("run", "task", "attempt")
 FULL_TREE_MAX = 400  # spans: a run this small is drawn whole and open
 EAGER_SUBTREE_MAX = 150  # below a lazily loaded node, children this small come along
 
@@ -125,6 +130,39 @@ def tree_build(rows: list[dict], op_flags: dict | None = None) -> tuple[list[Nod
     return roots, nodes
 
 
+def task_totals(run_id: int) -> dict[int, tuple[int, int, int, int]]:
+    """Per task: tokens, cost, spans and failed spans of its whole subtree, summed by the database (a
+    large run's page loads only its run, task and attempt spans)."""
+    rows = (
+        Span.objects.filter(run_id=run_id, task_id__isnull=False)
+        .values("task_id")
+        .annotate(
+            tokens=Sum("tokens_in") + Sum("tokens_out"),
+            cost=Sum("cost_micros"),
+            spans=Count("id"),
+            errors=Count("id", filter=Q(status=Span.Status.ERROR)),
+        )
+        .order_by()
+    )
+    return {r["task_id"]: (r["tokens"] or 0, r["cost"] or 0, r["spans"], r["errors"]) for r in rows}
+
+
+def totals_apply(nodes: dict[int, Node], totals: dict[int, tuple[int, int, int, int]]) -> None:
+    """Give each task node its whole subtree's totals, and carry the difference up to the run."""
+    for node in nodes.values():
+        if node.kind != Span.Kind.TASK or node.task_id not in totals:
+            continue
+        tokens, cost, spans, errors = totals[node.task_id]
+        delta = (tokens - node.sub_tokens, cost - node.sub_cost, spans - node.sub_count, errors - node.sub_errors)
+        current = node
+        while current is not None:
+            current.sub_tokens += delta[0]
+            current.sub_cost += delta[1]
+            current.sub_count += delta[2]
+            current.sub_errors += delta[3]
+            current = nodes.get(current.parent_id) if current.parent_id else None
+
+
 def tree_filter(nodes: dict[int, Node], *, q: str = "", only: str = "") -> set[int] | None:
     """Ids to show: the matching nodes and their ancestors (None: no filter)."""
     q = q.strip().lower()
@@ -163,103 +201,82 @@ def duration(ms: float | None) -> str:
     return f"{ms / 3_600_000:.1f} h"
 
 
+def _status(node: Node) -> str:
+    return node.status if node.ended_at or node.status != "ok" else "running"
+
+
 def node_row(node: Node, now) -> SafeString:
     """The node's summary line: what a push replaces when the node changes."""
-    subtree = ""
-    if node.children or node.kind in ("run", "task", "attempt"):
-        subtree = format_html(
-            '<span class="sub" title="this node and everything below it">Σ {} tok · {} · {} spans{}</span>',
-            node.sub_tokens,
-            money(node.sub_cost),
-            node.sub_count,
-            format_html(" · {} failed", node.sub_errors) if node.sub_errors else "",
-        )
-    own = ""
+    parts = [
+        f'<summary id="row-{node.id}" data-row><span class="kind">{esc(KIND_LABELS.get(node.kind, node.kind))}</span> '
+        f'<span class="name" hx-disable>{esc(node.name)}</span> '
+    ]
+    if node.step:
+        parts.append(f'<span class="step">step {int(node.step)}</span> ')
+    status = esc(_status(node))
+    parts.append(
+        f'<span class="badge s-{status}">{status}</span> <span class="dur">{duration(node.duration_ms(now))}</span>'
+    )
     if node.kind in ("model_call", "tool_call") or node.tokens:
-        own = format_html(
-            '<span class="tok">{} tok</span> <span class="cost">{}</span>', node.tokens, money(node.cost_micros)
+        parts.append(
+            f' <span class="tok">{int(node.tokens)} tok</span> <span class="cost">{money(node.cost_micros)}</span>'
         )
-    flags = format_html_join(" ", '<span class="flag f-{}">{}</span>', ((f, f) for f in sorted(node.flags)))
-    label = KIND_LABELS.get(node.kind, node.kind)
-    step = format_html('<span class="step">step {}</span>', node.step) if node.step else ""
-    attempt = ""
-    return format_html(
-        '<summary id="row-{}" data-row><span class="kind">{}{}</span> <span class="name" hx-disable>{}</span> {} '
-        '<span class="badge s-{}">{}</span> <span class="dur">{}</span> {} {} {}</summary>',
-        node.id,
-        label,
-        attempt,
-        node.name,
-        step,
-        node.status if node.ended_at or node.status != "ok" else "running",
-        node.status if node.ended_at or node.status != "ok" else "running",
-        duration(node.duration_ms(now)),
-        own,
-        subtree,
-        flags,
+    if node.children or node.kind in ("run", "task", "attempt"):
+        failed = f" · {int(node.sub_errors)} failed" if node.sub_errors else ""
+        parts.append(
+            f' <span class="sub" title="this node and everything below it">Σ {int(node.sub_tokens)} tok · '
+            f"{money(node.sub_cost)} · {int(node.sub_count)} spans{failed}</span>"
+        )
+    for flag in sorted(node.flags):
+        parts.append(f' <span class="flag f-{esc(flag)}">{esc(flag)}</span>')
+    parts.append("</summary>")
+    return mark_safe("".join(parts))
+
+
+@lru_cache(maxsize=256)
+def _url_pattern(name: str, run_id: int) -> str:
+    """A span URL of this run with ``{}`` for the span: reversed once, not once per node."""
+    return esc(reverse(name, args=[run_id, 987654321])).replace("987654321", "{}")
+
+
+def _lazy(run_id: int, node: Node) -> str:
+    url = _url_pattern("runs:span-children", run_id).format(node.id)
+    return (
+        f'<li class="lazy"><a href="{url}" hx-get="{url}" hx-trigger="intersect once" hx-target="closest ul" '
+        f'hx-swap="innerHTML">load {int(node.sub_count) - 1} spans below</a></li>'
     )
 
 
-def _lazy(run_id: int, node: Node) -> SafeString:
-    url = reverse("runs:span-children", args=[run_id, node.id])
-    return format_html(
-        '<li class="lazy"><a href="{}" hx-get="{}" hx-trigger="intersect once" hx-target="closest ul" '
-        'hx-swap="innerHTML">load {} spans below</a></li>',
-        url,
-        url,
-        node.sub_count - 1,
-    )
-
-
-def _body(run_id: int, node: Node) -> SafeString:
+def _body(run_id: int, node: Node) -> str:
     if node.kind not in ("model_call", "tool_call", "plan", "recovery", "compensation"):
-        return mark_safe("")
-    url = reverse("runs:span-payload", args=[run_id, node.id])
+        return ""
+    url = _url_pattern("runs:span-payload", run_id).format(node.id)
     # Bodies are fetched when asked for, never pushed; the fetched text lands inside hx-disable.
-    return format_html(
-        '<div class="payload-slot"><a href="{}" download>download</a> '
-        '<a href="{}?preview=1" hx-get="{}?preview=1" hx-target="closest .payload-slot" '
-        'hx-swap="innerHTML">show</a></div>',
-        url,
-        url,
-        url,
+    return (
+        f'<div class="payload-slot"><a href="{url}" download>download</a> '
+        f'<a href="{url}?preview=1" hx-get="{url}?preview=1" hx-target="closest .payload-slot" '
+        'hx-swap="innerHTML">show</a></div>'
     )
 
 
 def node_html(node: Node, run_id: int, now, *, mode: str, keep: set[int] | None = None) -> SafeString:
     """A node with its children. ``mode``: "full" (everything, open), "lazy" (children loaded on demand
-    when their subtree is large), "shallow" (this node's children are drawn, theirs only on demand)."""
+    when their subtree is large), "shallow" (this node's children are drawn, theirs only on demand),
+    "closed" (children only on demand)."""
     children = [c for c in node.children if keep is None or c.id in keep]
     is_open = mode == "full" and node.kind in ("run", "task", "attempt")
     if mode == "shallow":
-        kids = format_html_join("", "{}", ((node_html(c, run_id, now, mode="lazy"),) for c in children))
-    elif mode == "lazy" and node.sub_count - 1 > EAGER_SUBTREE_MAX:
-        kids = _lazy(run_id, node) if children else ""
+        kids = "".join(node_html(c, run_id, now, mode="closed") for c in children)
+    elif mode == "closed" or (mode == "lazy" and node.sub_count - 1 > EAGER_SUBTREE_MAX):
+        kids = _lazy(run_id, node) if children or node.sub_count > 1 else ""
     else:
         child_mode = "full" if mode == "full" else "lazy"
-        kids = format_html_join("", "{}", ((node_html(c, run_id, now, mode=child_mode, keep=keep),) for c in children))
-    kids_html = (
-        format_html('<ul id="kids-{}" class="kids">{}</ul>', node.id, kids)
-        if node.kind
-        in (
-            "run",
-            "task",
-            "attempt",
-        )
-        or children
-        else mark_safe("")
-    )
-    return format_html(
-        '<li id="node-{}" class="node k-{} s-{}" data-parent="kids-{}"><details id="d-{}"{}>{}{}{}</details></li>',
-        node.id,
-        node.kind,
-        node.status,
-        node.parent_id or "root",
-        node.id,
-        mark_safe(" open") if is_open else "",
-        node_row(node, now),
-        _body(run_id, node),
-        kids_html,
+        kids = "".join(node_html(c, run_id, now, mode=child_mode, keep=keep) for c in children)
+    kids_html = f'<ul id="kids-{node.id}" class="kids">{kids}</ul>' if node.kind in CONTAINERS or kids else ""
+    return mark_safe(
+        f'<li id="node-{node.id}" class="node k-{esc(node.kind)} s-{esc(node.status)}" '
+        f'data-parent="kids-{node.parent_id or "root"}"><details id="d-{node.id}"{" open" if is_open else ""}>'
+        f"{node_row(node, now)}{_body(run_id, node)}{kids_html}</details></li>"
     )
 
 
@@ -270,7 +287,7 @@ def tree_html(roots: list[Node], run_id: int, *, total: int, keep: set[int] | No
     else:
         mode = "shallow"  # the run and its tasks; attempts and calls when a task is opened
     shown = [r for r in roots if keep is None or r.id in keep]
-    return format_html_join("", "{}", ((node_html(r, run_id, now, mode=mode, keep=keep),) for r in shown))
+    return mark_safe("".join(node_html(r, run_id, now, mode=mode, keep=keep) for r in shown))
 
 
 # --- timeline ----------------------------------------------------------------------------------------------
@@ -334,59 +351,33 @@ def timeline_svg(tasks, attempt_rows, run, critical: set[int], now) -> SafeStrin
         attempts_by_task.setdefault(a["task_id"], []).append(a)
     parts = []
     for i in range(5):  # time axis
-        moment_s = span_s * i / 4
-        px = label_w + plot_w * i / 4
+        px = f1(label_w + plot_w * i / 4)
         parts.append(
-            format_html(
-                '<line class="grid" x1="{}" y1="14" x2="{}" y2="{}"/><text class="tick" x="{}" y="10">{}</text>',
-                f1(px),
-                f1(px),
-                height,
-                f1(px),
-                duration(moment_s * 1000),
-            )
+            f'<line class="grid" x1="{px}" y1="14" x2="{px}" y2="{height}"/>'
+            f'<text class="tick" x="{px}" y="10">{duration(span_s * i / 4 * 1000)}</text>'
         )
     for n, task in enumerate(rows):
         y = 18 + n * row_h
         t_end = task.finished_at or now
         crit = " crit" if task.id in critical else ""
+        key, status = esc(task.key), esc(task.status)
         if row_h >= 12:
-            parts.append(
-                format_html('<text class="label{}" x="0" y="{}">{}</text>', crit, f1(y + row_h * 0.7), task.key[:22])
-            )
+            parts.append(f'<text class="label{crit}" x="0" y="{f1(y + row_h * 0.7)}">{esc(task.key[:22])}</text>')
         parts.append(
-            format_html(
-                '<rect class="task s-{}{}" x="{}" y="{}" width="{}" height="{}"><title>{} ({}) {}</title></rect>',
-                task.status,
-                crit,
-                f1(x(task.started_at)),
-                f1(y),
-                f1(max(1.0, x(t_end) - x(task.started_at))),
-                f1(row_h - 2),
-                task.key,
-                task.status,
-                duration((t_end - task.started_at).total_seconds() * 1000),
-            )
+            f'<rect class="task s-{status}{crit}" x="{f1(x(task.started_at))}" y="{f1(y)}" '
+            f'width="{f1(max(1.0, x(t_end) - x(task.started_at)))}" height="{f1(row_h - 2)}">'
+            f"<title>{key} ({status}) {duration((t_end - task.started_at).total_seconds() * 1000)}</title></rect>"
         )
         for a in attempts_by_task.get(task.id, []):
             a_end = a["ended_at"] or now
+            a_status = esc(a["status"]) if a["ended_at"] else "running"
             parts.append(
-                format_html(
-                    '<rect class="attempt s-{}" x="{}" y="{}" width="{}" height="{}">'
-                    "<title>attempt {} {}</title></rect>",
-                    a["status"] if a["ended_at"] else "running",
-                    f1(x(a["started_at"])),
-                    f1(y + 2),
-                    f1(max(1.0, x(a_end) - x(a["started_at"]))),
-                    f1(max(1, row_h - 6)),
-                    a["attempt"] or "",
-                    duration((a_end - a["started_at"]).total_seconds() * 1000),
-                )
+                f'<rect class="attempt s-{a_status}" x="{f1(x(a["started_at"]))}" y="{f1(y + 2)}" '
+                f'width="{f1(max(1.0, x(a_end) - x(a["started_at"])))}" height="{f1(max(1, row_h - 6))}">'
+                f"<title>attempt {int(a['attempt'] or 0)} "
+                f"{duration((a_end - a['started_at']).total_seconds() * 1000)}</title></rect>"
             )
-    return format_html(
-        '<svg class="gantt" viewBox="0 0 {} {}" width="100%" role="img" '
-        'aria-label="Timeline of tasks and attempts">{}</svg>',
-        width,
-        height,
-        format_html_join("", "{}", ((p,) for p in parts)),
+    return mark_safe(
+        f'<svg class="gantt" viewBox="0 0 {width} {height}" width="100%" role="img" '
+        f'aria-label="Timeline of tasks and attempts">{"".join(parts)}</svg>'
     )

@@ -5,6 +5,7 @@ Reads are a fixed handful of queries whatever the run's size (spans as light row
 """
 
 import json
+from collections.abc import Iterable
 
 from django.contrib.auth.decorators import login_required
 from django.core.cache import cache
@@ -19,6 +20,8 @@ from django.views.decorators.http import require_GET
 from runs import events
 from runs.models import Artifact, Run, Span, Task
 from runs.trace import (
+    CONTAINERS,
+    FULL_TREE_MAX,
     ONLY_CHOICES,
     SPAN_FIELDS,
     critical_path,
@@ -28,7 +31,9 @@ from runs.trace import (
     operation_flags,
     parallel_speedup,
     span_rows,
+    task_totals,
     timeline_svg,
+    totals_apply,
     tree_build,
     tree_filter,
     tree_html,
@@ -38,12 +43,25 @@ from tools.models import ToolOperation
 from .common import run_for_view
 
 PREVIEW_CHARS = 4000
+ARTIFACTS_SHOWN = 100  # the newest; the admin lists them all
 TEMPLATE = "runs/run.html"
 
 
 # --- what the page shows -----------------------------------------------------------------------------------
+TASK_FIELDS = ("id", "run_id", "key", "status", "depends_on", "agent__name", "tokens_used", "cost_micros")
+
+
+def _tasks(run_id: int) -> Iterable[Task]:
+    """What the header, timeline and attribution read of each task, and nothing more (a run may have
+    a thousand)."""
+    rows = Task.objects.filter(run_id=run_id).select_related("agent").order_by("id")
+    return rows.only(*TASK_FIELDS, "started_at", "finished_at")
+
+
 def _operations(run_id: int) -> list[ToolOperation]:
-    return list(ToolOperation.objects.filter(run_id=run_id).select_related("approval", "task").order_by("id"))
+    # Arguments and results stay in the database: the ledger shows what was done, not the payloads.
+    rows = ToolOperation.objects.filter(run_id=run_id).select_related("approval", "task")
+    return list(rows.defer("arguments", "original_arguments", "result").order_by("id"))
 
 
 def _ledger_row(op: ToolOperation) -> dict:
@@ -141,17 +159,31 @@ def run_context(run: Run, *, q: str = "", only: str = "") -> dict:
     # The number first, then the data: a push numbered up to this one was rendered before these reads.
     seq = events.seq_current(events.run_seq_name(run.id))
     now = timezone.now()
-    tasks = list(Task.objects.filter(run=run).select_related("agent").order_by("id"))
-    rows = span_rows(run.id)
+    tasks = list(_tasks(run.id))
+    only = only if only in ONLY_CHOICES else ""
+    total = Span.objects.filter(run=run).count()
+    if total > FULL_TREE_MAX and not (q.strip() or only):
+        # A large run: its run, task and attempt spans, and each task's totals summed by the database.
+        rows = list(
+            Span.objects.filter(run=run)
+            .filter(Q(kind__in=CONTAINERS) | Q(task_id__isnull=True))
+            .order_by("id")
+            .values(*SPAN_FIELDS)
+        )
+    else:
+        rows = span_rows(run.id)
     ops = _operations(run.id)
     roots, nodes = tree_build(rows, operation_flags(ops))
-    keep = tree_filter(nodes, q=q, only=only if only in ONLY_CHOICES else "")
+    totals_apply(nodes, task_totals(run.id))  # a no-op when every span is loaded; same queries either way
+    keep = tree_filter(nodes, q=q, only=only)
     critical = critical_path(tasks, now)
     by_id = {t.id: t for t in tasks}
+    artifacts_total = Artifact.objects.filter(run=run).count()
+    artifacts = list(Artifact.objects.filter(run=run).select_related("task").order_by("-id")[:ARTIFACTS_SHOWN])
     return {
         **header_context(run, tasks, ops, now),
-        "tree": tree_html(roots, run.id, total=len(rows), keep=keep),
-        "span_count": len(rows),
+        "tree": tree_html(roots, run.id, total=total, keep=keep),
+        "span_count": total,
         "filtered": keep is not None,
         "matches": len(keep) if keep is not None else None,
         "q": q,
@@ -161,7 +193,8 @@ def run_context(run: Run, *, q: str = "", only: str = "") -> dict:
         "critical": [by_id[i].key for i in critical],
         "ledger": [_ledger_row(op) for op in ops],
         "attribution": _attribution(run, tasks),
-        "artifacts": list(Artifact.objects.filter(run=run).select_related("task").order_by("id")),
+        "artifacts": artifacts[::-1],
+        "artifacts_total": artifacts_total,
         "seq": seq,
     }
 
@@ -196,7 +229,7 @@ def run_live(request, run_id: int):
 def run_timeline(request, run_id: int):
     run = run_for_view(request, run_id)
     now = timezone.now()
-    tasks = list(Task.objects.filter(run=run).select_related("agent").order_by("id"))
+    tasks = list(_tasks(run.id))
     attempts = span_rows(run.id, kind=Span.Kind.ATTEMPT)
     critical = critical_path(tasks, now)
     by_id = {t.id: t for t in tasks}
@@ -291,7 +324,7 @@ def run_push(run_id: int) -> dict | None:
         return None
     now = timezone.now()
     mark = cache.get(_mark_key(run_id))
-    tasks = list(Task.objects.filter(run=run).select_related("agent").order_by("id"))
+    tasks = list(_tasks(run.id))
     ops = _operations(run_id)
     last_span = Span.objects.filter(run_id=run_id).aggregate(m=Max("id"))["m"] or 0
     open_now = list(Span.objects.filter(run_id=run_id, ended_at__isnull=True).values_list("id", flat=True))
