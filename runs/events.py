@@ -15,12 +15,13 @@ from the database (static/warden/live.js). See docs/dashboard.md.
 import asyncio
 import json
 import logging
+import os
 import threading
 import time
-import uuid
 from contextlib import contextmanager
 
 from channels.layers import get_channel_layer
+from django.conf import settings
 from django.core.cache import cache
 from django.db import close_old_connections, connection, transaction
 
@@ -108,6 +109,11 @@ class Publisher:
     """One daemon thread per process: renders each changed run once per burst and sends it."""
 
     IDLE_CLOSE_SECONDS = 1.0  # close the thread's database connection when idle (tests drop databases)
+    # After a batch that took T, wait DUTY × T (at most DUTY_CAP) before the next one: changes meanwhile
+    # are coalesced, and a worker's publisher never takes more than about a quarter of its process's
+    # time from the worker threads, however fast a watched run moves.
+    DUTY = 3.0
+    DUTY_CAP = 0.25
 
     def __init__(self):
         self._cv = threading.Condition()
@@ -168,6 +174,7 @@ class Publisher:
                     continue
                 batch, self._pending, self._busy = list(self._pending), {}, True
                 users, self._users = list(self._users), {}
+            started = time.monotonic()
             try:
                 close_old_connections()
                 for user_id in users:
@@ -181,6 +188,7 @@ class Publisher:
                 with self._cv:
                     self._busy = False
                     self._cv.notify_all()
+            time.sleep(min((time.monotonic() - started) * self.DUTY, self.DUTY_CAP))
 
     def send(self, group: str, text: str, kind: str = "push") -> None:
         """Called from the publisher thread only (it owns the event loop used for channels-redis)."""
@@ -204,6 +212,22 @@ def _in_memory(layer) -> bool:
 publisher = Publisher()
 
 
+_forgotten: dict[int, float] = {}
+
+
+def _forget_mark(run_id: int) -> None:
+    """Nobody watches this run: its watermark would go stale, and the next viewer's first push would
+    carry everything since. Dropped (once a minute at most per process), the next push is a re-render."""
+    from runs.views.run_page import mark_forget
+
+    now = time.monotonic()
+    if now - _forgotten.get(run_id, -PRESENCE_SECONDS) >= PRESENCE_SECONDS:
+        _forgotten[run_id] = now
+        mark_forget(run_id)
+        if len(_forgotten) > 10_000:
+            _forgotten.clear()
+
+
 def publish(run_id: int) -> None:
     """Render what changed in the run and send it to whoever watches. Runs in the publisher thread."""
     from runs.errors import NotFound
@@ -211,6 +235,8 @@ def publish(run_id: int) -> None:
     from runs.views.run_page import run_push
 
     present = cache.get_many([run_presence(run_id), LIST_PRESENCE])
+    if run_presence(run_id) not in present:
+        _forget_mark(run_id)
     if not present:
         return
     # One publisher at a time per run, across processes: render, number, send. So numbers follow the
@@ -231,16 +257,32 @@ def publish(run_id: int) -> None:
             publisher.send(list_group(project_id), json.dumps({"project": project_id, "seq": seq, "html": html}))
 
 
+_local_locks: dict[int, threading.Lock] = {}
+_redis = None
+
+
 @contextmanager
 def _run_lock(run_id: int, wait: float = 5.0, hold: float = 10.0):
-    """A lock in the shared cache (Redis in scaled mode). After ``wait`` we go on without it: a late
-    push is better than none, and the browser's gap check still holds."""
-    key, token = f"lock:publish:{run_id}", uuid.uuid4().hex
-    deadline = time.monotonic() + wait
-    while not cache.add(key, token, timeout=hold) and time.monotonic() < deadline:
-        time.sleep(0.002)
+    """One publisher per run at a time: a Redis lock across processes in scaled mode (redis-py's, whose
+    release is an atomic compare-and-delete), a thread lock in embedded mode (one process). After
+    ``wait`` we go on without it: a late push is better than none, and the browser's gap check holds."""
+    global _redis
+    if settings.REDIS_URL:
+        if _redis is None:
+            import redis
+
+            _redis = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=5)
+        namespace = os.environ.get("WARDEN_QUEUE_NAMESPACE", "warden")
+        lock = _redis.lock(f"{namespace}:lock:publish:{run_id}", timeout=hold, blocking_timeout=wait)
+        acquired = lock.acquire()
+    else:
+        lock = _local_locks.setdefault(run_id, threading.Lock())
+        acquired = lock.acquire(timeout=wait)
     try:
         yield
     finally:
-        if cache.get(key) == token:
-            cache.delete(key)
+        if acquired:
+            try:
+                lock.release()
+            except Exception:  # expired meanwhile (redis LockNotOwnedError): nothing of ours to release
+                log.warning("publish lock of run %s expired before its release", run_id)

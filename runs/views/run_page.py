@@ -9,14 +9,18 @@ from collections.abc import Iterable
 
 from django.contrib.auth.decorators import login_required
 from django.core.cache import cache
-from django.db.models import Max, Q, Sum
+from django.db.models import Count, DateTimeField, DurationField, ExpressionWrapper, F, Max, Q, Sum, Value
+from django.db.models.functions import Coalesce
 from django.http import Http404, HttpResponse, JsonResponse
 from django.shortcuts import render
 from django.template.loader import render_to_string
+from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html_join
+from django.utils.safestring import mark_safe
 from django.views.decorators.http import require_GET
 
+from approvals.models import ApprovalRequest
 from runs import events
 from runs.models import Artifact, Run, Span, Task
 from runs.trace import (
@@ -25,11 +29,11 @@ from runs.trace import (
     ONLY_CHOICES,
     SPAN_FIELDS,
     critical_path,
+    esc,
     money,
     node_html,
     node_row,
     operation_flags,
-    parallel_speedup,
     span_rows,
     task_totals,
     timeline_svg,
@@ -58,25 +62,64 @@ def _tasks(run_id: int) -> Iterable[Task]:
     return rows.only(*TASK_FIELDS, "started_at", "finished_at")
 
 
-def _operations(run_id: int) -> list[ToolOperation]:
-    # Arguments and results stay in the database: the ledger shows what was done, not the payloads.
-    rows = ToolOperation.objects.filter(run_id=run_id).select_related("approval", "task")
-    return list(rows.defer("arguments", "original_arguments", "result").order_by("id"))
+OP_FIELDS = (
+    "id",
+    "run_id",
+    "task_id",
+    "task__key",
+    "step",
+    "kind",
+    "compensates_id",
+    "tool",
+    "idempotency_key",
+    "status",
+    "status_reason",
+    "tool_class",
+    "reversibility",
+    "compensation",
+    "approval_id",
+    "approval__status",
+)
 
 
-def _ledger_row(op: ToolOperation) -> dict:
+def _operations(run_id: int, ids=None) -> list[ToolOperation]:
+    """Ledger rows with what the page shows of them: never arguments or results (payloads)."""
+    rows = ToolOperation.objects.filter(run_id=run_id).select_related("approval", "task").only(*OP_FIELDS)
+    if ids is not None:
+        rows = rows.filter(id__in=ids)
+    return list(rows.order_by("id"))
+
+
+def _undo(op: ToolOperation) -> str:
     plan = op.compensation or {}
     if op.tool_class == "read_only":
-        undo = "nothing (a read)"
-    elif op.kind != "action":
-        undo = f"({op.kind} of operation {op.compensates_id})"
-    elif op.reversibility == "reversible" and plan.get("tool"):
-        undo = f"undo with {plan['tool']}"
-    elif plan.get("tool"):
-        undo = f"correction with {plan['tool']} (a reviewer approves first)"
-    else:
-        undo = "cannot be undone"
-    return {"op": op, "undo": undo}
+        return "nothing (a read)"
+    if op.kind != "action":
+        return f"({op.kind} of operation {op.compensates_id})"
+    if op.reversibility == "reversible" and plan.get("tool"):
+        return f"undo with {plan['tool']}"
+    if plan.get("tool"):
+        return f"correction with {plan['tool']} (a reviewer approves first)"
+    return "cannot be undone"
+
+
+def ledger_row_html(op: ToolOperation, run_id: int) -> str:
+    """One ledger row. A plain string, like the tree's nodes: a run may have a thousand operations.
+    Every text is escaped; the status reason (it may quote a tool's error) sits in hx-disable."""
+    where = f"{esc(op.task.key)} · {int(op.step or 0)}" if op.task_id else "run"
+    reason = f'<div class="reason" hx-disable>{esc(op.status_reason[:140])}</div>' if op.status_reason else ""
+    approval = esc(op.approval.status) if op.approval_id else "—"
+    resolve = ""
+    if op.status == "ambiguous":
+        url = esc(reverse("runs:operation-resolve", args=[run_id, op.id]))
+        resolve = f'<a href="{url}">Resolve…</a>'
+    status, rev = esc(op.status), esc(op.reversibility)
+    return (
+        f'<tr id="op-{op.id}" data-parent="ledger-rows" class="s-{status}"><td>{op.id}</td><td>{where}</td>'
+        f'<td>{esc(op.tool)}</td><td class="key">{esc(op.idempotency_key)}</td>'
+        f'<td><span class="badge s-{status}">{status}</span>{reason}</td><td>{esc(op.tool_class)}</td>'
+        f'<td class="{rev}">{rev or "—"}</td><td>{approval}</td><td>{esc(_undo(op))}</td><td>{resolve}</td></tr>'
+    )
 
 
 def _model_usage(run_id: int) -> dict:
@@ -116,39 +159,57 @@ def _budgets(run: Run) -> list[dict]:
     ]
 
 
-def _attribution(run: Run, tasks: list[Task]) -> list[dict]:
-    by_agent: dict[str, dict] = {}
-    for task in tasks:
-        row = by_agent.setdefault(task.agent.name, {"agent": task.agent.name, "tasks": 0, "tokens": 0, "cost": 0})
-        row["tasks"] += 1
-        row["tokens"] += task.tokens_used
-        row["cost"] += task.cost_micros
+def _attribution(run: Run) -> list[dict]:
+    rows = list(
+        Task.objects.filter(run_id=run.id)
+        .values("agent__name")
+        .annotate(tasks=Count("id"), tokens=Sum("tokens_used"), cost=Sum("cost_micros"))
+        .order_by("-cost", "agent__name")
+    )
     total = max(run.cost_micros, 1)
-    rows = sorted(by_agent.values(), key=lambda r: -r["cost"])
-    for row in rows:
-        row["share"] = round(100 * row["cost"] / total)
-        row["cost_label"] = money(row["cost"])
-    return rows
+    return [
+        {
+            "agent": row["agent__name"],
+            "tasks": row["tasks"],
+            "tokens": row["tokens"] or 0,
+            "share": round(100 * (row["cost"] or 0) / total),
+            "cost_label": money(row["cost"] or 0),
+        }
+        for row in rows
+    ]
 
 
-def header_context(run: Run, tasks: list[Task], ops: list[ToolOperation], now) -> dict:
-    done = sum(t.status == Task.Status.COMPLETED for t in tasks)
+def header_context(run: Run, now) -> dict:
+    """The header's figures, summed by the database: the same few queries for 5 tasks or 1,000."""
+    tasks = Task.objects.filter(run_id=run.id)
+    busy = ExpressionWrapper(
+        Coalesce("finished_at", Value(now, output_field=DateTimeField())) - F("started_at"),
+        output_field=DurationField(),
+    )
+    counts = tasks.aggregate(
+        total=Count("id"),
+        done=Count("id", filter=Q(status=Task.Status.COMPLETED)),
+        busy=Sum(busy, filter=Q(started_at__isnull=False)),
+    )
+    ambiguous = ToolOperation.objects.filter(run_id=run.id, status="ambiguous").count()
+    # Requests as the reviewer queue counts them: a bundle of five e-mails is one request.
+    pending = ApprovalRequest.objects.filter(run_id=run.id, status="pending", parent=None).count()
     multiple, estimate = cost_multiple(run, _model_usage(run.id))
-    speedup = parallel_speedup(tasks, run, now)
     end = run.finished_at or now
+    wall = (end - run.started_at).total_seconds() if run.started_at else 0
+    speedup = counts["busy"].total_seconds() / wall if counts["busy"] and wall > 0 else None
     return {
         "run": run,
-        "tasks_total": len(tasks),
-        "tasks_done": done,
-        "failed_tasks": [t for t in tasks if t.status == Task.Status.FAILED],
-        "pending_approvals": len({op.approval_id for op in ops if op.status == "awaiting_approval"}),
-        "ambiguous": sum(op.status == "ambiguous" for op in ops),
+        "tasks_total": counts["total"],
+        "tasks_done": counts["done"],
+        "failed_tasks": list(tasks.filter(status=Task.Status.FAILED).only("id", "key").order_by("id")),
+        "pending_approvals": pending,
+        "ambiguous": ambiguous,
         "budgets": _budgets(run),
         "cost": money(run.cost_micros),
         "speedup": f"{speedup:.2f}×" if speedup else "—",
         "multiple": f"{multiple:.2f}×" if multiple else "—",
         "estimate": money(estimate) if estimate else "—",
-        "wall": (end - run.started_at).total_seconds() if run.started_at else None,
         "can_cancel": run.status in ("pending", "running", "waiting_for_approval", "needs_attention"),
         "can_resume": run.status == "needs_attention",
         "can_compensate": run.status in ("needs_attention", "failed", "cancelled"),
@@ -181,7 +242,7 @@ def run_context(run: Run, *, q: str = "", only: str = "") -> dict:
     artifacts_total = Artifact.objects.filter(run=run).count()
     artifacts = list(Artifact.objects.filter(run=run).select_related("task").order_by("-id")[:ARTIFACTS_SHOWN])
     return {
-        **header_context(run, tasks, ops, now),
+        **header_context(run, now),
         "tree": tree_html(roots, run.id, total=total, keep=keep),
         "span_count": total,
         "filtered": keep is not None,
@@ -191,8 +252,8 @@ def run_context(run: Run, *, q: str = "", only: str = "") -> dict:
         "only_choices": ONLY_CHOICES.items(),
         "timeline": timeline_svg(tasks, [r for r in rows if r["kind"] == "attempt"], run, set(critical), now),
         "critical": [by_id[i].key for i in critical],
-        "ledger": [_ledger_row(op) for op in ops],
-        "attribution": _attribution(run, tasks),
+        "ledger": mark_safe("".join(ledger_row_html(op, run.id) for op in ops)),
+        "attribution": _attribution(run),
         "artifacts": artifacts[::-1],
         "artifacts_total": artifacts_total,
         "seq": seq,
@@ -237,7 +298,7 @@ def run_timeline(request, run_id: int):
         "run": run,
         "timeline": timeline_svg(tasks, attempts, run, set(critical), now),
         "critical": [by_id[i].key for i in critical],
-        "speedup": header_context(run, tasks, [], now)["speedup"],
+        "speedup": header_context(run, now)["speedup"],
     }
     return render(request, TEMPLATE + "#timeline", context)
 
@@ -309,6 +370,14 @@ def artifact_download(request, run_id: int, artifact_id: int):
 
 
 # --- live pushes -------------------------------------------------------------------------------------------
+MARK_SECONDS = 3600
+
+
+def mark_forget(run_id: int) -> None:
+    """Nobody watches: the next viewer starts from the database, not from a stale watermark."""
+    cache.delete(_mark_key(run_id))
+
+
 def _mark_key(run_id: int) -> str:
     return f"mark:run:{run_id}"
 
@@ -324,35 +393,36 @@ def run_push(run_id: int) -> dict | None:
         return None
     now = timezone.now()
     mark = cache.get(_mark_key(run_id))
-    tasks = list(_tasks(run.id))
-    ops = _operations(run_id)
-    last_span = Span.objects.filter(run_id=run_id).aggregate(m=Max("id"))["m"] or 0
-    open_now = list(Span.objects.filter(run_id=run_id, ended_at__isnull=True).values_list("id", flat=True))
+    statuses = dict(ToolOperation.objects.filter(run_id=run_id).values_list("id", "status"))
+    spans = Span.objects.filter(run_id=run_id)
+    last_span = spans.aggregate(m=Max("id"))["m"] or 0
+    open_now = list(spans.filter(ended_at__isnull=True).values_list("id", flat=True))
     last_artifact = Artifact.objects.filter(run_id=run_id).aggregate(m=Max("id"))["m"] or 0
-    new_mark = {"span": last_span, "open": open_now, "ops": {op.id: op.status for op in ops}, "art": last_artifact}
-    cache.set(_mark_key(run_id), new_mark, timeout=24 * 3600)
+    new_mark = {"span": last_span, "open": open_now, "ops": statuses, "art": last_artifact}
+    cache.set(_mark_key(run_id), new_mark, timeout=MARK_SECONDS)
     if mark is None:
         return {"refetch": True}
 
     changed = list(
-        Span.objects.filter(run_id=run_id, id__lte=last_span)
+        spans.filter(id__lte=last_span)
         .filter(Q(id__gt=mark["span"]) | Q(id__in=mark["open"]))
         .values("id", "task_id", "kind")
     )
     task_ids = {s["task_id"] for s in changed if s["task_id"]}
+    changed_ops = [i for i, status in statuses.items() if mark["ops"].get(i) != status]
     # Only the changed tasks' spans and the run-level ones: a push costs the same on a run of 10,000 spans.
-    rows = list(
-        Span.objects.filter(run_id=run_id)
-        .filter(Q(task_id__in=task_ids) | Q(task_id__isnull=True))
-        .order_by("id")
-        .values(*SPAN_FIELDS)
+    rows = list(spans.filter(Q(task_id__in=task_ids) | Q(task_id__isnull=True)).order_by("id").values(*SPAN_FIELDS))
+    flags = operation_flags(
+        ToolOperation.objects.filter(run_id=run_id, task_id__in=task_ids).only(
+            "task_id", "step", "reversibility", "status"
+        )
     )
-    _, nodes = tree_build(rows, operation_flags(ops))
+    _, nodes = tree_build(rows, flags)
     for node in nodes.values():
         if node.kind == Span.Kind.RUN:  # the tree above holds only the changed tasks: take the run's totals
             node.sub_tokens, node.sub_cost = run.tokens_used, run.cost_micros
-            node.sub_count = Span.objects.filter(run_id=run_id).count()
-    parts = [render_to_string(TEMPLATE + "#run-header", header_context(run, tasks, ops, now))]
+            node.sub_count = spans.count()
+    parts = [render_to_string(TEMPLATE + "#run-header", header_context(run, now))]
     rows_done: set[int] = set()
     for span in changed:
         node = nodes.get(span["id"])
@@ -369,10 +439,9 @@ def run_push(run_id: int) -> dict | None:
                 parts.append(node_row(parent, now))
                 rows_done.add(parent.id)
             parent = nodes.get(parent.parent_id) if parent.parent_id else None
-    for op in ops:
-        if mark["ops"].get(str(op.id), mark["ops"].get(op.id)) != op.status:
-            parts.append(render_to_string(TEMPLATE + "#ledger-row", {"row": _ledger_row(op), "run": run}))
-    parts.append(render_to_string(TEMPLATE + "#attribution", {"attribution": _attribution(run, tasks)}))
+    if changed_ops:
+        parts += [ledger_row_html(op, run_id) for op in _operations(run_id, ids=changed_ops)]
+    parts.append(render_to_string(TEMPLATE + "#attribution", {"attribution": _attribution(run)}))
     for artifact in Artifact.objects.filter(run_id=run_id, id__gt=mark["art"]).select_related("task"):
         parts.append(render_to_string(TEMPLATE + "#artifact", {"artifact": artifact, "run": run}))
     timeline = any(s["kind"] in (Span.Kind.TASK, Span.Kind.ATTEMPT) for s in changed)

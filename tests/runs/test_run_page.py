@@ -19,7 +19,7 @@ from django.utils import timezone
 from agents.demo import load_demo_workflows
 from agents.models import Agent, Workflow
 from approvals.access import default_project, membership_grant
-from approvals.models import Project
+from approvals.models import ApprovalRequest, Project
 from runs.models import Artifact, Payload, Run, Span, Task
 from runs.views.run_page import PREVIEW_CHARS, run_push
 from tools.models import ToolOperation
@@ -292,6 +292,9 @@ def known(db):
             run, verify, 4, "email.send", "non_idempotent_write", "irreversible", status=OS.AWAITING_APPROVAL,
         ),
     }  # fmt: skip
+    ops["mail-2"].approval = ApprovalRequest.objects.create(
+        run=run, task=verify, kind="operation", arguments_hash="0" * 64, summary="send the second e-mail"
+    )
     for op in ops.values():
         op.save()
     ops["undo"] = _op(
