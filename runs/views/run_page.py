@@ -9,8 +9,8 @@ from collections.abc import Iterable
 
 from django.contrib.auth.decorators import login_required
 from django.core.cache import cache
-from django.db.models import Count, DateTimeField, DurationField, ExpressionWrapper, F, Max, Q, Sum, Value
-from django.db.models.functions import Coalesce
+from django.db import connection
+from django.db.models import Q
 from django.http import Http404, HttpResponse, JsonResponse
 from django.shortcuts import render
 from django.template.loader import render_to_string
@@ -20,9 +20,9 @@ from django.utils.html import format_html_join
 from django.utils.safestring import mark_safe
 from django.views.decorators.http import require_GET
 
-from approvals.models import ApprovalRequest
 from runs import events
 from runs.models import Artifact, Run, Span, Task
+from runs.services import sql
 from runs.trace import (
     CONTAINERS,
     FULL_TREE_MAX,
@@ -122,12 +122,6 @@ def ledger_row_html(op: ToolOperation, run_id: int) -> str:
     )
 
 
-def _model_usage(run_id: int) -> dict:
-    return Span.objects.filter(run_id=run_id, kind=Span.Kind.MODEL_CALL).aggregate(
-        out=Sum("tokens_out"), biggest_in=Max("tokens_in"), cost=Sum("cost_micros"), tokens_in=Sum("tokens_in")
-    )
-
-
 def cost_multiple(run: Run, usage: dict) -> tuple[float | None, int | None]:
     """The run's cost over an estimate of one agent doing the same work: it writes every output once
     and reads one context as large as the largest prompt, instead of each worker re-reading its own.
@@ -160,51 +154,83 @@ def _budgets(run: Run) -> list[dict]:
 
 
 def _attribution(run: Run) -> list[dict]:
-    rows = list(
-        Task.objects.filter(run_id=run.id)
-        .values("agent__name")
-        .annotate(tasks=Count("id"), tokens=Sum("tokens_used"), cost=Sum("cost_micros"))
-        .order_by("-cost", "agent__name")
+    rows = sql.fetchall(
+        "SELECT a.name, COUNT(t.id), SUM(t.tokens_used), SUM(t.cost_micros) FROM runs_task t "
+        "JOIN agents_agent a ON a.id = t.agent_id WHERE t.run_id = %s GROUP BY a.name ORDER BY 4 DESC, 1",
+        [run.id],
     )
     total = max(run.cost_micros, 1)
     return [
         {
-            "agent": row["agent__name"],
-            "tasks": row["tasks"],
-            "tokens": row["tokens"] or 0,
-            "share": round(100 * (row["cost"] or 0) / total),
-            "cost_label": money(row["cost"] or 0),
+            "agent": agent,
+            "tasks": tasks,
+            "tokens": tokens or 0,
+            "share": round(100 * (cost or 0) / total),
+            "cost_label": money(cost or 0),
         }
-        for row in rows
+        for agent, tasks, tokens, cost in rows
     ]
 
 
-def header_context(run: Run, now) -> dict:
+def _span_row(values) -> dict:
+    row = dict(zip(SPAN_FIELDS, values, strict=True))
+    row["started_at"], row["ended_at"] = sql.parse_ts(row["started_at"]), sql.parse_ts(row["ended_at"])
+    return row
+
+
+_SUMMARY = """
+SELECT
+  (SELECT COUNT(*) FROM runs_task WHERE run_id = %(run)s),
+  (SELECT COUNT(*) FROM runs_task WHERE run_id = %(run)s AND status = 'completed'),
+  (SELECT SUM({busy}) FROM runs_task WHERE run_id = %(run)s AND started_at IS NOT NULL),
+  (SELECT COUNT(*) FROM tools_tooloperation WHERE run_id = %(run)s AND status = 'ambiguous'),
+  (SELECT COUNT(*) FROM approvals_approvalrequest WHERE run_id = %(run)s AND status = 'pending'
+     AND parent_id IS NULL),
+  (SELECT SUM(tokens_out) FROM runs_span WHERE run_id = %(run)s AND kind = 'model_call'),
+  (SELECT MAX(tokens_in) FROM runs_span WHERE run_id = %(run)s AND kind = 'model_call'),
+  (SELECT SUM(cost_micros) FROM runs_span WHERE run_id = %(run)s AND kind = 'model_call'),
+  (SELECT SUM(tokens_in) FROM runs_span WHERE run_id = %(run)s AND kind = 'model_call'),
+  (SELECT COUNT(*) FROM runs_span WHERE run_id = %(run)s),
+  (SELECT MAX(id) FROM runs_span WHERE run_id = %(run)s),
+  (SELECT MAX(id) FROM runs_artifact WHERE run_id = %(run)s)
+"""
+_BUSY = {  # seconds a task has been at work, in each database's own date arithmetic
+    "postgresql": "EXTRACT(EPOCH FROM (COALESCE(finished_at, %(now)s) - started_at))",
+    "sqlite": "(julianday(COALESCE(finished_at, %(now)s)) - julianday(started_at)) * 86400.0",
+}
+
+
+def run_summary(run_id: int, now) -> dict:
+    """The header's figures in one statement (pages and pushes call it; a push must stay cheap)."""
+    statement = _SUMMARY.format(busy=_BUSY[connection.vendor])
+    row = sql.fetchone(statement, {"run": run_id, "now": now if connection.vendor == "postgresql" else sql.ts(now)})
+    keys = ("tasks", "done", "busy", "ambiguous", "pending", "out", "biggest_in", "cost", "tokens_in", "spans")
+    keys += ("last_span", "last_artifact")
+    return dict(zip(keys, row, strict=True))
+
+
+def header_context(run: Run, now, summary: dict | None = None) -> dict:
     """The header's figures, summed by the database: the same few queries for 5 tasks or 1,000."""
-    tasks = Task.objects.filter(run_id=run.id)
-    busy = ExpressionWrapper(
-        Coalesce("finished_at", Value(now, output_field=DateTimeField())) - F("started_at"),
-        output_field=DurationField(),
-    )
-    counts = tasks.aggregate(
-        total=Count("id"),
-        done=Count("id", filter=Q(status=Task.Status.COMPLETED)),
-        busy=Sum(busy, filter=Q(started_at__isnull=False)),
-    )
-    ambiguous = ToolOperation.objects.filter(run_id=run.id, status="ambiguous").count()
-    # Requests as the reviewer queue counts them: a bundle of five e-mails is one request.
-    pending = ApprovalRequest.objects.filter(run_id=run.id, status="pending", parent=None).count()
-    multiple, estimate = cost_multiple(run, _model_usage(run.id))
+    summary = summary or run_summary(run.id, now)
+    multiple, estimate = cost_multiple(run, summary)
     end = run.finished_at or now
     wall = (end - run.started_at).total_seconds() if run.started_at else 0
-    speedup = counts["busy"].total_seconds() / wall if counts["busy"] and wall > 0 else None
+    busy = float(summary["busy"] or 0)
+    speedup = busy / wall if busy and wall > 0 else None
+    failed = [
+        {"id": i, "key": key}
+        for i, key in sql.fetchall(
+            "SELECT id, key FROM runs_task WHERE run_id = %s AND status = 'failed' ORDER BY id", [run.id]
+        )
+    ]
     return {
         "run": run,
-        "tasks_total": counts["total"],
-        "tasks_done": counts["done"],
-        "failed_tasks": list(tasks.filter(status=Task.Status.FAILED).only("id", "key").order_by("id")),
-        "pending_approvals": pending,
-        "ambiguous": ambiguous,
+        "tasks_total": summary["tasks"],
+        "tasks_done": summary["done"],
+        "failed_tasks": failed,
+        # Requests as the reviewer queue counts them: a bundle of five e-mails is one request.
+        "pending_approvals": summary["pending"],
+        "ambiguous": summary["ambiguous"],
         "budgets": _budgets(run),
         "cost": money(run.cost_micros),
         "speedup": f"{speedup:.2f}×" if speedup else "—",
@@ -393,36 +419,58 @@ def run_push(run_id: int) -> dict | None:
         return None
     now = timezone.now()
     mark = cache.get(_mark_key(run_id))
-    statuses = dict(ToolOperation.objects.filter(run_id=run_id).values_list("id", "status"))
-    spans = Span.objects.filter(run_id=run_id)
-    last_span = spans.aggregate(m=Max("id"))["m"] or 0
-    open_now = list(spans.filter(ended_at__isnull=True).values_list("id", flat=True))
-    last_artifact = Artifact.objects.filter(run_id=run_id).aggregate(m=Max("id"))["m"] or 0
+    summary = run_summary(run_id, now)
+    # Hand-written statements from here on: a push runs for every change of a watched run, and the
+    # ORM's compilation cost more than the queries themselves.
+    statuses = dict(sql.fetchall("SELECT id, status FROM tools_tooloperation WHERE run_id = %s", [run_id]))
+    open_now = [r[0] for r in sql.fetchall("SELECT id FROM runs_span WHERE run_id = %s AND ended_at IS NULL", [run_id])]
+    last_span, last_artifact = summary["last_span"] or 0, summary["last_artifact"] or 0
     new_mark = {"span": last_span, "open": open_now, "ops": statuses, "art": last_artifact}
     cache.set(_mark_key(run_id), new_mark, timeout=MARK_SECONDS)
     if mark is None:
         return {"refetch": True}
 
-    changed = list(
-        spans.filter(id__lte=last_span)
-        .filter(Q(id__gt=mark["span"]) | Q(id__in=mark["open"]))
-        .values("id", "task_id", "kind")
-    )
-    task_ids = {s["task_id"] for s in changed if s["task_id"]}
-    changed_ops = [i for i, status in statuses.items() if mark["ops"].get(i) != status]
-    # Only the changed tasks' spans and the run-level ones: a push costs the same on a run of 10,000 spans.
-    rows = list(spans.filter(Q(task_id__in=task_ids) | Q(task_id__isnull=True)).order_by("id").values(*SPAN_FIELDS))
-    flags = operation_flags(
-        ToolOperation.objects.filter(run_id=run_id, task_id__in=task_ids).only(
-            "task_id", "step", "reversibility", "status"
+    was_open, was_open_params = sql.in_list("id", mark["open"] or [0])
+    changed = [
+        {"id": r[0], "task_id": r[1], "kind": r[2]}
+        for r in sql.fetchall(
+            f"SELECT id, task_id, kind FROM runs_span WHERE run_id = %s AND id <= %s AND (id > %s OR {was_open})",
+            [run_id, last_span, mark["span"], *was_open_params],
         )
-    )
+    ]
+    task_ids = sorted({s["task_id"] for s in changed if s["task_id"]})
+    changed_ops = [i for i, status in statuses.items() if mark["ops"].get(i) != status]
+    # Only the changed tasks' spans, the changed run-level ones and the root: a push costs the same on
+    # a run of 10,000 spans.
+    loose = [s["id"] for s in changed if not s["task_id"]]
+    in_tasks, task_params = sql.in_list("task_id", task_ids or [0])
+    in_loose, loose_params = sql.in_list("id", loose or [0])
+    rows = [
+        _span_row(r)
+        for r in sql.fetchall(
+            f"SELECT {', '.join(SPAN_FIELDS)} FROM runs_span WHERE run_id = %s "
+            f"AND ({in_tasks} OR {in_loose} OR kind = 'run') ORDER BY id",
+            [run_id, *task_params, *loose_params],
+        )
+    ]
+    flags: dict[tuple[int, int], set] = {}
+    if task_ids:
+        in_tasks, task_params = sql.in_list("task_id", task_ids)
+        for task_id, step, reversibility, status in sql.fetchall(
+            f"SELECT task_id, step, reversibility, status FROM tools_tooloperation WHERE run_id = %s AND {in_tasks}",
+            [run_id, *task_params],
+        ):
+            mine = flags.setdefault((task_id, step), set())
+            if reversibility == "irreversible":
+                mine.add("irreversible")
+            if status in ("awaiting_approval", "proposed"):
+                mine.add("approval")
     _, nodes = tree_build(rows, flags)
     for node in nodes.values():
         if node.kind == Span.Kind.RUN:  # the tree above holds only the changed tasks: take the run's totals
             node.sub_tokens, node.sub_cost = run.tokens_used, run.cost_micros
-            node.sub_count = spans.count()
-    parts = [render_to_string(TEMPLATE + "#run-header", header_context(run, now))]
+            node.sub_count = summary["spans"]
+    parts = [render_to_string(TEMPLATE + "#run-header", header_context(run, now, summary))]
     rows_done: set[int] = set()
     for span in changed:
         node = nodes.get(span["id"])
@@ -442,7 +490,8 @@ def run_push(run_id: int) -> dict | None:
     if changed_ops:
         parts += [ledger_row_html(op, run_id) for op in _operations(run_id, ids=changed_ops)]
     parts.append(render_to_string(TEMPLATE + "#attribution", {"attribution": _attribution(run)}))
-    for artifact in Artifact.objects.filter(run_id=run_id, id__gt=mark["art"]).select_related("task"):
-        parts.append(render_to_string(TEMPLATE + "#artifact", {"artifact": artifact, "run": run}))
+    if last_artifact > mark["art"]:
+        for artifact in Artifact.objects.filter(run_id=run_id, id__gt=mark["art"]).select_related("task"):
+            parts.append(render_to_string(TEMPLATE + "#artifact", {"artifact": artifact, "run": run}))
     timeline = any(s["kind"] in (Span.Kind.TASK, Span.Kind.ATTEMPT) for s in changed)
     return {"html": "".join(parts), "timeline": timeline}
