@@ -52,6 +52,35 @@ def pytest_sessionfinish(session, exitstatus):
             client.delete(key)
 
 
+# Debian's Chromium, as the brief says to launch it (browser tests: Playwright drives it).
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+
+@pytest.fixture
+def live_url(transactional_db):
+    """A WSGI server for one test (pages only: no websocket), stopped when the test ends."""
+    from django.contrib.staticfiles.handlers import StaticFilesHandler
+    from django.test.testcases import LiveServerThread
+
+    thread = LiveServerThread("127.0.0.1", StaticFilesHandler)
+    thread.daemon = True
+    thread.start()
+    thread.is_ready.wait()
+    if thread.error:
+        raise thread.error
+    yield f"http://127.0.0.1:{thread.port}"
+    thread.terminate()
+
+
 def wait_for(predicate, *, timeout: float = 30, interval: float = 0.05, message: str = "condition"):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -192,7 +192,8 @@ SELECT
   (SELECT SUM(tokens_in) FROM runs_span WHERE run_id = %(run)s AND kind = 'model_call'),
   (SELECT COUNT(*) FROM runs_span WHERE run_id = %(run)s),
   (SELECT MAX(id) FROM runs_span WHERE run_id = %(run)s),
-  (SELECT MAX(id) FROM runs_artifact WHERE run_id = %(run)s)
+  (SELECT MAX(id) FROM runs_artifact WHERE run_id = %(run)s),
+  (SELECT COUNT(*) FROM runs_span WHERE run_id = %(run)s AND status = 'error')
 """
 _BUSY = {  # seconds a task has been at work, in each database's own date arithmetic
     "postgresql": "EXTRACT(EPOCH FROM (COALESCE(finished_at, %(now)s) - started_at))",
@@ -205,7 +206,7 @@ def run_summary(run_id: int, now) -> dict:
     statement = _SUMMARY.format(busy=_BUSY[connection.vendor])
     row = sql.fetchone(statement, {"run": run_id, "now": now if connection.vendor == "postgresql" else sql.ts(now)})
     keys = ("tasks", "done", "busy", "ambiguous", "pending", "out", "biggest_in", "cost", "tokens_in", "spans")
-    keys += ("last_span", "last_artifact")
+    keys += ("last_span", "last_artifact", "errors")
     return dict(zip(keys, row, strict=True))
 
 
@@ -248,7 +249,8 @@ def run_context(run: Run, *, q: str = "", only: str = "") -> dict:
     now = timezone.now()
     tasks = list(_tasks(run.id))
     only = only if only in ONLY_CHOICES else ""
-    total = Span.objects.filter(run=run).count()
+    summary = run_summary(run.id, now)
+    total = summary["spans"]
     if total > FULL_TREE_MAX and not (q.strip() or only):
         # A large run: its run, task and attempt spans, and each task's totals summed by the database.
         rows = list(
@@ -262,13 +264,14 @@ def run_context(run: Run, *, q: str = "", only: str = "") -> dict:
     ops = _operations(run.id)
     roots, nodes = tree_build(rows, operation_flags(ops))
     totals_apply(nodes, task_totals(run.id))  # a no-op when every span is loaded; same queries either way
+    root_totals(run, nodes, summary)
     keep = tree_filter(nodes, q=q, only=only)
     critical = critical_path(tasks, now)
     by_id = {t.id: t for t in tasks}
     artifacts_total = Artifact.objects.filter(run=run).count()
     artifacts = list(Artifact.objects.filter(run=run).select_related("task").order_by("-id")[:ARTIFACTS_SHOWN])
     return {
-        **header_context(run, now),
+        **header_context(run, now, summary),
         "tree": tree_html(roots, run.id, total=total, keep=keep),
         "span_count": total,
         "filtered": keep is not None,
@@ -408,6 +411,42 @@ def _mark_key(run_id: int) -> str:
     return f"mark:run:{run_id}"
 
 
+def _subtree_totals(run: Run, nodes: dict, summary: dict) -> None:
+    """Totals of the pushed ancestors, which the push loaded without their other children: a task's
+    from all its spans, an attempt's from its children, the run's from its usage."""
+    attempts = [n.id for n in nodes.values() if n.kind == Span.Kind.ATTEMPT]
+    tasks = sorted({n.task_id for n in nodes.values() if n.kind in CONTAINERS and n.task_id})
+    if tasks:
+        in_tasks, params = sql.in_list("task_id", tasks)
+        groups = [("task_id", tasks)] + ([("parent_id", attempts)] if attempts else [])
+        for column, ids in groups:
+            in_ids, id_params = sql.in_list(column, ids)
+            found = sql.fetchall(
+                f"SELECT {column}, SUM(tokens_in) + SUM(tokens_out), SUM(cost_micros), COUNT(*), "
+                f"SUM(CASE WHEN status = 'error' THEN 1 ELSE 0 END) FROM runs_span "
+                f"WHERE run_id = %s AND {in_tasks} AND {in_ids} GROUP BY {column}",
+                [run.id, *params, *id_params],
+            )
+            totals = {key: (tokens or 0, cost or 0, count, errors or 0) for key, tokens, cost, count, errors in found}
+            for node in nodes.values():
+                key = node.task_id if column == "task_id" else node.id
+                if (node.kind == Span.Kind.TASK) == (column == "task_id") and node.kind in CONTAINERS and key in totals:
+                    tokens, cost, count, errors = totals[key]
+                    if column == "parent_id":  # the children's sums, plus the attempt itself
+                        tokens, cost, count = tokens + node.tokens, cost + node.cost_micros, count + 1
+                        errors += node.status == Span.Status.ERROR
+                    node.sub_tokens, node.sub_cost, node.sub_count, node.sub_errors = tokens, cost, count, errors
+    root_totals(run, nodes, summary)
+
+
+def root_totals(run: Run, nodes: dict, summary: dict) -> None:
+    """The run node's totals from the run's own counters (page and push alike)."""
+    for node in nodes.values():
+        if node.kind == Span.Kind.RUN:
+            node.sub_tokens, node.sub_cost = run.tokens_used, run.cost_micros
+            node.sub_count, node.sub_errors = summary["spans"], summary["errors"]
+
+
 def run_push(run_id: int) -> dict | None:
     """What changed in the run since the last push, as HTML fragments with stable ids (no payloads).
 
@@ -440,19 +479,22 @@ def run_push(run_id: int) -> dict | None:
     ]
     task_ids = sorted({s["task_id"] for s in changed if s["task_id"]})
     changed_ops = [i for i, status in statuses.items() if mark["ops"].get(i) != status]
-    # Only the changed tasks' spans, the changed run-level ones and the root: a push costs the same on
-    # a run of 10,000 spans.
-    loose = [s["id"] for s in changed if not s["task_id"]]
-    in_tasks, task_params = sql.in_list("task_id", task_ids or [0])
-    in_loose, loose_params = sql.in_list("id", loose or [0])
-    rows = [
-        _span_row(r)
-        for r in sql.fetchall(
-            f"SELECT {', '.join(SPAN_FIELDS)} FROM runs_span WHERE run_id = %s "
-            f"AND ({in_tasks} OR {in_loose} OR kind = 'run') ORDER BY id",
-            [run_id, *task_params, *loose_params],
+    # The changed spans and their ancestors only, then the ancestors' subtree totals summed by the
+    # database: a push costs the same for a task of ten steps or of a thousand.
+    rows: dict[int, dict] = {}
+    wanted = {s["id"] for s in changed}
+    while wanted - rows.keys():
+        in_ids, id_params = sql.in_list("id", sorted(wanted - rows.keys()))
+        fetched = sql.fetchall(
+            f"SELECT {', '.join(SPAN_FIELDS)} FROM runs_span WHERE run_id = %s AND {in_ids}", [run_id, *id_params]
         )
-    ]
+        if not fetched:
+            break
+        for values in fetched:
+            row = _span_row(values)
+            rows[row["id"]] = row
+            if row["parent_id"]:
+                wanted.add(row["parent_id"])
     flags: dict[tuple[int, int], set] = {}
     if task_ids:
         in_tasks, task_params = sql.in_list("task_id", task_ids)
@@ -465,11 +507,8 @@ def run_push(run_id: int) -> dict | None:
                 mine.add("irreversible")
             if status in ("awaiting_approval", "proposed"):
                 mine.add("approval")
-    _, nodes = tree_build(rows, flags)
-    for node in nodes.values():
-        if node.kind == Span.Kind.RUN:  # the tree above holds only the changed tasks: take the run's totals
-            node.sub_tokens, node.sub_cost = run.tokens_used, run.cost_micros
-            node.sub_count = summary["spans"]
+    _, nodes = tree_build([rows[i] for i in sorted(rows)], flags)
+    _subtree_totals(run, nodes, summary)
     parts = [render_to_string(TEMPLATE + "#run-header", header_context(run, now, summary))]
     rows_done: set[int] = set()
     for span in changed:

@@ -11,37 +11,12 @@ from approvals.access import default_project, membership_grant
 from approvals.models import ApprovalPolicy, ApprovalRequest
 from runs.models import Run
 from runs.services import run_start
-from tests.conftest import wait_for
+from tests.conftest import CHROMIUM, wait_for
+from tests.conftest import CHROMIUM_ARGS as ARGS
 from tests.runs.test_engine import scripted_workflow
 from tools.models import SandboxCall
 
-CHROMIUM = "/usr/bin/chromium"
-ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 pytestmark = pytest.mark.browser
-
-
-@pytest.fixture
-def live_url(transactional_db):
-    """A server for this test only, stopped (and its database connections closed) when it ends."""
-    from django.contrib.staticfiles.handlers import StaticFilesHandler
-    from django.test.testcases import LiveServerThread
-
-    thread = LiveServerThread("127.0.0.1", StaticFilesHandler)
-    thread.daemon = True
-    thread.start()
-    thread.is_ready.wait()
-    if thread.error:
-        raise thread.error
-    yield f"http://127.0.0.1:{thread.port}"
-    thread.terminate()
 
 
 @pytest.fixture

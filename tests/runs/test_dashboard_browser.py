@@ -14,19 +14,10 @@ from approvals.access import default_project, membership_grant
 from approvals.models import ApprovalRequest, Decision
 from approvals.tokens import api_token_create
 from runs.models import Run, Span
-from tests.conftest import ROOT, SCALED, free_port, wait_for
+from tests.conftest import CHROMIUM, ROOT, SCALED, free_port, wait_for
+from tests.conftest import CHROMIUM_ARGS as ARGS
 from tools.models import SandboxCall, SandboxEmail
 
-CHROMIUM = "/usr/bin/chromium"
-ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 SCREENSHOTS = ROOT / "docs" / "screenshots"
 # Each worker's first three calls take half a second (the sandbox's `slow` fault), so the run is still
 # going when the page opens and when the server is killed.

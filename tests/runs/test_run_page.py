@@ -598,3 +598,28 @@ def test_a_viewer_sees_the_page_but_every_action_link_refuses(known, people, cli
         assert client.get(url).status_code == 403, url
         assert client.post(url, {"reason": "a viewer tries"}).status_code == 403, url
     assert (Run.objects.get(id=run.id).status, Task.objects.get(id=s["risk"].task_id).status) == before
+
+
+def test_a_push_carries_the_same_subtree_totals_as_a_fresh_page(db, operator, client):
+    """A push loads only the new span and its ancestors; their Σ totals must still be the whole subtree's."""
+    run = build_run(3, calls=4)
+    client.force_login(operator)
+    cache.delete(f"mark:run:{run.id}")
+    assert run_push(run.id) == {"refetch": True}  # sets the watermark
+    attempt = Span.objects.filter(run=run, kind="attempt").order_by("id").last()
+    now = timezone.now()
+    Span.objects.create(
+        run=run, task_id=attempt.task_id, parent=attempt, kind="model_call", name="late answer", status="error",
+        started_at=now, ended_at=now, tokens_in=70, tokens_out=7, cost_micros=1234, step=99,
+    )  # fmt: skip
+    pushed = run_push(run.id)["html"]
+    page = client.get(f"/runs/{run.id}/").content.decode()
+    task_span = Span.objects.get(task_id=attempt.task_id, kind="task")
+    root = Span.objects.get(run=run, kind="run")
+
+    def totals(source, span):
+        return re.search(r"Σ[^<]*", row(source, span)).group(0)
+
+    for span in (attempt, task_span, root):
+        assert totals(pushed, span) == totals(page, span), span.kind
+    assert "1 failed" in totals(pushed, attempt)

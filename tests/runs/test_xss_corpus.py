@@ -21,19 +21,10 @@ from approvals.access import default_project, membership_grant
 from approvals.models import ApprovalRequest
 from runs.models import Run, Span, Task
 from runs.services import run_start
-from tests.conftest import wait_for
+from tests.conftest import CHROMIUM, wait_for
+from tests.conftest import CHROMIUM_ARGS as ARGS
 from tools.models import SandboxRecord
 
-CHROMIUM = "/usr/bin/chromium"
-ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 pytestmark = pytest.mark.browser
 
 CORPUS = [
@@ -131,22 +122,6 @@ def settled(run: Run, *statuses) -> Run:
 
 
 # --- the browser --------------------------------------------------------------------------------------
-@pytest.fixture
-def live_url(transactional_db):
-    """A server for this test only (WSGI: the live socket is not needed here), stopped when it ends."""
-    from django.contrib.staticfiles.handlers import StaticFilesHandler
-    from django.test.testcases import LiveServerThread
-
-    thread = LiveServerThread("127.0.0.1", StaticFilesHandler)
-    thread.daemon = True
-    thread.start()
-    thread.is_ready.wait()
-    if thread.error:
-        raise thread.error
-    yield f"http://127.0.0.1:{thread.port}"
-    thread.terminate()
-
-
 # Recorded in the page before its own scripts run: every CSP violation, with what was blocked.
 RECORD_VIOLATIONS = """
 window.__csp = [];
