@@ -178,22 +178,24 @@ def _span_row(values) -> dict:
     return row
 
 
+# One pass over each table: a run of 10,000 spans is read once per page or push, not once per figure.
 _SUMMARY = """
-SELECT
-  (SELECT COUNT(*) FROM runs_task WHERE run_id = %(run)s),
-  (SELECT COUNT(*) FROM runs_task WHERE run_id = %(run)s AND status = 'completed'),
-  (SELECT SUM({busy}) FROM runs_task WHERE run_id = %(run)s AND started_at IS NOT NULL),
-  (SELECT COUNT(*) FROM tools_tooloperation WHERE run_id = %(run)s AND status = 'ambiguous'),
-  (SELECT COUNT(*) FROM approvals_approvalrequest WHERE run_id = %(run)s AND status = 'pending'
-     AND parent_id IS NULL),
-  (SELECT SUM(tokens_out) FROM runs_span WHERE run_id = %(run)s AND kind = 'model_call'),
-  (SELECT MAX(tokens_in) FROM runs_span WHERE run_id = %(run)s AND kind = 'model_call'),
-  (SELECT SUM(cost_micros) FROM runs_span WHERE run_id = %(run)s AND kind = 'model_call'),
-  (SELECT SUM(tokens_in) FROM runs_span WHERE run_id = %(run)s AND kind = 'model_call'),
-  (SELECT COUNT(*) FROM runs_span WHERE run_id = %(run)s),
-  (SELECT MAX(id) FROM runs_span WHERE run_id = %(run)s),
-  (SELECT MAX(id) FROM runs_artifact WHERE run_id = %(run)s),
-  (SELECT COUNT(*) FROM runs_span WHERE run_id = %(run)s AND status = 'error')
+SELECT t.tasks, t.done, t.busy, o.ambiguous, a.pending, s.out_tokens, s.biggest_in, s.cost, s.in_tokens,
+       s.spans, s.last_span, ar.last_artifact, s.errors
+FROM
+  (SELECT COUNT(*) AS tasks, SUM(CASE WHEN status = 'completed' THEN 1 ELSE 0 END) AS done,
+          SUM(CASE WHEN started_at IS NOT NULL THEN {busy} END) AS busy
+     FROM runs_task WHERE run_id = %(run)s) t,
+  (SELECT COUNT(*) AS ambiguous FROM tools_tooloperation WHERE run_id = %(run)s AND status = 'ambiguous') o,
+  (SELECT COUNT(*) AS pending FROM approvals_approvalrequest
+     WHERE run_id = %(run)s AND status = 'pending' AND parent_id IS NULL) a,
+  (SELECT COUNT(*) AS spans, MAX(id) AS last_span, SUM(CASE WHEN status = 'error' THEN 1 ELSE 0 END) AS errors,
+          SUM(CASE WHEN kind = 'model_call' THEN tokens_out ELSE 0 END) AS out_tokens,
+          MAX(CASE WHEN kind = 'model_call' THEN tokens_in END) AS biggest_in,
+          SUM(CASE WHEN kind = 'model_call' THEN cost_micros ELSE 0 END) AS cost,
+          SUM(CASE WHEN kind = 'model_call' THEN tokens_in ELSE 0 END) AS in_tokens
+     FROM runs_span WHERE run_id = %(run)s) s,
+  (SELECT MAX(id) AS last_artifact FROM runs_artifact WHERE run_id = %(run)s) ar
 """
 _BUSY = {  # seconds a task has been at work, in each database's own date arithmetic
     "postgresql": "EXTRACT(EPOCH FROM (COALESCE(finished_at, %(now)s) - started_at))",
@@ -206,7 +208,7 @@ def run_summary(run_id: int, now) -> dict:
     statement = _SUMMARY.format(busy=_BUSY[connection.vendor])
     row = sql.fetchone(statement, {"run": run_id, "now": now if connection.vendor == "postgresql" else sql.ts(now)})
     keys = ("tasks", "done", "busy", "ambiguous", "pending", "out", "biggest_in", "cost", "tokens_in", "spans")
-    keys += ("last_span", "last_artifact", "errors")
+    keys += ("last_span", "last_artifact", "errors")  # in the order of _SUMMARY's columns
     return dict(zip(keys, row, strict=True))
 
 
@@ -224,8 +226,16 @@ def header_context(run: Run, now, summary: dict | None = None) -> dict:
             "SELECT id, key FROM runs_task WHERE run_id = %s AND status = 'failed' ORDER BY id", [run.id]
         )
     ]
+    names = getattr(run, "names", None) or (
+        run.workflow.name,
+        run.project.slug,
+        run.started_by.get_username() if run.started_by_id else "",
+    )
     return {
         "run": run,
+        "workflow_name": names[0],
+        "project_slug": names[1],
+        "starter": names[2],
         "tasks_total": summary["tasks"],
         "tasks_done": summary["done"],
         "failed_tasks": failed,
@@ -447,13 +457,31 @@ def root_totals(run: Run, nodes: dict, summary: dict) -> None:
             node.sub_count, node.sub_errors = summary["spans"], summary["errors"]
 
 
+def _run_for_push(run_id: int) -> Run | None:
+    """The run and the names its header shows, in one raw statement (no ORM compilation per push)."""
+    found = list(
+        Run.objects.raw(
+            "SELECT r.*, w.name AS workflow_name, p.slug AS project_slug, u.username AS starter_name "
+            "FROM runs_run r JOIN agents_workflow w ON w.id = r.workflow_id "
+            "JOIN approvals_project p ON p.id = r.project_id "
+            "LEFT JOIN auth_user u ON u.id = r.started_by_id WHERE r.id = %s",
+            [run_id],
+        )
+    )
+    if not found:
+        return None
+    run = found[0]
+    run.names = (run.workflow_name, run.project_slug, run.starter_name or "")
+    return run
+
+
 def run_push(run_id: int) -> dict | None:
     """What changed in the run since the last push, as HTML fragments with stable ids (no payloads).
 
     The watermark (last span id, spans still open, operation statuses, last artifact) lives in the
     shared cache. Without one — the first push to a new viewer, an evicted key — the browsers are told
     to re-render from the database instead."""
-    run = Run.objects.select_related("workflow", "project").filter(id=run_id).first()
+    run = _run_for_push(run_id)
     if run is None:
         return None
     now = timezone.now()
