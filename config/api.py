@@ -1,6 +1,10 @@
 """The ninja API objects. The integration API (bearer tokens, no CSRF) lives under /api/v1; the
 dashboard's own endpoints will be a separate object with session auth and CSRF."""
 
+import time
+
+from django.conf import settings
+from django.core.cache import cache
 from django.http import HttpRequest
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
@@ -14,9 +18,35 @@ from runs.transitions import TransitionNotAllowed
 from tools.api import router as tools_router
 
 
+class RateLimited(Exception):
+    def __init__(self, retry_after: int):
+        self.retry_after = retry_after
+
+
 class BearerToken(HttpBearer):
     def authenticate(self, request: HttpRequest, token: str):
-        return api_token_authenticate(token)
+        found = api_token_authenticate(token)
+        if found is not None:
+            _rate_check(found.id)
+        return found
+
+
+def _rate_check(token_id: int) -> None:
+    """A fixed one-minute window per token in the shared cache (Redis in scaled mode): over the limit,
+    429 with Retry-After until the window ends. A guard against runaway clients, not a security control."""
+    limit = settings.WARDEN["API_RATE_PER_MINUTE"]
+    now = time.time()
+    window = int(now // 60)
+    key = f"api-rate:{token_id}:{window}"
+    if cache.add(key, 1, timeout=120):
+        return
+    try:
+        count = cache.incr(key)
+    except ValueError:  # expired between the two calls
+        cache.add(key, 1, timeout=120)
+        return
+    if count > limit:
+        raise RateLimited(retry_after=max(1, int((window + 1) * 60 - now) + 1))
 
 
 api = NinjaAPI(
@@ -69,6 +99,13 @@ def on_conflict(request, exc):
 @api.exception_handler(TransitionNotAllowed)
 def on_transition(request, exc):
     return _error(request, 409, "transition_not_allowed", str(exc))
+
+
+@api.exception_handler(RateLimited)
+def on_rate_limited(request, exc: RateLimited):
+    response = _error(request, 429, "rate_limited", f"too many requests for this token; retry in {exc.retry_after} s")
+    response["Retry-After"] = str(exc.retry_after)
+    return response
 
 
 @api.exception_handler(AuthenticationError)

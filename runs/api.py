@@ -3,16 +3,17 @@
 from datetime import datetime
 from typing import Any
 
-from ninja import Field, Router, Schema, Status
+from ninja import Field, Query, Router, Schema, Status
 
-from approvals.access import authorize, default_project
+from approvals.access import authorize, authorize_token, default_project, project_ids
+from approvals.audit import audit
 from approvals.models import Project
 
 from .errors import NotFound
-from .models import Run
+from .models import Run, Task
 from .schemas import BudgetIn
 from .selectors import run_get
-from .services import run_start
+from .services import run_cancel, run_resume, run_start, task_retry, task_retry_from
 
 router = Router(tags=["runs"])
 
@@ -152,3 +153,116 @@ def create_run(request, payload: RunIn):
 @router.get("/runs/{run_id}", response=RunOut, summary="A run with its status, usage, budget and tasks")
 def get_run(request, run_id: int):
     return run_out(run_for(request, run_id))
+
+
+class RunSummaryOut(Schema):
+    id: int
+    project: str
+    workflow: str
+    goal: str
+    status: str
+    status_reason: str
+    usage: UsageOut
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+
+
+class RunPageOut(Schema):
+    items: list[RunSummaryOut]
+    next_after: int | None = Field(description="Pass as `after` for the next page; null on the last one")
+
+
+@router.get("/runs", response=RunPageOut, summary="Runs of my projects, newest first (cursor pages)")
+def list_runs(
+    request,
+    status: list[Run.Status] = Query(default=None, description="One or more statuses"),  # noqa: B008
+    workflow: str | None = Query(default=None, max_length=64),  # noqa: B008
+    project: str | None = Query(default=None, max_length=64),  # noqa: B008
+    after: int | None = Query(default=None, ge=0, description="The `next_after` of the previous page"),  # noqa: B008
+    limit: int = Query(default=50, ge=1, le=200),  # noqa: B008
+):
+    authorize_token(request.auth, "read", what="the run list", request=request)
+    rows = Run.objects.select_related("workflow", "project").order_by("-id")
+    visible = project_ids(request.auth.user, "view")
+    if visible is not None:
+        rows = rows.filter(project_id__in=visible)
+    if status:
+        rows = rows.filter(status__in=status)
+    if workflow:
+        rows = rows.filter(workflow__slug=workflow)
+    if project:
+        rows = rows.filter(project__slug=project)
+    if after:
+        rows = rows.filter(id__lt=after)  # keyset: stays fast however deep the page
+    page = list(rows[: limit + 1])
+    items = [
+        {
+            "id": run.id,
+            "project": run.project.slug,
+            "workflow": run.workflow.slug,
+            "goal": run.goal,
+            "status": run.status,
+            "status_reason": run.status_reason,
+            "usage": {
+                "steps": run.steps_used,
+                "tokens": run.tokens_used,
+                "tool_calls": run.tool_calls_used,
+                "cost_usd": run.cost_usd,
+            },
+            "created_at": run.created_at,
+            "started_at": run.started_at,
+            "finished_at": run.finished_at,
+        }
+        for run in page[:limit]
+    ]
+    return {"items": items, "next_after": page[limit - 1].id if len(page) > limit else None}
+
+
+class ReasonIn(Schema):
+    reason: str = Field(default="", max_length=1000, examples=["the customer called it off"])
+
+
+class RetryIn(ReasonIn):
+    from_step: int | None = Field(
+        default=None,
+        ge=1,
+        description="Re-execute from this journal step (earlier steps are replayed); committed effects at or "
+        "after it happen again, under new idempotency keys. Omitted: a plain retry.",
+    )
+
+
+def _acted(request, run: Run, action: str, reason: str, **detail) -> dict:
+    audit(actor=request.auth.user, action=action, run=run, target=f"run {run.id}", request=request,
+          detail={"reason": reason, **detail})  # fmt: skip
+    return run_out(run_get(run_id=run.id))
+
+
+@router.post("/runs/{run_id}/cancel", response={202: RunOut}, summary="Cancel a run (cooperatively, then forced)")
+def cancel_run(request, run_id: int, payload: ReasonIn):
+    run = run_for(request, run_id, "operate")
+    reason = payload.reason or f"cancelled by {request.auth.user} through the API"
+    run_cancel(run_id=run_id, reason=reason)
+    return Status(202, _acted(request, run, "run_cancel", reason))
+
+
+@router.post("/runs/{run_id}/resume", response=RunOut, summary="Resume a run that needs attention")
+def resume_run(request, run_id: int, payload: ReasonIn):
+    run = run_for(request, run_id, "operate")
+    reason = payload.reason or f"resumed by {request.auth.user} through the API"
+    run_resume(run_id=run_id, reason=reason)
+    return _acted(request, run, "run_resume", reason)
+
+
+@router.post("/runs/{run_id}/tasks/{task_key}/retry", response=RunOut, summary="Retry a failed task")
+def retry_task(request, run_id: int, task_key: str, payload: RetryIn):
+    run = run_for(request, run_id, "operate")
+    task = Task.objects.filter(run=run, key=task_key).first()
+    if task is None:
+        raise NotFound(f"run {run_id} has no task {task_key}")
+    reason = payload.reason or f"retried by {request.auth.user} through the API"
+    if payload.from_step is None:
+        task_retry(task_id=task.id, reason=reason)
+        return _acted(request, run, "task_retry", reason, task=task_key)
+    task_retry_from(task_id=task.id, step=payload.from_step, reason=reason)
+    return _acted(request, run, "task_retry_from", reason, task=task_key, from_step=payload.from_step)

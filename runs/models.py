@@ -323,3 +323,29 @@ class FaultFiring(models.Model):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["run", "task_key", "point", "mode"], name="fault_fires_once")]
+
+
+class IdempotencyKey(models.Model):
+    """A write to the integration API made with an ``Idempotency-Key`` header (Stripe's semantics): the
+    first response is kept and replayed for the same key and body. Scoped to the caller's token."""
+
+    class Status(models.TextChoices):
+        IN_FLIGHT = "in_flight"
+        DONE = "done"
+
+    scope = models.CharField(max_length=64, help_text="SHA-256 of the caller's credentials")
+    key = models.CharField(max_length=255)
+    fingerprint = models.CharField(max_length=64, help_text="SHA-256 of method, path and body")
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.IN_FLIGHT)
+    response_status = models.PositiveSmallIntegerField(null=True, blank=True)
+    response_body = models.TextField(blank=True)
+    response_type = models.CharField(max_length=100, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    locked_at = models.DateTimeField(help_text="When the request holding it started (or took it over)")
+
+    class Meta:
+        ordering = ["-id"]
+        constraints = [models.UniqueConstraint(fields=["scope", "key"], name="idempotency_key_unique_per_caller")]
+
+    def __str__(self) -> str:
+        return f"{self.key} ({self.status})"

@@ -103,11 +103,18 @@ def get_compensation_plan(request, run_id: int):
 
 class CompensateIn(Schema):
     reason: str = Field(default="", max_length=1000)
+    dry_run: bool = Field(default=False, description="Only list what would be undone or corrected; change nothing")
 
 
-@router.post("/runs/{run_id}/compensate", response={202: RunOut}, summary="Undo the run's committed effects")
+@router.post(
+    "/runs/{run_id}/compensate",
+    response={200: CompensationPlanOut, 202: RunOut},
+    summary="Undo the run's committed effects (or, with dry_run, list them)",
+)
 def compensate(request, run_id: int, payload: CompensateIn):
     run = run_for(request, run_id, "operate")
+    if payload.dry_run:
+        return Status(200, compensation_plan(run_id))
     reason = payload.reason or f"compensation requested by {request.auth.user} through the API"
     run_compensate(run_id=run_id, reason=reason)
     audit(

@@ -65,6 +65,7 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    "runs.idempotency.IdempotencyMiddleware",
 ]
 
 # A strict policy for Warden's own pages: scripts only from our static files, each tag carrying the
@@ -209,6 +210,11 @@ WARDEN = {
     # Tools: consecutive failures that open a tool's circuit, and for how long it stays open.
     "TOOL_CIRCUIT_FAILURES": int(os.environ.get("WARDEN_TOOL_CIRCUIT_FAILURES", 5)),
     "TOOL_CIRCUIT_OPEN_SECONDS": _env_float("WARDEN_TOOL_CIRCUIT_OPEN_SECONDS", 30),
+    # Integration API: Idempotency-Key records are kept this long (at least 72 h); one whose request died
+    # is free again after IN_FLIGHT seconds. Requests per token and minute before a 429.
+    "IDEMPOTENCY_KEEP_HOURS": _env_float("WARDEN_IDEMPOTENCY_KEEP_HOURS", 72),
+    "IDEMPOTENCY_IN_FLIGHT_SECONDS": _env_float("WARDEN_IDEMPOTENCY_IN_FLIGHT_SECONDS", 60),
+    "API_RATE_PER_MINUTE": int(os.environ.get("WARDEN_API_RATE_PER_MINUTE", 600)),
     # Logins: failures per username and address before a lockout, and how long it lasts.
     "LOGIN_FAILURES_LIMIT": int(os.environ.get("WARDEN_LOGIN_FAILURES_LIMIT", 5)),
     "LOGIN_LOCKOUT_SECONDS": _env_float("WARDEN_LOGIN_LOCKOUT_SECONDS", 300),

@@ -194,6 +194,7 @@ def sweep_once() -> dict:
 def _ledger_sweep(now) -> dict:
     from approvals.expiry import approvals_sweep  # tools and approvals build on the engine
     from approvals.notify import notifications_send
+    from runs.idempotency import idempotency_keys_prune
     from tools.saga import compensate_by_policy, redrive_operations
 
     return {
@@ -201,6 +202,7 @@ def _ledger_sweep(now) -> dict:
         "compensations_started": compensate_by_policy(now),
         **approvals_sweep(now),
         "notifications_sent": notifications_send(),
+        "idempotency_keys_pruned": idempotency_keys_prune(now),
     }
 
 

@@ -17,7 +17,11 @@ from tools.models import ToolOperation
 # here fails test_every_api_operation_has_a_row_in_the_policy_table.
 POLICY = {
     ("POST", "/api/v1/runs"): ("start", "run"),
+    ("GET", "/api/v1/runs"): ("view (filtered)", "read"),
     ("GET", "/api/v1/runs/{run_id}"): ("view", "read"),
+    ("POST", "/api/v1/runs/{run_id}/cancel"): ("operate", "operate"),
+    ("POST", "/api/v1/runs/{run_id}/resume"): ("operate", "operate"),
+    ("POST", "/api/v1/runs/{run_id}/tasks/{task_key}/retry"): ("operate", "operate"),
     ("GET", "/api/v1/runs/{run_id}/operations"): ("view", "read"),
     ("GET", "/api/v1/runs/{run_id}/compensation"): ("view", "read"),
     ("POST", "/api/v1/runs/{run_id}/compensate"): ("operate", "operate"),
@@ -32,6 +36,9 @@ POLICY = {
 BODIES = {
     "/api/v1/runs": {"workflow": "deploy-review"},
     "/api/v1/runs/{run_id}/compensate": {"reason": "x"},
+    "/api/v1/runs/{run_id}/cancel": {"reason": "x"},
+    "/api/v1/runs/{run_id}/resume": {"reason": "x"},
+    "/api/v1/runs/{run_id}/tasks/{task_key}/retry": {"reason": "x"},
     "/api/v1/operations/{operation_id}/resolve": {"committed": True},
     "/api/v1/approvals/{approval_id}/decision": {"decision": "approve", "note": "ok", "arguments_hash": "{hash}"},
     "/api/v1/allow-rules": {"project": "default", "tool": "tickets.create", "arguments": {"customer_id": "c1"}},
@@ -90,6 +97,7 @@ def scene(demo, django_user_model):
         "approval_id": approval.id,
         "hash": approval.arguments_hash,
         "rule_id": rule.id,
+        "task_key": "risk",
     }
     return {"run": run, "people": people, "ids": ids, "approval": approval, "op": op, "rule": rule}
 
