@@ -13,6 +13,7 @@ from ninja.security import HttpBearer
 from approvals.api import router as approvals_router
 from approvals.tokens import api_token_authenticate
 from runs.api import router as runs_router
+from runs.api_reads import router as runs_reads_router
 from runs.errors import Conflict, Forbidden, InvalidInput, NotFound
 from runs.transitions import TransitionNotAllowed
 from tools.api import router as tools_router
@@ -57,6 +58,7 @@ api = NinjaAPI(
     description="Start and inspect durable multi-agent runs.",
 )
 api.add_router("/", runs_router)
+api.add_router("/", runs_reads_router)
 api.add_router("/", tools_router)
 api.add_router("/", approvals_router)
 
