@@ -58,7 +58,24 @@ def approval_request_for_operation(op, *, parent: ApprovalRequest | None = None,
     op.approval = request
     if parent is None:
         notifications_add(request, kind="new")
+        _emit(request, "approval.requested")
     return request
+
+
+def _emit(request: ApprovalRequest, event: str) -> None:
+    from runs.webhooks import webhook_emit
+
+    project_id = Run.objects.filter(id=request.run_id).values_list("project_id", flat=True).first()
+    data = {
+        "request": request.id,
+        "run": request.run_id,
+        "kind": request.kind,
+        "status": request.status,
+        "summary": request.summary,
+        "decided_by": request.decided_by.get_username() if request.decided_by_id else None,
+        "note": request.note,
+    }
+    webhook_emit(event=event, project_id=project_id, data=data)
 
 
 def approval_request_for_operations(*, run: Run, operations, kind: str, title: str) -> ApprovalRequest:
@@ -72,6 +89,7 @@ def approval_request_for_operations(*, run: Run, operations, kind: str, title: s
     for op in operations:
         approval_request_for_operation(op, parent=parent)
     notifications_add(parent, kind="new")
+    _emit(parent, "approval.requested")
     return parent
 
 
@@ -227,6 +245,8 @@ def _settle_item(item, run, user, approve, note, now) -> None:
     item.save(update_fields=["status", "decided_at", "decided_by", "note"])
     operations_decided(approval_ids=[item.id], approved=approve, reason=reason, now=now)
     log.info("approval %s (%s) of run %s %s", item.id, item.kind, run.id, verdict)
+    if item.parent_id is None:
+        _emit(item, "approval.decided")
     if item.parent_id is None and item.task_id:
         _wake_parked_task(run, item, reason, now)
 
@@ -239,6 +259,7 @@ def _settle_parent(parent, run, user, note, now) -> None:
     parent.status = ApprovalRequest.Status.APPROVED if approved else ApprovalRequest.Status.REJECTED
     parent.decided_at, parent.decided_by, parent.note = now, user, note[:4000]
     parent.save(update_fields=["status", "decided_at", "decided_by", "note"])
+    _emit(parent, "approval.decided")
     if parent.kind == ApprovalRequest.Kind.BUNDLE and run.status == Run.Status.WAITING_FOR_APPROVAL:
         run_transition(run=run, to=Run.Status.RUNNING, reason=f"proposals decided by {user}", now=now)
     run_operations_send(run)

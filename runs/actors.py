@@ -5,6 +5,7 @@ import dramatiq
 from django.conf import settings
 
 from .services.execution import task_execute
+from .webhooks import webhook_deliver
 
 # Below the lease, so Dramatiq interrupts a stuck attempt before another worker may take it over.
 # (It cannot interrupt blocking I/O: fencing is what makes a late worker harmless.)
@@ -14,3 +15,8 @@ TIME_LIMIT_MS = int(1000 * (settings.WARDEN["ACTOR_TIME_LIMIT_SECONDS"] or setti
 @dramatiq.actor(actor_name="execute_task", queue_name="warden", max_retries=0, time_limit=TIME_LIMIT_MS)
 def execute_task(run_id: int, task_id: int) -> None:
     task_execute(run_id=run_id, task_id=task_id)
+
+
+@dramatiq.actor(actor_name="deliver_webhook", queue_name="warden", max_retries=0, time_limit=TIME_LIMIT_MS)
+def deliver_webhook(delivery_id: int) -> None:
+    webhook_deliver(delivery_id=delivery_id)

@@ -9,7 +9,19 @@ from django.utils.safestring import mark_safe
 from tools.models import ToolOperation
 
 from .errors import WardenError
-from .models import Artifact, FaultFiring, Outbox, Payload, QuarantinedResult, Run, Span, Task
+from .models import (
+    Artifact,
+    FaultFiring,
+    IdempotencyKey,
+    Outbox,
+    Payload,
+    QuarantinedResult,
+    Run,
+    Span,
+    Task,
+    WebhookDelivery,
+    WebhookEndpoint,
+)
 from .services import run_cancel, run_resume, task_retry
 from .transitions import TransitionNotAllowed
 
@@ -288,3 +300,75 @@ class FaultFiringAdmin(ReadOnlyAdmin):
 @admin.register(Payload)
 class PayloadAdmin(ReadOnlyAdmin):
     list_display = ["id", "size", "created_at"]
+
+
+@admin.register(IdempotencyKey)
+class IdempotencyKeyAdmin(ReadOnlyAdmin):
+    list_display = ["key", "status", "response_status", "created_at", "locked_at"]
+    list_filter = ["status"]
+    search_fields = ["key"]
+    exclude = ["scope"]  # a hash of the caller's credentials: nothing to read in it
+
+
+class DeliveryInline(admin.TabularInline):
+    model = WebhookDelivery
+    fields = ["event", "status", "attempts", "last_status_code", "delivered_at", "created_at"]
+    readonly_fields = fields
+    extra = 0
+    max_num = 0
+    ordering = ["-id"]
+    show_change_link = True
+
+
+@admin.register(WebhookEndpoint)
+class WebhookEndpointAdmin(admin.ModelAdmin):
+    """Only superusers: an endpoint receives every event of the projects it covers."""
+
+    list_display = ["url", "project", "events", "active", "created_at"]
+    list_filter = ["active", "project"]
+    inlines = [DeliveryInline]
+
+    def has_module_permission(self, request):
+        return request.user.is_superuser
+
+    has_view_permission = has_change_permission = has_add_permission = has_delete_permission = (
+        lambda self, request, obj=None: request.user.is_superuser
+    )
+
+    def get_readonly_fields(self, request, obj=None):
+        return ["secret_hint"] if obj else []
+
+    def get_fields(self, request, obj=None):
+        # The secret is written once; afterwards only its first characters are shown.
+        return ["url", "project", "events", "active", "secret_hint"] if obj else ["url", "secret", "project", "events"]
+
+    @admin.display(description="secret")
+    def secret_hint(self, obj):
+        return f"{obj.secret[:4]}…"
+
+
+@admin.register(WebhookDelivery)
+class WebhookDeliveryAdmin(ReadOnlyAdmin):
+    """The delivery log; "send again" requeues a delivery with a fresh count of attempts."""
+
+    list_display = ["id", "event", "endpoint", "status", "attempts", "last_status_code", "delivered_at", "created_at"]
+    list_filter = ["status", "event"]
+    search_fields = ["event", "endpoint__url", "last_error"]
+    actions = ["redeliver"]
+
+    def has_module_permission(self, request):
+        return request.user.is_superuser
+
+    def has_view_permission(self, request, obj=None):
+        return request.user.is_superuser
+
+    @admin.action(description="Send the selected deliveries again")
+    def redeliver(self, request, queryset):
+        from approvals.audit import audit
+
+        from .webhooks import webhook_redeliver
+
+        for delivery in queryset:
+            webhook_redeliver(delivery_id=delivery.id)
+            audit(actor=request.user, action="webhook_redeliver", target=f"delivery {delivery.id}", request=request)
+        self.message_user(request, f"{queryset.count()} queued again", messages.SUCCESS)

@@ -349,3 +349,51 @@ class IdempotencyKey(models.Model):
 
     def __str__(self) -> str:
         return f"{self.key} ({self.status})"
+
+
+class WebhookEndpoint(models.Model):
+    """Where Warden tells another system what happened (configured in the admin)."""
+
+    EVENTS = ("run.finished", "run.needs_attention", "approval.requested", "approval.decided", "operation.ambiguous")
+
+    url = models.URLField(max_length=500)
+    secret = models.CharField(max_length=200, help_text="Shared secret of the HMAC-SHA256 signature")
+    project = models.ForeignKey(
+        "approvals.Project", null=True, blank=True, on_delete=models.CASCADE, help_text="Empty: every project"
+    )
+    events = models.JSONField(default=list, blank=True, help_text=f"Empty: all of {', '.join(EVENTS)}")
+    active = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return self.url
+
+
+class WebhookDelivery(models.Model):
+    """One event for one endpoint: written in the transaction that decided the event, sent after commit,
+    retried with backoff, kept as the delivery log."""
+
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        SENDING = "sending"
+        DELIVERED = "delivered"
+        FAILED = "failed"
+
+    endpoint = models.ForeignKey(WebhookEndpoint, on_delete=models.CASCADE, related_name="deliveries")
+    event = models.CharField(max_length=40)
+    payload = models.JSONField()
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    attempts = models.PositiveIntegerField(default=0)
+    next_attempt_at = models.DateTimeField(db_index=True)
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    last_status_code = models.PositiveSmallIntegerField(null=True, blank=True)
+    last_error = models.TextField(blank=True)
+    delivered_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-id"]
+        indexes = [models.Index(fields=["status", "next_attempt_at"])]
+
+    def __str__(self) -> str:
+        return f"{self.event} → {self.endpoint_id} ({self.status})"

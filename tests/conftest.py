@@ -220,3 +220,45 @@ def closed_circuits():
     from tools.broker import circuit_reset
 
     circuit_reset()
+
+
+class WebhookReceiver:
+    """A local HTTP receiver: records every request; answers 500 to the first ``fail_first`` ones."""
+
+    def __init__(self):
+        import http.server
+        import threading
+
+        self.received: list[dict] = []
+        self.fail_first = 0
+        receiver = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                receiver.received.append({"headers": dict(self.headers), "body": body})
+                failing = len(receiver.received) <= receiver.fail_first
+                self.send_response(500 if failing else 200)
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def events(self) -> list[str]:
+        return [r["headers"].get("Warden-Event") for r in self.received]
+
+    def stop(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def webhook_receiver():
+    receiver = WebhookReceiver()
+    yield receiver
+    receiver.stop()

@@ -456,6 +456,23 @@ def _set(op: ToolOperation, **changes) -> None:
         setattr(op, name, value)
     ToolOperation.objects.filter(id=op.id).update(**changes)
     events.run_changed(op.run_id)
+    if changes.get("status") == OS.AMBIGUOUS:
+        _emit_ambiguous(op)
+
+
+def _emit_ambiguous(op: ToolOperation) -> None:
+    from runs.models import Run
+    from runs.webhooks import webhook_emit
+
+    project_id = Run.objects.filter(id=op.run_id).values_list("project_id", flat=True).first()
+    data = {
+        "operation": op.id,
+        "run": op.run_id,
+        "tool": op.tool,
+        "key": op.idempotency_key,
+        "reason": op.status_reason,
+    }
+    webhook_emit(event="operation.ambiguous", project_id=project_id, data=data)
 
 
 def operation_execute(op: ToolOperation, spec: ToolSpec, args: dict, faults: Faults) -> ToolOutcome:

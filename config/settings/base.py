@@ -215,6 +215,11 @@ WARDEN = {
     "IDEMPOTENCY_KEEP_HOURS": _env_float("WARDEN_IDEMPOTENCY_KEEP_HOURS", 72),
     "IDEMPOTENCY_IN_FLIGHT_SECONDS": _env_float("WARDEN_IDEMPOTENCY_IN_FLIGHT_SECONDS", 60),
     "API_RATE_PER_MINUTE": int(os.environ.get("WARDEN_API_RATE_PER_MINUTE", 600)),
+    # Outbound webhooks: attempts before a delivery is given up (the admin can send it again), backoff.
+    "WEBHOOK_MAX_ATTEMPTS": int(os.environ.get("WARDEN_WEBHOOK_MAX_ATTEMPTS", 8)),
+    "WEBHOOK_RETRY_BASE_SECONDS": _env_float("WARDEN_WEBHOOK_RETRY_BASE_SECONDS", 5),
+    "WEBHOOK_RETRY_CAP_SECONDS": _env_float("WARDEN_WEBHOOK_RETRY_CAP_SECONDS", 3600),
+    "WEBHOOK_TIMEOUT_SECONDS": _env_float("WARDEN_WEBHOOK_TIMEOUT_SECONDS", 5),
     # Logins: failures per username and address before a lockout, and how long it lasts.
     "LOGIN_FAILURES_LIMIT": int(os.environ.get("WARDEN_LOGIN_FAILURES_LIMIT", 5)),
     "LOGIN_LOCKOUT_SECONDS": _env_float("WARDEN_LOGIN_LOCKOUT_SECONDS", 300),

@@ -25,6 +25,7 @@ for _key, _value in {
     "OUTBOX_RESEND_AFTER_SECONDS": 1.0,
     "SWEEP_INTERVAL_SECONDS": 0.2,
     "CANCEL_GRACE_SECONDS": 2.0,
+    "WEBHOOK_RETRY_BASE_SECONDS": 0.2,
 }.items():
     if f"WARDEN_{_key}" not in os.environ:
         WARDEN[_key] = _value

@@ -195,6 +195,7 @@ def _ledger_sweep(now) -> dict:
     from approvals.expiry import approvals_sweep  # tools and approvals build on the engine
     from approvals.notify import notifications_send
     from runs.idempotency import idempotency_keys_prune
+    from runs.webhooks import webhooks_redrive
     from tools.saga import compensate_by_policy, redrive_operations
 
     return {
@@ -203,6 +204,7 @@ def _ledger_sweep(now) -> dict:
         **approvals_sweep(now),
         "notifications_sent": notifications_send(),
         "idempotency_keys_pruned": idempotency_keys_prune(now),
+        "webhooks_redriven": webhooks_redrive(now),
     }
 
 

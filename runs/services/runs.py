@@ -38,12 +38,22 @@ def run_transition(*, run: Run, to: str, reason: str = "", now=None) -> Run:
         )
     if to == Run.Status.CANCELLING:
         run.cancel_requested_at = changes["cancel_requested_at"] = now
+    if to in Run.TERMINAL or to == Run.Status.NEEDS_ATTENTION:
+        from runs.webhooks import webhook_emit
+
+        event = "run.needs_attention" if to == Run.Status.NEEDS_ATTENTION else "run.finished"
+        data = {"run": run.id, "status": to, "reason": reason, "url": _run_url(run.id)}
+        webhook_emit(event=event, project_id=run.project_id, data=data)
     # Hand-written: a transition ends every run, and the ORM's save costs more than the rest of it.
     sql.execute(
         f"UPDATE runs_run SET {', '.join(f'{column} = %s' for column in changes)} WHERE id = %s",
         [sql.ts(v) if column.endswith("_at") else v for column, v in changes.items()] + [run.id],
     )
     return run
+
+
+def _run_url(run_id: int) -> str:
+    return f"{settings.WARDEN['BASE_URL'].rstrip('/')}/runs/{run_id}/"
 
 
 def task_set_ready(*, task: Task, now) -> None:

@@ -311,6 +311,7 @@ ADMIN_ACTIONS = {
     ("approvals", "approvalrequest", "reject"): "decide",
     ("approvals", "allowrule", "revoke"): "decide",
     ("approvals", "apitoken", "revoke"): None,
+    ("runs", "webhookdelivery", "redeliver"): None,  # superusers only (the model admin refuses others)
     ("agents", "workflow", "start_runs"): "start",
 }
 

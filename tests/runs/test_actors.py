@@ -7,7 +7,7 @@ from django.forms.models import model_to_dict
 
 from approvals.models import ApprovalRequest
 from approvals.services import approval_decide
-from runs.models import Artifact, Outbox, Run, Span, Task
+from runs.models import Artifact, Outbox, Run, Span, Task, WebhookDelivery, WebhookEndpoint
 from runs.services import run_start
 from tools.models import SandboxCall, ToolOperation
 
@@ -21,13 +21,18 @@ def snapshot(run_ids):
         "sandbox": list(SandboxCall.objects.order_by("id").values_list("id", flat=True)),
         "outbox": list(Outbox.objects.order_by("id").values_list("id", flat=True)),
         "ledger": list(ToolOperation.objects.filter(run_id__in=run_ids).order_by("id").values()),
+        "webhooks": list(WebhookDelivery.objects.order_by("id").values("id", "status", "attempts", "delivered_at")),
     }
 
 
-def test_every_actor_fed_each_message_twice_changes_nothing_the_second_time(demo_tx, operator, monkeypatch, settings):
+def test_every_actor_fed_each_message_twice_changes_nothing_the_second_time(
+    demo_tx, operator, monkeypatch, settings, webhook_receiver
+):
     # A duplicate that arrives after the retry is due is the retry itself, not a duplicate: keep the backoff
     # well above the time between the two deliveries, even on a loaded machine.
     settings.WARDEN = {**settings.WARDEN, "RETRY_BASE_SECONDS": 0.6, "RETRY_CAP_SECONDS": 1.2}
+    # Every event also goes to a webhook: its deliveries are messages too, and must go out once.
+    WebhookEndpoint.objects.create(url=webhook_receiver.url, secret="s3cret")
     sent: list[Outbox] = []
     # Hold messages here instead of a broker, so this test decides what is delivered and when.
     monkeypatch.setattr("runs.services.outbox.outbox_deliver", lambda rows: sent.extend(rows))
@@ -68,3 +73,5 @@ def test_every_actor_fed_each_message_twice_changes_nothing_the_second_time(demo
         broker.get_actor(message.actor).fn(**message.kwargs)
     assert snapshot(run_ids) == before
     assert not sent
+    deliveries = [r["headers"]["Warden-Delivery"] for r in webhook_receiver.received]
+    assert deliveries and len(deliveries) == len(set(deliveries)) == WebhookDelivery.objects.count()

@@ -1,0 +1,148 @@
+"""Outbound webhooks: ``run.finished``, ``run.needs_attention``, ``approval.requested``,
+``approval.decided``, ``operation.ambiguous``.
+
+A delivery row is written in the transaction that decided the event (so nothing is lost to a crash or
+a restart), a message leaves through the outbox after commit, and the sender claims the row before it
+posts (so of a duplicate message, or a sweeper racing it, only one sends). A failed post is retried
+with exponential backoff, up to ``WEBHOOK_MAX_ATTEMPTS``; the admin lists every delivery and can
+send one again. Delivery is at least once: receivers dedupe on ``Warden-Delivery``.
+
+Each request is signed like Stripe's: ``Warden-Signature: t=<unix time>,v1=<hex HMAC-SHA256 of
+"<t>." + body>`` with the endpoint's secret; receivers check it and refuse old timestamps.
+"""
+
+import hashlib
+import hmac
+import json
+import logging
+import time
+import urllib.error
+import urllib.request
+
+from django.conf import settings
+from django.db.models import Q
+from django.utils import timezone
+
+from .models import WebhookDelivery, WebhookEndpoint
+from .services.outbox import outbox_add
+
+log = logging.getLogger("warden.webhooks")
+DELIVER = "deliver_webhook"
+SENDING_TIMEOUT_SECONDS = 60  # a sender that died mid-post: the row is due again after this
+
+
+def webhook_emit(*, event: str, project_id: int | None, data: dict) -> int:
+    """Call inside the transaction that decided the event. Returns the deliveries written."""
+    assert event in WebhookEndpoint.EVENTS, event
+    endpoints = WebhookEndpoint.objects.filter(active=True).filter(Q(project__isnull=True) | Q(project_id=project_id))
+    now = timezone.now()
+    written = 0
+    for endpoint in endpoints:
+        if endpoint.events and event not in endpoint.events:
+            continue
+        delivery = WebhookDelivery.objects.create(
+            endpoint=endpoint,
+            event=event,
+            payload={"event": event, "created_at": now.isoformat(), "data": data},
+            next_attempt_at=now,
+        )
+        outbox_add(actor=DELIVER, kwargs={"delivery_id": delivery.id})
+        written += 1
+    return written
+
+
+def signature(secret: str, timestamp: str, body: bytes) -> str:
+    return hmac.new(secret.encode(), timestamp.encode() + b"." + body, hashlib.sha256).hexdigest()
+
+
+def signature_valid(secret: str, header: str, body: bytes, *, tolerance: float = 300, now: float | None = None) -> bool:
+    """What a receiver checks (also used by the tests and the example client)."""
+    parts = dict(part.split("=", 1) for part in header.split(",") if "=" in part)
+    timestamp, given = parts.get("t", ""), parts.get("v1", "")
+    if not timestamp.isdigit() or abs((now or time.time()) - int(timestamp)) > tolerance:
+        return False
+    return hmac.compare_digest(signature(secret, timestamp, body), given)
+
+
+def _backoff(attempts: int) -> float:
+    base, cap = settings.WARDEN["WEBHOOK_RETRY_BASE_SECONDS"], settings.WARDEN["WEBHOOK_RETRY_CAP_SECONDS"]
+    return min(cap, base * 2 ** max(0, attempts - 1))
+
+
+def webhook_deliver(*, delivery_id: int) -> bool:
+    """Post one delivery if it is due and nobody else is posting it. True when it was delivered now."""
+    now = timezone.now()
+    stale = now - timezone.timedelta(seconds=SENDING_TIMEOUT_SECONDS)
+    due = Q(status=WebhookDelivery.Status.PENDING, next_attempt_at__lte=now) | Q(
+        status=WebhookDelivery.Status.SENDING, claimed_at__lt=stale
+    )
+    delivery = WebhookDelivery.objects.filter(due, id=delivery_id).select_related("endpoint").first()
+    if delivery is None:
+        return False
+    claimed = WebhookDelivery.objects.filter(id=delivery.id, status=delivery.status, attempts=delivery.attempts).update(
+        status=WebhookDelivery.Status.SENDING, claimed_at=now, attempts=delivery.attempts + 1
+    )
+    if not claimed:
+        return False
+    attempts = delivery.attempts + 1
+    body = json.dumps({"id": delivery.id, **delivery.payload}).encode()
+    timestamp = str(int(time.time()))
+    headers = {
+        "Content-Type": "application/json",
+        "User-Agent": "Warden-Webhooks/1",
+        "Warden-Event": delivery.event,
+        "Warden-Delivery": str(delivery.id),
+        "Warden-Signature": f"t={timestamp},v1={signature(delivery.endpoint.secret, timestamp, body)}",
+    }
+    code, error = None, ""
+    try:
+        call = urllib.request.Request(delivery.endpoint.url, data=body, headers=headers, method="POST")
+        with urllib.request.urlopen(call, timeout=settings.WARDEN["WEBHOOK_TIMEOUT_SECONDS"]) as response:
+            code = response.status
+    except urllib.error.HTTPError as exc:
+        code, error = exc.code, f"answered {exc.code}"
+    except (OSError, ValueError) as exc:
+        error = repr(exc)[:2000]
+    if code is not None and 200 <= code < 300:
+        WebhookDelivery.objects.filter(id=delivery.id).update(
+            status=WebhookDelivery.Status.DELIVERED, delivered_at=timezone.now(), last_status_code=code, last_error=""
+        )
+        return True
+    if attempts >= settings.WARDEN["WEBHOOK_MAX_ATTEMPTS"]:
+        log.warning("webhook %s gave up after %s attempts: %s", delivery.id, attempts, error)
+        WebhookDelivery.objects.filter(id=delivery.id).update(
+            status=WebhookDelivery.Status.FAILED, last_status_code=code, last_error=error
+        )
+        return False
+    delay = _backoff(attempts)
+    WebhookDelivery.objects.filter(id=delivery.id).update(
+        status=WebhookDelivery.Status.PENDING,
+        next_attempt_at=timezone.now() + timezone.timedelta(seconds=delay),
+        last_status_code=code,
+        last_error=error,
+    )
+    outbox_add(actor=DELIVER, kwargs={"delivery_id": delivery.id}, delay_ms=int(delay * 1000))
+    return False
+
+
+def webhooks_redrive(now) -> int:
+    """The sweeper's part: deliveries overdue, whose message was lost (a restart, a broker outage), are
+    sent to a worker again; the sender's claim keeps a message that was only late from posting twice."""
+    stale = now - timezone.timedelta(seconds=SENDING_TIMEOUT_SECONDS)
+    lag = now - timezone.timedelta(seconds=settings.WARDEN["OUTBOX_RESEND_AFTER_SECONDS"])
+    due = WebhookDelivery.objects.filter(
+        Q(status=WebhookDelivery.Status.PENDING, next_attempt_at__lte=lag)
+        | Q(status=WebhookDelivery.Status.SENDING, claimed_at__lt=stale)
+    ).values_list("id", flat=True)[:200]
+    ids = list(due)
+    for delivery_id in ids:
+        outbox_add(actor=DELIVER, kwargs={"delivery_id": delivery_id})
+    return len(ids)
+
+
+def webhook_redeliver(*, delivery_id: int) -> None:
+    """An operator's "send again" (the admin): due now, with a fresh count of attempts."""
+    WebhookDelivery.objects.filter(id=delivery_id).update(
+        status=WebhookDelivery.Status.PENDING, next_attempt_at=timezone.now(), attempts=0
+    )
+    outbox_add(actor=DELIVER, kwargs={"delivery_id": delivery_id})
