@@ -161,6 +161,16 @@ WORKFLOWS = [
         "max_concurrent_tasks": 5,
         "default_budget": {"max_steps": 200, "max_tokens": 200_000, "max_cost_usd": 5.0},
     },
+    {
+        "slug": "external-agent",
+        "name": "External agent",
+        "description": "A run of an agent that runs elsewhere (examples/external_agent.py): it reports its steps "
+        "and sends each side effect through the ledger; refunds wait for a reviewer.",
+        "default_goal": "Refund the customer's duplicate charge",
+        "planner": Workflow.Planner.EXTERNAL,
+        "tool_policies": {"payments.refund": {"approval": "always"}},
+        "default_budget": {"max_steps": 100, "max_tokens": 100_000, "max_cost_usd": 2.0},
+    },
 ]
 
 

@@ -6,6 +6,7 @@ from django.db import models
 class Agent(models.Model):
     class Provider(models.TextChoices):
         SCRIPTED = "scripted"
+        EXTERNAL = "external"  # runs elsewhere; reports its steps through the API
 
     slug = models.SlugField(max_length=64, unique=True)
     name = models.CharField(max_length=200)
@@ -32,6 +33,7 @@ class Workflow(models.Model):
     class Planner(models.TextChoices):
         STATIC = "static", "static task list"
         AGENT = "agent", "planner agent"
+        EXTERNAL = "external", "an agent running elsewhere (it reports through the API)"
 
     slug = models.SlugField(max_length=64, unique=True)
     name = models.CharField(max_length=200)

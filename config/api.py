@@ -10,6 +10,7 @@ from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 from ninja.security import HttpBearer
 
+import runs.api_external  # noqa: F401  (its operations join the reads router)
 from approvals.api import router as approvals_router
 from approvals.tokens import api_token_authenticate
 from runs.api import router as runs_router

@@ -56,6 +56,7 @@ class TaskOut(Schema):
 
 class RunOut(Schema):
     id: int
+    kind: str = Field(description="workflow (Warden's workers run it) or external (an agent reports it)")
     project: str
     workflow: str
     goal: str
@@ -75,6 +76,7 @@ class RunOut(Schema):
 def run_out(run: Run) -> dict:
     return {
         "id": run.id,
+        "kind": "external" if run.workflow.planner == "external" else "workflow",
         "project": run.project.slug,
         "workflow": run.workflow_id and run.workflow.slug,
         "goal": run.goal,

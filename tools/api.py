@@ -10,7 +10,10 @@ from ninja import Field, Query, Router, Schema, Status
 from approvals.access import authorize, authorize_token
 from approvals.audit import audit
 from runs.api import RunOut, run_for, run_out
+from runs.api_external import ExternalOperationOut, IntentIn
+from runs.api_external import operation_out as external_out
 from runs.errors import NotFound
+from runs.external import external_operation_intent
 from runs.selectors import run_get
 
 from .models import SandboxCall, ToolOperation
@@ -74,6 +77,16 @@ def list_operations(request, run_id: int):
     run_for(request, run_id)
     ops = ToolOperation.objects.filter(run_id=run_id).select_related("task").order_by("id")
     return [operation_out(op) for op in ops]
+
+
+# The same path as the ledger's listing (one router per path): an external agent's intent, first.
+@router.post(
+    "/runs/{run_id}/operations", response={201: ExternalOperationOut}, summary="Record a side effect's intent first"
+)
+def operation_intent(request, run_id: int, payload: IntentIn):
+    run_for(request, run_id, "start")
+    op = external_operation_intent(run_id=run_id, **payload.dict())
+    return Status(201, external_out(op))
 
 
 class PlannedUndoOut(Schema):

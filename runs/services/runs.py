@@ -157,6 +157,8 @@ def run_start(
     max_tasks = wf.max_tasks or cfg["MAX_TASKS_PER_RUN"]
     if wf.planner == Workflow.Planner.STATIC:
         planned, agents = plan_validate(wf.tasks, max_tasks=max_tasks)
+    elif wf.planner == Workflow.Planner.EXTERNAL:
+        planned, agents = [], {}  # an agent running elsewhere opens its tasks and reports (runs/external.py)
     else:
         if wf.planner_agent is None:
             raise InvalidInput(f"workflow {workflow!r} has no planner agent")

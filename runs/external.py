@@ -1,0 +1,208 @@
+"""Runs of agents that run elsewhere (LangGraph, the OpenAI Agents SDK, plain code).
+
+The agent opens a run of an external workflow, opens its tasks, reports each model call and step as a
+span (usage counted on the task and the run, as the engine counts its own), and sends every
+side-effecting call through the ledger *before* making it: Warden answers with the idempotency key to
+pass to the provider and whether a reviewer must approve first (the workflow's tool policies and the
+admin's approval rules, as for any run). The agent waits for the decision (long-poll), calls its
+provider with the key, and records the receipt or the failure. Asking again for the same step with
+the same arguments returns the same operation — a rerun of the agent finds what is already done.
+"""
+
+from django.db import transaction
+from django.utils import timezone
+from django.utils.text import slugify
+
+from agents.models import Agent, Workflow
+from tools.models import ToolOperation
+
+from . import events
+from .errors import Conflict, InvalidInput, NotFound
+from .models import Run, Span, Task
+from .services import sql
+from .services.runs import run_transition
+
+OS = ToolOperation.Status
+
+
+def _external_run(run_id: int) -> Run:
+    """Call inside transaction.atomic(): the run, locked, if it is an external one still going."""
+    run = Run.objects.select_for_update().select_related("workflow").filter(id=run_id).first()
+    if run is None:
+        raise NotFound(f"run {run_id} does not exist")
+    if run.workflow.planner != Workflow.Planner.EXTERNAL:
+        raise Conflict(f"run {run_id} is run by Warden's own workers, not reported from outside")
+    return run
+
+
+def _running(run: Run) -> None:
+    if run.status != Run.Status.RUNNING:
+        raise Conflict(f"run {run.id} is {run.status}: nothing more can be reported to it")
+
+
+def external_task_open(*, run_id: int, key: str, agent: str, objective: str = "") -> Task:
+    """A task of the external agent (idempotent: the same key returns the same task)."""
+    with transaction.atomic():
+        run = _external_run(run_id)
+        task = Task.objects.filter(run=run, key=key).first()
+        if task is not None:
+            return task
+        _running(run)
+        slug = f"external-{slugify(agent)[:50]}" or "external-agent"
+        agent_row, _ = Agent.objects.get_or_create(
+            slug=slug, defaults={"name": agent[:200], "provider": Agent.Provider.EXTERNAL, "model": "external"}
+        )
+        now = timezone.now()
+        task = Task.objects.create(
+            run=run,
+            key=key,
+            agent=agent_row,
+            objective=objective or key,
+            status=Task.Status.RUNNING,
+            attempts=1,
+            started_at=now,
+        )
+        root = Span.objects.filter(run=run, kind=Span.Kind.RUN).values_list("id", flat=True).first()
+        Span.objects.create(
+            run=run, task=task, parent_id=root, kind=Span.Kind.TASK, name=f"task {key}", status=Span.Status.RUNNING,
+            started_at=now, attempt=1, attributes={"agent": agent_row.slug, "external": True},
+        )  # fmt: skip
+        events.run_changed(run.id)
+        return task
+
+
+def _task(run: Run, key: str) -> Task:
+    task = Task.objects.filter(run=run, key=key).first()
+    if task is None:
+        raise NotFound(f"run {run.id} has no task {key}; open it first")
+    return task
+
+
+def external_span_report(
+    *, run_id: int, task: str, kind: str, name: str, started_at, ended_at, status: str = "ok",
+    tokens_in: int = 0, tokens_out: int = 0, cost_micros: int = 0, step: int | None = None,
+) -> Span:  # fmt: skip
+    """One model call or step of the agent, with its usage, under its task."""
+    if kind not in (Span.Kind.MODEL_CALL, Span.Kind.TOOL_CALL, Span.Kind.PLAN):
+        raise InvalidInput("a reported span is a model_call, tool_call or plan", [{"field": "kind", "message": kind}])
+    if ended_at and ended_at < started_at:
+        raise InvalidInput("a span ends after it starts", [{"field": "ended_at", "message": "before started_at"}])
+    with transaction.atomic():
+        run = _external_run(run_id)
+        _running(run)
+        owner = _task(run, task)
+        parent = Span.objects.filter(task=owner, kind=Span.Kind.TASK).values_list("id", flat=True).first()
+        span = Span.objects.create(
+            run=run, task=owner, parent_id=parent, kind=kind, name=name[:200], status=status, step=None,
+            started_at=started_at, ended_at=ended_at or started_at, tokens_in=tokens_in, tokens_out=tokens_out,
+            cost_micros=cost_micros, attributes={"external": True, "reported_step": step},
+        )  # fmt: skip
+        usage = dict(
+            steps=1, tokens=tokens_in + tokens_out, tool_calls=int(kind == Span.Kind.TOOL_CALL), cost=cost_micros
+        )
+        sql.add_usage("runs_task", owner.id, **usage)
+        sql.add_usage("runs_run", run.id, **usage)
+        events.run_changed(run.id)
+        return span
+
+
+def external_operation_intent(
+    *, run_id: int, task: str, step: int, tool: str, arguments: dict, tool_class: str, reversibility: str = ""
+) -> ToolOperation:
+    """The intent row, before the agent calls its provider: the key to pass it, and whether a reviewer
+    must approve first. The same step with the same arguments finds the same row; other arguments, 409."""
+    from tools.broker import _policy, arguments_hash, idempotency_key
+
+    if tool_class not in ToolOperation.ToolClass.values:
+        raise InvalidInput("unknown tool class", [{"field": "tool_class", "message": tool_class}])
+    with transaction.atomic():
+        run = _external_run(run_id)
+        owner = _task(run, task)
+        key = idempotency_key(run_id=run.id, task_key=owner.key, step=step, epoch=owner.journal_epoch)
+        digest = arguments_hash(tool, arguments)
+        existing = ToolOperation.objects.filter(idempotency_key=key).first()
+        if existing is not None:
+            if existing.arguments_hash != digest or existing.tool != tool:
+                raise Conflict(f"step {step} of task {task} was already asked for with another call ({key})")
+            return existing
+        _running(run)
+        policy = _policy(run, tool, arguments)
+        waits = tool_class != "read_only" and policy.get("approval") == "always"
+        op = ToolOperation.objects.create(
+            run=run, task=owner, step=step, call_number=step, tool=tool[:64], idempotency_key=key,
+            arguments_hash=digest, arguments=arguments, tool_class=tool_class, reversibility=reversibility,
+            status=OS.AWAITING_APPROVAL if waits else OS.EXECUTING,
+            started_at=None if waits else timezone.now(), attempts=0 if waits else 1,
+        )  # fmt: skip
+        if waits:
+            from approvals.services import approval_request_for_operation
+
+            approval_request_for_operation(op, policy=policy)
+        events.run_changed(run.id)
+        return op
+
+
+def external_operation_started(*, operation_id: int) -> ToolOperation:
+    """The agent is about to call its provider for an approved operation (approval re-checked now)."""
+    from approvals.services import approval_still_valid
+
+    with transaction.atomic():
+        op = ToolOperation.objects.select_for_update().filter(id=operation_id).first()
+        if op is None:
+            raise NotFound(f"operation {operation_id} does not exist")
+        if op.status == OS.EXECUTING or op.status in (OS.COMMITTED, OS.FAILED):
+            return op  # already under way or done: the agent retried its own call
+        if op.status != OS.APPROVED:
+            raise Conflict(f"operation {operation_id} is {op.status}; only an approved one may be carried out")
+        why = approval_still_valid(op)
+        if why:
+            raise Conflict(f"operation {operation_id} may not be carried out: {why}")
+        op.status, op.started_at, op.attempts = OS.EXECUTING, timezone.now(), op.attempts + 1
+        op.save(update_fields=["status", "started_at", "attempts"])
+        events.run_changed(op.run_id)
+        return op
+
+
+def external_operation_outcome(
+    *, operation_id: int, committed: bool, result=None, external_id: str = "", error: str = "", ambiguous: bool = False
+) -> ToolOperation:
+    """The receipt (committed, with the provider's result) or the failure (or: the agent does not know)."""
+    with transaction.atomic():
+        op = ToolOperation.objects.select_for_update().filter(id=operation_id).first()
+        if op is None:
+            raise NotFound(f"operation {operation_id} does not exist")
+        final = OS.COMMITTED if committed else OS.AMBIGUOUS if ambiguous else OS.FAILED
+        if op.status == final:
+            return op  # the same report again
+        if op.status != OS.EXECUTING:
+            raise Conflict(f"operation {operation_id} is {op.status}: start it (after its approval) before reporting")
+        now = timezone.now()
+        changes = {"status": final, "ended_at": now, "status_reason": error[:4000]}
+        if committed:
+            changes.update(result=result, external_id=external_id[:200], committed_at=now)
+        ToolOperation.objects.filter(id=op.id).update(**changes)
+        events.run_changed(op.run_id)
+        if final == OS.AMBIGUOUS:
+            from tools.broker import _emit_ambiguous
+
+            op.status, op.status_reason = final, error
+            _emit_ambiguous(op)
+        op.refresh_from_db()
+        return op
+
+
+def external_run_finish(*, run_id: int, completed: bool, reason: str = "") -> Run:
+    """The agent is done: its tasks end, the run completes (or needs a human, with the reason)."""
+    with transaction.atomic():
+        run = _external_run(run_id)
+        _running(run)
+        now = timezone.now()
+        status = Task.Status.COMPLETED if completed else Task.Status.FAILED
+        open_tasks = Task.objects.filter(run=run, status=Task.Status.RUNNING)
+        Span.objects.filter(task__in=open_tasks, ended_at__isnull=True).update(
+            ended_at=now, status=Span.Status.OK if completed else Span.Status.ERROR
+        )
+        open_tasks.update(status=status, finished_at=now, status_reason=reason[:4000])
+        to = Run.Status.COMPLETED if completed else Run.Status.NEEDS_ATTENTION
+        run_transition(run=run, to=to, reason=reason or ("completed by the agent" if completed else "failed"), now=now)
+        return run

@@ -1,0 +1,135 @@
+"""Agents that run elsewhere: they report to Warden and send each side effect through its ledger.
+The shipped example runs against a live server: its refund waits, is approved through the API, is
+made once; the example run again with the same ticket changes nothing."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from approvals.access import default_project, membership_grant
+from approvals.models import ApprovalRequest, Decision
+from approvals.tokens import api_token_create
+from runs.models import Run, Span, Task
+from tests.conftest import ROOT, wait_for
+from tools.models import ToolOperation
+
+
+def bearer(token: str, **extra) -> dict:
+    return {"HTTP_AUTHORIZATION": f"Bearer {token}", **extra}
+
+
+def call(client, token, path, body=None, **headers):
+    if body is None:
+        return client.get(path, **bearer(token, **headers))
+    return client.post(path, data=json.dumps(body), content_type="application/json", **bearer(token, **headers))
+
+
+@pytest.fixture
+def people(demo, django_user_model, operator):
+    reviewer = django_user_model.objects.create_user(username="rita", password="x")
+    membership_grant(user=reviewer, project=default_project(), role="reviewer")
+    agent_token = api_token_create(user=operator, scopes=["read", "run"], for_agent=True)[1]
+    reviewer_token = api_token_create(user=reviewer, scopes=["read", "approve"])[1]
+    return agent_token, reviewer_token
+
+
+def test_an_external_run_reports_waits_for_approval_and_records_the_receipt(people, client):
+    agent, reviewer = people
+    run = call(client, agent, "/api/v1/runs", {"workflow": "external-agent"}).json()
+    assert run["kind"] == "external" and run["status"] == "running" and run["tasks"] == []
+    assert (
+        call(client, agent, f"/api/v1/runs/{run['id']}/tasks", {"key": "refund", "agent": "billing"}).status_code == 201
+    )
+    span = {"task": "refund", "name": "gpt-x", "started_at": "2026-01-01T00:00:00Z", "tokens_in": 10, "tokens_out": 5,
+            "cost_usd": 0.001}  # fmt: skip
+    assert call(client, agent, f"/api/v1/runs/{run['id']}/spans", span).status_code == 201
+    assert Run.objects.get(id=run["id"]).tokens_used == 15 and Task.objects.get(key="refund").cost_micros == 1000
+
+    intent = {"task": "refund", "step": 2, "tool": "payments.refund", "arguments": {"charge": "ch_1"},
+              "tool_class": "non_idempotent_write", "reversibility": "irreversible"}  # fmt: skip
+    op = call(client, agent, f"/api/v1/runs/{run['id']}/operations", intent).json()
+    assert op["status"] == "awaiting_approval" and op["idempotency_key"] == f"warden:{run['id']}:refund:2"
+    refused = call(client, agent, f"/api/v1/operations/{op['id']}/start", {})
+    assert refused.status_code == 409  # not approved: it may not be carried out
+    other = call(client, agent, f"/api/v1/runs/{run['id']}/operations", {**intent, "arguments": {"charge": "ch_2"}})
+    assert other.status_code == 409  # the same step with other arguments
+    # The agent's own token can never decide; the reviewer's can.
+    approval = ApprovalRequest.objects.get(id=op["approval_id"])
+    decision = {"decision": "approve", "note": "ok", "arguments_hash": approval.arguments_hash}
+    assert call(client, agent, f"/api/v1/approvals/{approval.id}/decision", decision).status_code == 403
+    assert call(client, reviewer, f"/api/v1/approvals/{approval.id}/decision", decision).status_code == 200
+    assert call(client, agent, f"/api/v1/operations/{op['id']}?wait=1").json()["status"] == "approved"
+
+    assert call(client, agent, f"/api/v1/operations/{op['id']}/start", {}).json()["status"] == "executing"
+    done = call(client, agent, f"/api/v1/operations/{op['id']}/outcome", {"committed": True, "result": {"re": 1},
+                                                                          "external_id": "re_1"}).json()  # fmt: skip
+    assert done["status"] == "committed" and done["external_id"] == "re_1"
+    finished = call(client, agent, f"/api/v1/runs/{run['id']}/finish", {"completed": True}).json()
+    assert finished["status"] == "completed"
+    assert call(client, agent, f"/api/v1/runs/{run['id']}/spans", span).status_code == 409  # a finished run
+    # The dashboard's ledger and trace show it like any other run.
+    assert ToolOperation.objects.get(id=op["id"]).status == "committed"
+    assert Span.objects.filter(run_id=run["id"], kind="model_call").count() == 1
+
+
+def test_a_rejected_refund_is_never_started(people, client):
+    agent, reviewer = people
+    run = call(client, agent, "/api/v1/runs", {"workflow": "external-agent"}).json()
+    call(client, agent, f"/api/v1/runs/{run['id']}/tasks", {"key": "refund", "agent": "billing"})
+    intent = {"task": "refund", "step": 1, "tool": "payments.refund", "arguments": {"charge": "ch_9"},
+              "tool_class": "non_idempotent_write", "reversibility": "irreversible"}  # fmt: skip
+    op = call(client, agent, f"/api/v1/runs/{run['id']}/operations", intent).json()
+    approval = ApprovalRequest.objects.get(id=op["approval_id"])
+    call(client, reviewer, f"/api/v1/approvals/{approval.id}/decision",
+         {"decision": "reject", "note": "not this one", "arguments_hash": approval.arguments_hash})  # fmt: skip
+    seen = call(client, agent, f"/api/v1/operations/{op['id']}?wait=1").json()
+    assert seen["status"] == "rejected" and "not this one" in seen["status_reason"]
+    assert call(client, agent, f"/api/v1/operations/{op['id']}/start", {}).status_code == 409
+
+
+def test_the_example_waits_is_approved_through_the_api_runs_once_and_reruns_to_nothing_new(people, live_url, tmp_path):
+    agent, reviewer = people
+    env = dict(os.environ, WARDEN_URL=live_url, WARDEN_TOKEN=agent, PROVIDER_LOG=str(tmp_path / "refunds.jsonl"),
+               WAIT_SECONDS="60")  # fmt: skip
+    example = [sys.executable, str(ROOT / "examples" / "external_agent.py"), "T-4711"]
+    first = subprocess.Popen(example, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        request = wait_for(
+            lambda: ApprovalRequest.objects.filter(status="pending").first(), timeout=30, message="the refund's request"
+        )
+        import httpx
+
+        decided = httpx.post(
+            f"{live_url}/api/v1/approvals/{request.id}/decision",
+            json={
+                "decision": "approve",
+                "note": "duplicate charge confirmed",
+                "arguments_hash": request.arguments_hash,
+            },
+            headers={"Authorization": f"Bearer {reviewer}"},
+        )
+        assert decided.status_code == 200, decided.text
+        output, _ = first.communicate(timeout=60)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert first.returncode == 0, output
+    assert "waiting for a reviewer" in output and "refunded: re_1" in output
+    refunds = (tmp_path / "refunds.jsonl").read_text().splitlines()
+    assert len(refunds) == 1 and json.loads(refunds[0])["idempotency_key"].startswith("warden:")
+
+    counts = (Run.objects.count(), Span.objects.count(), ToolOperation.objects.count(), Decision.objects.count())
+    again = subprocess.run(example, env=env, capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "already refunded earlier: re_1" in again.stdout
+    assert len((tmp_path / "refunds.jsonl").read_text().splitlines()) == 1  # the provider was not called again
+    assert (
+        Run.objects.count(),
+        Span.objects.count(),
+        ToolOperation.objects.count(),
+        Decision.objects.count(),
+    ) == counts
+    assert Run.objects.get().status == "completed"
