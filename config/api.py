@@ -5,6 +5,7 @@ import time
 
 from django.conf import settings
 from django.core.cache import cache
+from django.db import DataError
 from django.http import HttpRequest
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
@@ -29,17 +30,17 @@ class BearerToken(HttpBearer):
     def authenticate(self, request: HttpRequest, token: str):
         found = api_token_authenticate(token)
         if found is not None:
-            _rate_check(found.id)
+            _rate_check(found.token_hash[:16])  # not the id: ids are reused after a rollback (tests)
         return found
 
 
-def _rate_check(token_id: int) -> None:
+def _rate_check(token_key: str) -> None:
     """A fixed one-minute window per token in the shared cache (Redis in scaled mode): over the limit,
     429 with Retry-After until the window ends. A guard against runaway clients, not a security control."""
     limit = settings.WARDEN["API_RATE_PER_MINUTE"]
     now = time.time()
     window = int(now // 60)
-    key = f"api-rate:{token_id}:{window}"
+    key = f"api-rate:{token_key}:{window}"
     if cache.add(key, 1, timeout=120):
         return
     try:
@@ -51,7 +52,62 @@ def _rate_check(token_id: int) -> None:
         raise RateLimited(retry_after=max(1, int((window + 1) * 60 - now) + 1))
 
 
-api = NinjaAPI(
+ERROR_RESPONSES = {
+    "400": "Bad request (an Idempotency-Key that is too long)",
+    "401": "No valid API token",
+    "403": "The role or the token's scope does not allow it",
+    "404": "Does not exist, or belongs to a project of others",
+    "409": "Conflicts with the object's state, or an Idempotency-Key reused or in flight",
+    "422": "Invalid input: field errors",
+    "429": "Over the token's rate limit (see Retry-After)",
+}
+ERROR_SCHEMA = {
+    "title": "Error",
+    "type": "object",
+    "required": ["code", "message", "errors"],
+    "properties": {
+        "code": {"type": "string", "examples": ["not_found"]},
+        "message": {"type": "string"},
+        "errors": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["field", "message"],
+                "properties": {"field": {"type": "string"}, "message": {"type": "string"}},
+            },
+        },
+    },
+}
+
+
+class WardenAPI(NinjaAPI):
+    """The schema documents what the exception handlers below answer, for every operation, and the
+    Idempotency-Key header every write accepts (runs/idempotency.py)."""
+
+    def get_openapi_schema(self, *, path_prefix=None, path_params=None):
+        schema = super().get_openapi_schema(path_prefix=path_prefix, path_params=path_params)
+        schema.setdefault("components", {}).setdefault("schemas", {})["Error"] = ERROR_SCHEMA
+        error = {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
+        for methods in schema["paths"].values():
+            for method, operation in methods.items():
+                for code, text in ERROR_RESPONSES.items():
+                    if code == "400" and method != "post":
+                        continue
+                    operation["responses"].setdefault(code, {"description": text, "content": error})
+                if method == "post":
+                    operation.setdefault("parameters", []).append(
+                        {
+                            "name": "Idempotency-Key",
+                            "in": "header",
+                            "required": False,
+                            "description": "The same key and body return the first response (kept 72 h)",
+                            "schema": {"type": "string", "minLength": 1, "maxLength": 255, "pattern": "^[!-~]+$"},
+                        }
+                    )
+        return schema
+
+
+api = WardenAPI(
     title="Warden API",
     version="1",
     urls_namespace="api-v1",
@@ -102,6 +158,13 @@ def on_conflict(request, exc):
 @api.exception_handler(TransitionNotAllowed)
 def on_transition(request, exc):
     return _error(request, 409, "transition_not_allowed", str(exc))
+
+
+@api.exception_handler(OverflowError)
+@api.exception_handler(DataError)
+def on_out_of_range(request, exc):
+    # An id or number beyond what the database stores (SQLite raises OverflowError, PostgreSQL DataError).
+    return _error(request, 422, "invalid_input", "a number in the request is out of range")
 
 
 @api.exception_handler(RateLimited)

@@ -38,6 +38,13 @@ def _digest(*parts: bytes) -> str:
     return digest.hexdigest()
 
 
+def _authenticates(credentials: str) -> bool:
+    from approvals.tokens import api_token_authenticate
+
+    scheme, _, token = credentials.partition(" ")
+    return scheme.lower() == "bearer" and bool(token) and api_token_authenticate(token) is not None
+
+
 class IdempotencyMiddleware:
     def __init__(self, get_response):
         self.get_response = get_response
@@ -47,8 +54,10 @@ class IdempotencyMiddleware:
         credentials = request.META.get("HTTP_AUTHORIZATION", "")
         if key is None or request.method != "POST" or not request.path.startswith(PREFIX) or not credentials:
             return self.get_response(request)  # without credentials the API answers 401 anyway
-        if not key or len(key) > 255:
-            return _error(400, "invalid_idempotency_key", "Idempotency-Key must be 1 to 255 characters")
+        if not _authenticates(credentials):
+            return self.get_response(request)  # the API answers 401; nothing is kept for a stranger
+        if not key or len(key) > 255 or not key.isascii() or not key.isprintable() or " " in key:
+            return _error(400, "invalid_idempotency_key", "Idempotency-Key must be 1 to 255 visible ASCII characters")
         scope = _digest(credentials.encode())
         fingerprint = _digest(request.method.encode(), request.path.encode(), request.body)
         claimed, refusal = self._claim(scope, key, fingerprint)

@@ -183,7 +183,7 @@ class Browser:
         return response
 
     def wait(self, predicate, what: str):
-        for _ in range(200):
+        for _ in range(600):  # 30 s: a loaded CI machine is slow to answer
             if predicate():
                 return
             self.page.wait_for_timeout(50)
