@@ -14,7 +14,7 @@ from approvals.tokens import api_token_create
 schema = schemathesis.openapi.from_wsgi("/api/v1/openapi.json", get_wsgi_application())
 SCOPES = ["read", "run", "operate", "approve"]
 CHECKS_SETTINGS = settings(
-    max_examples=12, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck), database=None
+    max_examples=6, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck), database=None
 )
 
 
