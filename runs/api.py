@@ -175,6 +175,15 @@ class RunPageOut(Schema):
     next_after: int | None = Field(description="Pass as `after` for the next page; null on the last one")
 
 
+def keyset_page(rows, *, after: int | None, limit: int) -> tuple[list, int | None]:
+    """One page of ``rows`` (ordered by id, newest first) after the cursor, and the next cursor: no
+    OFFSET, so a deep page costs what the first does."""
+    if after:
+        rows = rows.filter(id__lt=after)
+    page = list(rows[: limit + 1])
+    return page[:limit], (page[limit - 1].id if len(page) > limit else None)
+
+
 @router.get("/runs", response=RunPageOut, summary="Runs of my projects, newest first (cursor pages)")
 def list_runs(
     request,
@@ -195,9 +204,7 @@ def list_runs(
         rows = rows.filter(workflow__slug=workflow)
     if project:
         rows = rows.filter(project__slug=project)
-    if after:
-        rows = rows.filter(id__lt=after)  # keyset: stays fast however deep the page
-    page = list(rows[: limit + 1])
+    page, next_after = keyset_page(rows, after=after, limit=limit)
     items = [
         {
             "id": run.id,
@@ -216,9 +223,9 @@ def list_runs(
             "started_at": run.started_at,
             "finished_at": run.finished_at,
         }
-        for run in page[:limit]
+        for run in page
     ]
-    return {"items": items, "next_after": page[limit - 1].id if len(page) > limit else None}
+    return {"items": items, "next_after": next_after}
 
 
 class ReasonIn(Schema):

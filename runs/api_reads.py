@@ -12,7 +12,7 @@ from agents.models import Agent, Workflow
 from approvals.access import authorize_token, project_ids
 from approvals.models import AuditEvent, Project
 
-from .api import run_for
+from .api import keyset_page, run_for
 from .insight import Figures, insight_choices, insight_compute
 from .models import Artifact, Span, Task
 from .otlp import run_otlp
@@ -190,9 +190,7 @@ def list_audit(
         rows = rows.filter(run_id=run)
     if action:
         rows = rows.filter(action=action)
-    if after:
-        rows = rows.filter(id__lt=after)
-    page = list(rows[: limit + 1])
+    page, next_after = keyset_page(rows, after=after, limit=limit)
     slugs = dict(Project.objects.filter(id__in={e.project_id for e in page}).values_list("id", "slug"))
     items = [
         {
@@ -207,9 +205,9 @@ def list_audit(
             "target": e.target,
             "detail": e.detail,
         }
-        for e in page[:limit]
+        for e in page
     ]
-    return {"items": items, "next_after": page[limit - 1].id if len(page) > limit else None}
+    return {"items": items, "next_after": next_after}
 
 
 class AgentOut(Schema):
