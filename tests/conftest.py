@@ -250,7 +250,10 @@ class WebhookReceiver:
         self.thread.start()
 
     def events(self) -> list[str]:
-        return [r["headers"].get("Warden-Event") for r in self.received]
+        """Event names in delivery-id order: deliveries are separate messages, so arrival order is not
+        guaranteed, the id (assigned when the event was decided) is."""
+        ordered = sorted(self.received, key=lambda r: int(r["headers"].get("Warden-Delivery", 0)))
+        return [r["headers"].get("Warden-Event") for r in ordered]
 
     def stop(self):
         self.server.shutdown()
