@@ -28,7 +28,6 @@ from .services.outbox import outbox_add
 
 log = logging.getLogger("warden.webhooks")
 DELIVER = "deliver_webhook"
-SENDING_TIMEOUT_SECONDS = 60  # a sender that died mid-post: the row is due again after this
 
 
 def webhook_emit(*, event: str, project_id: int | None, data: dict) -> int:
@@ -64,6 +63,12 @@ def signature_valid(secret: str, header: str, body: bytes, *, tolerance: float =
     return hmac.compare_digest(signature(secret, timestamp, body), given)
 
 
+def _claim_stale_after() -> timezone.timedelta:
+    """A sender that died mid-post leaves its claim: the row is due again once no live post can still be
+    running (twice the post's timeout, and a margin for the bookkeeping around it)."""
+    return timezone.timedelta(seconds=2 * settings.WARDEN["WEBHOOK_TIMEOUT_SECONDS"] + 2)
+
+
 def _backoff(attempts: int) -> float:
     base, cap = settings.WARDEN["WEBHOOK_RETRY_BASE_SECONDS"], settings.WARDEN["WEBHOOK_RETRY_CAP_SECONDS"]
     return min(cap, base * 2 ** max(0, attempts - 1))
@@ -72,7 +77,7 @@ def _backoff(attempts: int) -> float:
 def webhook_deliver(*, delivery_id: int) -> bool:
     """Post one delivery if it is due and nobody else is posting it. True when it was delivered now."""
     now = timezone.now()
-    stale = now - timezone.timedelta(seconds=SENDING_TIMEOUT_SECONDS)
+    stale = now - _claim_stale_after()
     due = Q(status=WebhookDelivery.Status.PENDING, next_attempt_at__lte=now) | Q(
         status=WebhookDelivery.Status.SENDING, claimed_at__lt=stale
     )
@@ -128,7 +133,7 @@ def webhook_deliver(*, delivery_id: int) -> bool:
 def webhooks_redrive(now) -> int:
     """The sweeper's part: deliveries overdue, whose message was lost (a restart, a broker outage), are
     sent to a worker again; the sender's claim keeps a message that was only late from posting twice."""
-    stale = now - timezone.timedelta(seconds=SENDING_TIMEOUT_SECONDS)
+    stale = now - _claim_stale_after()
     lag = now - timezone.timedelta(seconds=settings.WARDEN["OUTBOX_RESEND_AFTER_SECONDS"])
     due = WebhookDelivery.objects.filter(
         Q(status=WebhookDelivery.Status.PENDING, next_attempt_at__lte=lag)

@@ -223,7 +223,8 @@ def closed_circuits():
 
 
 class WebhookReceiver:
-    """A local HTTP receiver: records every request; answers 500 to the first ``fail_first`` ones."""
+    """A local HTTP receiver: records every request; answers 500 to the first ``fail_first`` ones, and
+    keeps the first ``hold_first`` ones waiting until ``release`` is set (a sender caught mid-post)."""
 
     def __init__(self):
         import http.server
@@ -231,15 +232,22 @@ class WebhookReceiver:
 
         self.received: list[dict] = []
         self.fail_first = 0
+        self.hold_first = 0
+        self.release = threading.Event()
         receiver = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_POST(self):
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 receiver.received.append({"headers": dict(self.headers), "body": body})
+                if len(receiver.received) <= receiver.hold_first:
+                    receiver.release.wait(timeout=60)
                 failing = len(receiver.received) <= receiver.fail_first
-                self.send_response(500 if failing else 200)
-                self.end_headers()
+                try:
+                    self.send_response(500 if failing else 200)
+                    self.end_headers()
+                except OSError:
+                    pass  # the sender is gone
 
             def log_message(self, *args):
                 pass
@@ -255,7 +263,11 @@ class WebhookReceiver:
         ordered = sorted(self.received, key=lambda r: int(r["headers"].get("Warden-Delivery", 0)))
         return [r["headers"].get("Warden-Event") for r in ordered]
 
+    def delivery_ids(self) -> list[int]:
+        return [int(r["headers"]["Warden-Delivery"]) for r in self.received]
+
     def stop(self):
+        self.release.set()
         self.server.shutdown()
         self.server.server_close()
 

@@ -2,6 +2,8 @@
 backoff; nothing is lost when the worker that should send is gone."""
 
 import json
+import os
+import signal
 import time
 
 import pytest
@@ -110,3 +112,44 @@ def test_signatures_refuse_old_timestamps():
     now = str(int(time.time()))
     assert signature_valid(SECRET, f"t={now},v1={signature(SECRET, now, body)}", body)
     assert not signature_valid(SECRET, "v1=deadbeef", body)
+
+
+@pytest.mark.services
+@pytest.mark.processes
+def test_nothing_is_lost_when_the_worker_is_killed_mid_post(demo_tx, processes, webhook_receiver):
+    """A real worker is SIGKILLed while it posts (the receiver holds the request), more events happen while
+    no worker runs, and a fresh worker delivers every one: the one caught mid-post again, under its id."""
+    from django.db import transaction
+
+    from runs.webhooks import webhook_emit
+
+    def emit(count):
+        with transaction.atomic():
+            for _ in range(count):
+                webhook_emit(event="run.finished", project_id=None, data={"run": 0})
+
+    webhook_receiver.hold_first = 1
+    WebhookEndpoint.objects.create(url=webhook_receiver.url, secret=SECRET)
+    first = processes.worker(threads=1, WARDEN_WEBHOOK_TIMEOUT_SECONDS=60)  # it waits on the held post
+    emit(3)
+    wait_for(lambda: webhook_receiver.received, timeout=30, message="the first post")
+    held = webhook_receiver.delivery_ids()[0]
+    assert WebhookDelivery.objects.get(id=held).status == "sending"
+    os.killpg(first.pid, signal.SIGKILL)
+    first.wait(timeout=10)
+    webhook_receiver.release.set()
+    emit(2)  # while no worker runs
+
+    processes.worker(threads=1, WARDEN_WEBHOOK_TIMEOUT_SECONDS=1)  # a dead sender's claim is stale after 4 s
+    wait_for(
+        lambda: set(WebhookDelivery.objects.values_list("status", flat=True)) == {"delivered"},
+        timeout=60,
+        message="every delivery",
+    )
+    every = set(WebhookDelivery.objects.values_list("id", flat=True))
+    received = webhook_receiver.delivery_ids()
+    assert len(every) == 5 and set(received) == every
+    # At least once, never more than needed: only the post the kill interrupted was sent twice.
+    assert sorted(received) == sorted([*every, held])
+    for request in webhook_receiver.received:
+        assert signature_valid(SECRET, request["headers"]["Warden-Signature"], request["body"])
