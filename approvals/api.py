@@ -4,8 +4,10 @@ from datetime import datetime
 from typing import Any, Literal
 
 from ninja import Field, Query, Router, Schema, Status
+from pydantic import ConfigDict
 
 from runs.errors import NotFound
+from runs.schemas import BodyIn, PathId, QueryWhole, Whole
 
 from .access import authorize, authorize_token, project_ids
 from .models import ApprovalRequest
@@ -23,7 +25,45 @@ class DecisionOut(Schema):
     at: datetime
 
 
+# What a reviewer saw and quotes back: the request's SHA-256 arguments hash.
+ARGUMENTS_HASH = "615006a645a8dff63501a19101e44987ef23b4193c92a9c834974baac1e1bf20"
+
+
 class ApprovalOut(Schema):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "id": 12,
+                    "run": 57,
+                    "task": "refund",
+                    "kind": "operation",
+                    "parent": None,
+                    "items": [],
+                    "quorum": 1,
+                    "arguments_hash": ARGUMENTS_HASH,
+                    "status": "approved",
+                    "summary": "refund payments.refund(charge='ch_T-4711', amount=1200)",
+                    "requested_at": "2026-03-14T09:31:04.882Z",
+                    "decided_at": "2026-03-14T09:36:47.015Z",
+                    "decided_by": "grace",
+                    "note": "duplicate charge confirmed on ticket T-4711",
+                    "operations": [88],
+                    "decisions": [
+                        {
+                            "reviewer": "grace",
+                            "verdict": "approve",
+                            "comment": "duplicate charge confirmed on ticket T-4711",
+                            "arguments_hash": ARGUMENTS_HASH,
+                            "edited": False,
+                            "at": "2026-03-14T09:36:47.015Z",
+                        }
+                    ],
+                }
+            ]
+        }
+    )
+
     id: int
     run: int
     task: str | None
@@ -77,7 +117,7 @@ def approval_out(a: ApprovalRequest) -> dict:
 
 class ApprovalsQuery(Schema):
     status: Literal["pending", "approved", "rejected", "withdrawn"] | None = "pending"
-    run: int | None = None
+    run: QueryWhole(ge=1) | None = None
 
 
 @router.get("/approvals", response=list[ApprovalOut], summary="Approval requests (pending by default)")
@@ -96,7 +136,19 @@ def list_approvals(request, filters: Query[ApprovalsQuery]):
     return [approval_out(a) for a in rows.order_by("id")[:500]]
 
 
-class DecisionIn(Schema):
+class DecisionIn(BodyIn):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "decision": "approve",
+                    "arguments_hash": ARGUMENTS_HASH,
+                    "note": "duplicate charge confirmed on ticket T-4711",
+                }
+            ]
+        }
+    )
+
     decision: Literal["approve", "reject"]
     arguments_hash: str = Field(min_length=64, max_length=64, description="The request's hash, as you saw it")
     note: str = Field(default="", max_length=4000, description="Required to reject or to edit")
@@ -104,7 +156,7 @@ class DecisionIn(Schema):
 
 
 @router.post("/approvals/{approval_id}/decision", response=ApprovalOut, summary="Approve or reject")
-def decide(request, approval_id: int, payload: DecisionIn):
+def decide(request, approval_id: PathId, payload: DecisionIn):
     project_id = ApprovalRequest.objects.filter(id=approval_id).values_list("run__project_id", flat=True).first()
     if project_id is None:
         raise NotFound(f"approval request {approval_id} does not exist")
@@ -131,17 +183,51 @@ def decide(request, approval_id: int, payload: DecisionIn):
     return approval_out(row.get(id=approval_id))
 
 
-class AllowRuleIn(Schema):
+class AllowRuleIn(BodyIn):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "project": "default",
+                    "tool": "tickets.create",
+                    "arguments": {},
+                    "agent": "incident-worker",
+                    "note": "incident workers may open tickets without review",
+                }
+            ]
+        }
+    )
+
     project: str = Field(min_length=1, max_length=64)
     tool: str = Field(min_length=1, max_length=64)
     arguments: dict[str, Any] = Field(default_factory=dict, description="Exact values these arguments must have")
     agent: str | None = Field(default=None, max_length=64, description="Agent slug; default: any agent")
-    run: int | None = Field(default=None, description="Only this run; default: any run of the project")
+    run: Whole() | None = Field(default=None, description="Only this run; default: any run of the project")
     covers_irreversible: bool = Field(default=False, description="Admins only: allow an irreversible tool")
     note: str = Field(default="", max_length=2000)
 
 
 class AllowRuleOut(Schema):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "id": 3,
+                    "project": "default",
+                    "tool": "tickets.create",
+                    "arguments": {},
+                    "agent": "incident-worker",
+                    "run": None,
+                    "covers_irreversible": False,
+                    "note": "incident workers may open tickets without review",
+                    "created_by": "ada",
+                    "created_at": "2026-03-14T08:55:19.300Z",
+                    "revoked_at": None,
+                }
+            ]
+        }
+    )
+
     id: int
     project: str
     tool: str
@@ -216,7 +302,7 @@ def create_allow_rule(request, payload: AllowRuleIn):
 
 
 @router.post("/allow-rules/{rule_id}/revoke", response=AllowRuleOut, summary="Revoke an allow rule")
-def revoke_allow_rule(request, rule_id: int):
+def revoke_allow_rule(request, rule_id: PathId):
     from .rules import allow_rule_revoke
 
     return allow_rule_out(

@@ -52,6 +52,10 @@ def _rate_check(token_key: str) -> None:
         raise RateLimited(retry_after=max(1, int((window + 1) * 60 - now) + 1))
 
 
+# The message of a request the schema itself refuses; a rule the schema cannot state (a workflow that
+# exists, a fault's task in that workflow) answers the same code with its own message.
+SCHEMA_REJECTED = "the request is invalid"
+
 ERROR_RESPONSES = {
     "400": "Bad request (an Idempotency-Key that is too long)",
     "401": "No valid API token",
@@ -80,16 +84,45 @@ ERROR_SCHEMA = {
 }
 
 
+def _first_example(schema: dict, components: dict):
+    """A media type's example from its schema: the schema's (or referenced component's) first one, or for
+    an array, its items' first one in a list. None when there is none."""
+    if "$ref" in schema:
+        schema = components.get(schema["$ref"].removeprefix("#/components/schemas/"), {})
+    if schema.get("examples"):
+        return schema["examples"][0]
+    if schema.get("type") == "array" and "items" in schema:
+        item = _first_example(schema["items"], components)
+        return None if item is None else [item]
+    return None
+
+
+def _add_examples(operation: dict, components: dict) -> None:
+    # Swagger UI shows a media type's `example`, but not always one that sits on a referenced schema.
+    media = [operation.get("requestBody", {}).get("content", {}).get("application/json")]
+    for code, response in operation["responses"].items():
+        if str(code).startswith("2"):
+            media.append(response.get("content", {}).get("application/json"))
+    for content in media:
+        if content and "example" not in content:
+            example = _first_example(content.get("schema", {}), components)
+            if example is not None:
+                content["example"] = example
+
+
 class WardenAPI(NinjaAPI):
-    """The schema documents what the exception handlers below answer, for every operation, and the
-    Idempotency-Key header every write accepts (runs/idempotency.py)."""
+    """The schema documents what the exception handlers below answer, for every operation, the
+    Idempotency-Key header every write accepts (runs/idempotency.py), and an example of each request
+    and success body (from the schemas' own examples)."""
 
     def get_openapi_schema(self, *, path_prefix=None, path_params=None):
         schema = super().get_openapi_schema(path_prefix=path_prefix, path_params=path_params)
-        schema.setdefault("components", {}).setdefault("schemas", {})["Error"] = ERROR_SCHEMA
+        components = schema.setdefault("components", {}).setdefault("schemas", {})
+        components["Error"] = ERROR_SCHEMA
         error = {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
         for methods in schema["paths"].values():
             for method, operation in methods.items():
+                _add_examples(operation, components)
                 for code, text in ERROR_RESPONSES.items():
                     if code == "400" and method != "post":
                         continue
@@ -132,7 +165,7 @@ def _field(loc) -> str:
 @api.exception_handler(ValidationError)
 def on_validation_error(request, exc: ValidationError):
     errors = [{"field": _field(e.get("loc", ())), "message": e.get("msg", "invalid")} for e in exc.errors]
-    return _error(request, 422, "invalid_input", "the request is invalid", errors)
+    return _error(request, 422, "invalid_input", SCHEMA_REJECTED, errors)
 
 
 @api.exception_handler(InvalidInput)

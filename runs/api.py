@@ -4,6 +4,7 @@ from datetime import datetime
 from typing import Any
 
 from ninja import Field, Query, Router, Schema, Status
+from pydantic import ConfigDict
 
 from approvals.access import authorize, authorize_token, default_project, project_ids
 from approvals.audit import audit
@@ -11,14 +12,29 @@ from approvals.models import Project
 
 from .errors import NotFound
 from .models import Run, Task
-from .schemas import BudgetIn
+from .schemas import BodyIn, BudgetIn, PathId, QueryWhole, Whole
 from .selectors import run_get
 from .services import run_cancel, run_resume, run_start, task_retry, task_retry_from
 
 router = Router(tags=["runs"])
 
 
-class RunIn(Schema):
+class RunIn(BodyIn):
+    # Merged with BodyIn's strict config by pydantic; the examples show in the OpenAPI schema.
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "workflow": "incident-fanout",
+                    "project": "default",
+                    "goal": "Handle the checkout incident for the affected customers",
+                    "input": {"faults": [{"task": "worker-3", "call": 4, "mode": "timeout_after_commit"}]},
+                    "budget": {"max_steps": 200, "max_cost_usd": 5.0, "deadline_seconds": 3600},
+                }
+            ]
+        }
+    )
+
     workflow: str = Field(min_length=1, max_length=64, examples=["deploy-review"])
     project: str | None = Field(default=None, max_length=64, description="Project slug; default: the workflow's")
     goal: str = Field(default="", max_length=4000)
@@ -54,7 +70,63 @@ class TaskOut(Schema):
     depends_on: list[str]
 
 
+RUN_EXAMPLE = {
+    "id": 42,
+    "kind": "workflow",
+    "project": "default",
+    "workflow": "deploy-review",
+    "goal": "Assess the checkout deployment",
+    "status": "running",
+    "status_reason": "",
+    "plan_version": 1,
+    "code_version": "warden-0.1.0",
+    "input": {"faults": [], "propose_tools": []},
+    "budget": {
+        "max_steps": 50,
+        "max_tokens": 20000,
+        "max_tool_calls": None,
+        "max_cost_usd": 1.0,
+        "deadline": "2026-03-14T10:12:03.412Z",
+    },
+    "usage": {"steps": 4, "tokens": 1830, "tool_calls": 1, "cost_usd": 0.0021},
+    "tasks": [
+        {
+            "key": "inventory",
+            "agent": "inventory-agent",
+            "status": "completed",
+            "status_reason": "",
+            "attempts": 1,
+            "max_attempts": 2,
+            "depends_on": [],
+        },
+        {
+            "key": "risk",
+            "agent": "risk-agent",
+            "status": "retry_wait",
+            "status_reason": "model timeout",
+            "attempts": 1,
+            "max_attempts": 2,
+            "depends_on": [],
+        },
+        {
+            "key": "verify",
+            "agent": "verifier-agent",
+            "status": "pending",
+            "status_reason": "",
+            "attempts": 0,
+            "max_attempts": 1,
+            "depends_on": ["inventory", "risk"],
+        },
+    ],
+    "created_at": "2026-03-14T09:12:03.412Z",
+    "started_at": "2026-03-14T09:12:03.412Z",
+    "finished_at": None,
+}
+
+
 class RunOut(Schema):
+    model_config = ConfigDict(json_schema_extra={"examples": [RUN_EXAMPLE]})
+
     id: int
     kind: str = Field(description="workflow (Warden's workers run it) or external (an agent reports it)")
     project: str
@@ -153,7 +225,7 @@ def create_run(request, payload: RunIn):
 
 
 @router.get("/runs/{run_id}", response=RunOut, summary="A run with its status, usage, budget and tasks")
-def get_run(request, run_id: int):
+def get_run(request, run_id: PathId):
     return run_out(run_for(request, run_id))
 
 
@@ -171,6 +243,42 @@ class RunSummaryOut(Schema):
 
 
 class RunPageOut(Schema):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "items": [
+                        {
+                            "id": 43,
+                            "project": "default",
+                            "workflow": "incident-fanout",
+                            "goal": "Handle the checkout incident for the affected customers",
+                            "status": "needs_attention",
+                            "status_reason": "task worker-3 failed (transient): no attempts left (3 made)",
+                            "usage": {"steps": 38, "tokens": 41250, "tool_calls": 19, "cost_usd": 0.0612},
+                            "created_at": "2026-03-14T09:20:41.006Z",
+                            "started_at": "2026-03-14T09:20:41.006Z",
+                            "finished_at": "2026-03-14T09:23:17.530Z",
+                        },
+                        {
+                            "id": 42,
+                            "project": "default",
+                            "workflow": "deploy-review",
+                            "goal": "Assess the checkout deployment",
+                            "status": "running",
+                            "status_reason": "",
+                            "usage": {"steps": 4, "tokens": 1830, "tool_calls": 1, "cost_usd": 0.0021},
+                            "created_at": "2026-03-14T09:12:03.412Z",
+                            "started_at": "2026-03-14T09:12:03.412Z",
+                            "finished_at": None,
+                        },
+                    ],
+                    "next_after": 42,
+                }
+            ]
+        }
+    )
+
     items: list[RunSummaryOut]
     next_after: int | None = Field(description="Pass as `after` for the next page; null on the last one")
 
@@ -190,8 +298,8 @@ def list_runs(
     status: list[Run.Status] = Query(default=None, description="One or more statuses"),  # noqa: B008
     workflow: str | None = Query(default=None, max_length=64),  # noqa: B008
     project: str | None = Query(default=None, max_length=64),  # noqa: B008
-    after: int | None = Query(default=None, ge=0, description="The `next_after` of the previous page"),  # noqa: B008
-    limit: int = Query(default=50, ge=1, le=200),  # noqa: B008
+    after: QueryWhole(ge=0) | None = Query(default=None, description="The `next_after` of the previous page"),  # noqa: B008
+    limit: QueryWhole(ge=1, le=200) = Query(default=50),  # noqa: B008
 ):
     authorize_token(request.auth, "read", what="the run list", request=request)
     rows = Run.objects.select_related("workflow", "project").order_by("-id")
@@ -228,14 +336,19 @@ def list_runs(
     return {"items": items, "next_after": next_after}
 
 
-class ReasonIn(Schema):
+class ReasonIn(BodyIn):
+    model_config = ConfigDict(json_schema_extra={"examples": [{"reason": "the customer called it off"}]})
+
     reason: str = Field(default="", max_length=1000, examples=["the customer called it off"])
 
 
 class RetryIn(ReasonIn):
-    from_step: int | None = Field(
+    model_config = ConfigDict(
+        json_schema_extra={"examples": [{"reason": "the CRM is back up; send the follow-up again", "from_step": 3}]}
+    )
+
+    from_step: Whole(ge=1) | None = Field(
         default=None,
-        ge=1,
         description="Re-execute from this journal step (earlier steps are replayed); committed effects at or "
         "after it happen again, under new idempotency keys. Omitted: a plain retry.",
     )
@@ -248,7 +361,7 @@ def _acted(request, run: Run, action: str, reason: str, **detail) -> dict:
 
 
 @router.post("/runs/{run_id}/cancel", response={202: RunOut}, summary="Cancel a run (cooperatively, then forced)")
-def cancel_run(request, run_id: int, payload: ReasonIn):
+def cancel_run(request, run_id: PathId, payload: ReasonIn):
     run = run_for(request, run_id, "operate")
     reason = payload.reason or f"cancelled by {request.auth.user} through the API"
     run_cancel(run_id=run_id, reason=reason)
@@ -256,7 +369,7 @@ def cancel_run(request, run_id: int, payload: ReasonIn):
 
 
 @router.post("/runs/{run_id}/resume", response=RunOut, summary="Resume a run that needs attention")
-def resume_run(request, run_id: int, payload: ReasonIn):
+def resume_run(request, run_id: PathId, payload: ReasonIn):
     run = run_for(request, run_id, "operate")
     reason = payload.reason or f"resumed by {request.auth.user} through the API"
     run_resume(run_id=run_id, reason=reason)
@@ -264,7 +377,7 @@ def resume_run(request, run_id: int, payload: ReasonIn):
 
 
 @router.post("/runs/{run_id}/tasks/{task_key}/retry", response=RunOut, summary="Retry a failed task")
-def retry_task(request, run_id: int, task_key: str, payload: RetryIn):
+def retry_task(request, run_id: PathId, task_key: str, payload: RetryIn):
     run = run_for(request, run_id, "operate")
     task = Task.objects.filter(run=run, key=task_key).first()
     if task is None:

@@ -7,6 +7,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 from ninja import Field, Query, Schema, Status
+from pydantic import ConfigDict
 
 from approvals.access import authorize
 from tools.models import ToolOperation
@@ -15,6 +16,7 @@ from . import external
 from .api import RunOut, run_for, run_out
 from .api_reads import router as reads_router
 from .errors import NotFound
+from .schemas import BodyIn, PathId, QueryWhole, Whole
 from .selectors import run_get
 
 # One router per path: the task listing (a read) and the task opening share /runs/{run_id}/tasks.
@@ -22,44 +24,75 @@ router = reads_router
 WAIT_MAX_SECONDS = 30
 
 
-class TaskOpenIn(Schema):
+class TaskOpenIn(BodyIn):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {"key": "refund", "agent": "billing-agent", "objective": "Refund the duplicate charge of T-4711"}
+            ]
+        }
+    )
+
     key: str = Field(min_length=1, max_length=64, pattern=r"^[-a-zA-Z0-9_]+$", examples=["refunds"])
     agent: str = Field(min_length=1, max_length=200, examples=["billing-agent"])
     objective: str = Field(default="", max_length=4000)
 
 
 class TaskRefOut(Schema):
+    model_config = ConfigDict(json_schema_extra={"examples": [{"id": 318, "key": "refund", "status": "running"}]})
+
     id: int
     key: str
     status: str
 
 
 @router.post("/runs/{run_id}/tasks", response={201: TaskRefOut}, summary="Open a task of an external agent")
-def open_task(request, run_id: int, payload: TaskOpenIn):
+def open_task(request, run_id: PathId, payload: TaskOpenIn):
     run_for(request, run_id, "start")
     task = external.external_task_open(run_id=run_id, key=payload.key, agent=payload.agent, objective=payload.objective)
     return Status(201, {"id": task.id, "key": task.key, "status": task.status})
 
 
-class SpanIn(Schema):
+class SpanIn(BodyIn):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "task": "refund",
+                    "kind": "model_call",
+                    "name": "gpt-4.1-mini",
+                    "started_at": "2026-03-14T09:31:02.114Z",
+                    "ended_at": "2026-03-14T09:31:03.270Z",
+                    "status": "ok",
+                    "tokens_in": 420,
+                    "tokens_out": 64,
+                    "cost_usd": 0.0003,
+                    "step": 1,
+                }
+            ]
+        }
+    )
+
     task: str = Field(min_length=1, max_length=64)
     kind: Literal["model_call", "tool_call", "plan"] = "model_call"
     name: str = Field(min_length=1, max_length=200, examples=["gpt-4.1-mini"])
-    started_at: datetime
-    ended_at: datetime | None = None
+    started_at: datetime = Field(strict=False)  # ISO 8601 text is how JSON carries a time
+    ended_at: datetime | None = Field(default=None, strict=False)
     status: Literal["ok", "error"] = "ok"
-    tokens_in: int = Field(default=0, ge=0)
-    tokens_out: int = Field(default=0, ge=0)
+    tokens_in: Whole(ge=0) = 0
+    tokens_out: Whole(ge=0) = 0
     cost_usd: float = Field(default=0, ge=0, le=10_000)
-    step: int | None = Field(default=None, ge=1)
+    step: Whole(ge=1) | None = None
 
 
 class SpanRefOut(Schema):
+    model_config = ConfigDict(json_schema_extra={"examples": [{"id": 1207}]})
+
     id: int
 
 
 @router.post("/runs/{run_id}/spans", response={201: SpanRefOut}, summary="Report a model call or step (with usage)")
-def report_span(request, run_id: int, payload: SpanIn):
+def report_span(request, run_id: PathId, payload: SpanIn):
     run_for(request, run_id, "start")
     span = external.external_span_report(
         run_id=run_id,
@@ -77,16 +110,65 @@ def report_span(request, run_id: int, payload: SpanIn):
     return Status(201, {"id": span.id})
 
 
-class IntentIn(Schema):
+class UndoIn(BodyIn):
+    tool: str = Field(min_length=1, max_length=64, examples=["payments.refund_cancel"])
+    arguments: dict[str, Any] = Field(default_factory=dict, examples=[{"refund": "re_1"}])
+
+
+class IntentIn(BodyIn):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "task": "refund",
+                    "step": 2,
+                    "tool": "payments.refund",
+                    "arguments": {"charge": "ch_T-4711", "amount": 1200},
+                    "tool_class": "non_idempotent_write",
+                    "reversibility": "irreversible",
+                    "undo": {
+                        "tool": "email.send",
+                        "arguments": {"to": "billing@example.com", "subject": "Refund of T-4711 was sent in error"},
+                    },
+                }
+            ]
+        }
+    )
+
     task: str = Field(min_length=1, max_length=64)
-    step: int = Field(ge=1, description="The agent's step: the key is derived from run, task and step")
+    step: Whole(ge=1) = Field(description="The agent's step: the key is derived from run, task and step")
     tool: str = Field(min_length=1, max_length=64, examples=["payments.refund"])
     arguments: dict[str, Any] = Field(default_factory=dict, examples=[{"charge": "ch_1", "amount": 1200}])
     tool_class: Literal["read_only", "idempotent_write", "non_idempotent_write"]
     reversibility: Literal["", "reversible", "irreversible"] = ""
+    undo: UndoIn | None = Field(
+        default=None,
+        description="How this effect is undone (reversible) or corrected (otherwise), should an operator "
+        "compensate the run: the agent carries it out then",
+    )
 
 
 class ExternalOperationOut(Schema):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "id": 88,
+                    "run_id": 57,
+                    "task": "refund",
+                    "step": 2,
+                    "tool": "payments.refund",
+                    "idempotency_key": "warden:57:refund:2",
+                    "status": "committed",
+                    "status_reason": "",
+                    "approval_id": 12,
+                    "result": {"refund": "re_1", "charge": "ch_T-4711", "amount": 1200},
+                    "external_id": "re_1",
+                }
+            ]
+        }
+    )
+
     id: int
     run_id: int
     task: str
@@ -130,8 +212,8 @@ def _operation_for(request, operation_id: int, action: str) -> ToolOperation:
 @router.get("/operations/{operation_id}", response=ExternalOperationOut, summary="An operation (long-poll with wait)")
 def get_operation(
     request,
-    operation_id: int,
-    wait: int = Query(default=0, ge=0, le=WAIT_MAX_SECONDS, description="Seconds to wait for a decision"),  # noqa: B008
+    operation_id: PathId,
+    wait: QueryWhole(ge=0, le=WAIT_MAX_SECONDS) = Query(default=0, description="Seconds to wait for a decision"),  # noqa: B008
 ):
     op = _operation_for(request, operation_id, "view")
     deadline = time.monotonic() + wait
@@ -144,12 +226,24 @@ def get_operation(
 
 
 @router.post("/operations/{operation_id}/start", response=ExternalOperationOut, summary="About to call the provider")
-def start_operation(request, operation_id: int):
+def start_operation(request, operation_id: PathId):
     _operation_for(request, operation_id, "start")
     return operation_out(external.external_operation_started(operation_id=operation_id))
 
 
-class OutcomeIn(Schema):
+class OutcomeIn(BodyIn):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "committed": True,
+                    "result": {"refund": "re_1", "charge": "ch_T-4711", "amount": 1200},
+                    "external_id": "re_1",
+                }
+            ]
+        }
+    )
+
     committed: bool = Field(description="The provider did it (a receipt); false: it did not, or see ambiguous")
     result: Any = None
     external_id: str = Field(default="", max_length=200)
@@ -160,18 +254,22 @@ class OutcomeIn(Schema):
 @router.post(
     "/operations/{operation_id}/outcome", response=ExternalOperationOut, summary="Record the receipt or failure"
 )
-def operation_outcome(request, operation_id: int, payload: OutcomeIn):
+def operation_outcome(request, operation_id: PathId, payload: OutcomeIn):
     _operation_for(request, operation_id, "start")
     return operation_out(external.external_operation_outcome(operation_id=operation_id, **payload.dict()))
 
 
-class FinishIn(Schema):
+class FinishIn(BodyIn):
+    model_config = ConfigDict(
+        json_schema_extra={"examples": [{"completed": True, "reason": "refund re_1 issued for ticket T-4711"}]}
+    )
+
     completed: bool = True
     reason: str = Field(default="", max_length=4000)
 
 
 @router.post("/runs/{run_id}/finish", response=RunOut, summary="The external agent is done")
-def finish_run(request, run_id: int, payload: FinishIn):
+def finish_run(request, run_id: PathId, payload: FinishIn):
     run_for(request, run_id, "start")
     external.external_run_finish(run_id=run_id, completed=payload.completed, reason=payload.reason)
     return run_out(run_get(run_id=run_id))

@@ -7,6 +7,7 @@ from typing import Any
 
 from django.db.models import Q
 from ninja import Field, Query, Router, Schema
+from pydantic import ConfigDict
 
 from agents.models import Agent, Workflow
 from approvals.access import authorize_token, project_ids
@@ -15,13 +16,39 @@ from approvals.models import AuditEvent, Project
 from .api import keyset_page, run_for
 from .insight import Figures, insight_choices, insight_compute
 from .models import Artifact, Span, Task
-from .otlp import run_otlp
+from .otlp import SCOPE, _attribute, run_otlp, span_id, trace_id
+from .schemas import PathId, QueryWhole
 from .trace import SPAN_FIELDS
 
 router = Router(tags=["runs"])
 
 
 class TaskDetailOut(Schema):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "id": 311,
+                    "key": "worker-3",
+                    "agent": "incident-worker",
+                    "objective": "Handle the incident for customer 3: read, ticket, update, e-mail",
+                    "depends_on": [],
+                    "status": "completed",
+                    "status_reason": "",
+                    "failure_class": "",
+                    "attempts": 2,
+                    "max_attempts": 3,
+                    "recoveries": 1,
+                    "steps": 9,
+                    "tokens": 3120,
+                    "cost_usd": 0.0042,
+                    "started_at": "2026-03-14T09:20:44.251Z",
+                    "finished_at": "2026-03-14T09:21:58.930Z",
+                }
+            ]
+        }
+    )
+
     id: int
     key: str
     agent: str
@@ -41,7 +68,7 @@ class TaskDetailOut(Schema):
 
 
 @router.get("/runs/{run_id}/tasks", response=list[TaskDetailOut], summary="A run's tasks with usage and failures")
-def list_tasks(request, run_id: int):
+def list_tasks(request, run_id: PathId):
     run = run_for(request, run_id)
     return [
         {
@@ -66,7 +93,33 @@ def list_tasks(request, run_id: int):
     ]
 
 
+def _span_example(pk: int, kind: str, name: str, started: str, ended: str | None, children=(), **fields) -> dict:
+    return {"id": pk, "kind": kind, "name": name, "status": "ok", "task_id": None, "attempt": None, "step": None,
+            "started_at": started, "ended_at": ended, "tokens_in": 0, "tokens_out": 0, "cost_usd": 0.0,
+            **fields, "children": list(children)}  # fmt: skip
+
+
+TRACE_EXAMPLE = _span_example(
+    901, "run", "run deploy-review", "2026-03-14T09:12:03.412Z", None, status="running",
+    children=[_span_example(
+        902, "task", "task inventory", "2026-03-14T09:12:03.520Z", "2026-03-14T09:12:09.904Z", task_id=305,
+        children=[_span_example(
+            903, "attempt", "attempt 1", "2026-03-14T09:12:03.533Z", "2026-03-14T09:12:09.904Z", task_id=305,
+            attempt=1,
+            children=[
+                _span_example(904, "tool_call", "deployments.read", "2026-03-14T09:12:07.118Z",
+                              "2026-03-14T09:12:07.164Z", task_id=305, attempt=1, step=2),
+                _span_example(905, "model_call", "scripted-1", "2026-03-14T09:12:07.170Z", "2026-03-14T09:12:09.904Z",
+                              task_id=305, attempt=1, step=3, tokens_in=512, tokens_out=48, cost_usd=0.0004),
+            ],
+        )],
+    )],
+)  # fmt: skip
+
+
 class SpanNodeOut(Schema):
+    model_config = ConfigDict(json_schema_extra={"examples": [TRACE_EXAMPLE]})
+
     id: int
     kind: str
     name: str
@@ -90,7 +143,7 @@ SpanNodeOut.model_rebuild()
     response=list[SpanNodeOut],
     summary="The trace as a span tree (bodies excluded: see the dashboard's payload download)",
 )
-def get_trace(request, run_id: int):
+def get_trace(request, run_id: PathId):
     run = run_for(request, run_id)
     nodes, roots = {}, []
     for row in Span.objects.filter(run=run).order_by("id").values(*SPAN_FIELDS):
@@ -115,29 +168,111 @@ def get_trace(request, run_id: int):
     return roots
 
 
+# The response is free-form, so its example sits on the operation; built with runs/otlp.py's own encoders.
+OTLP_EXAMPLE = {
+    "resourceSpans": [
+        {
+            "resource": {
+                "attributes": [
+                    _attribute("service.name", "warden"),
+                    _attribute("warden.project", "default"),
+                    _attribute("warden.workflow", "deploy-review"),
+                ]
+            },
+            "scopeSpans": [
+                {
+                    "scope": SCOPE,
+                    "spans": [
+                        {
+                            "traceId": trace_id(42),
+                            "spanId": span_id(905),
+                            "parentSpanId": span_id(903),
+                            "name": "chat scripted-1",
+                            "kind": 3,
+                            "startTimeUnixNano": "1773479527170000000",
+                            "endTimeUnixNano": "1773479529904000000",
+                            "attributes": [
+                                _attribute(key, value)
+                                for key, value in [
+                                    ("warden.span.kind", "model_call"),
+                                    ("warden.run.id", 42),
+                                    ("gen_ai.operation.name", "chat"),
+                                    ("gen_ai.agent.name", "inventory-agent"),
+                                    ("warden.step", 3),
+                                    ("warden.attempt", 1),
+                                    ("gen_ai.request.model", "scripted-1"),
+                                    ("gen_ai.response.model", "scripted-1"),
+                                    ("gen_ai.usage.input_tokens", 512),
+                                    ("gen_ai.usage.output_tokens", 48),
+                                    ("warden.cost_usd", 0.0004),
+                                    ("gen_ai.system", "scripted"),
+                                ]
+                            ],
+                            "status": {"code": 1},
+                        }
+                    ],
+                }
+            ],
+        }
+    ]
+}
+
+
 @router.get(
     "/runs/{run_id}/trace/otlp",
     response=dict[str, Any],
     summary="The trace as OTLP/JSON (an ExportTraceServiceRequest) with the GenAI semantic conventions",
+    openapi_extra={"responses": {200: {"content": {"application/json": {"example": OTLP_EXAMPLE}}}}},
 )
-def get_trace_otlp(request, run_id: int):
+def get_trace_otlp(request, run_id: PathId):
     return run_otlp(run_for(request, run_id))
 
 
 class ArtifactOut(Schema):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "id": 77,
+                    "key": "worker-3",
+                    "task": "worker-3",
+                    "version": 1,
+                    "verification": "unverified",
+                    # As the API answers it: responses use field names, not aliases (ninja's by_alias=False).
+                    "output_schema": {
+                        "type": "object",
+                        "required": ["summary"],
+                        "properties": {"summary": {"type": "string", "minLength": 1}},
+                    },
+                    "content": {"summary": "worker-3: ticket opened, record updated, customer e-mail sent"},
+                    "provenance": {
+                        "task": "worker-3",
+                        "agent": 5,
+                        "attempt": 2,
+                        "fencing_token": 7,
+                        "model": "scripted-1",
+                        "step": 9,
+                        "inputs": [],
+                    },
+                    "created_at": "2026-03-14T09:21:58.930Z",
+                }
+            ]
+        }
+    )
+
     id: int
     key: str
     task: str
     version: int
     verification: str
-    schema_: dict[str, Any] = Field(alias="schema")
+    output_schema: dict[str, Any] = Field(description="The JSON Schema the content was checked against")
     content: Any
     provenance: dict[str, Any]
     created_at: datetime
 
 
 @router.get("/runs/{run_id}/artifacts", response=list[ArtifactOut], summary="A run's artifacts with provenance")
-def list_artifacts(request, run_id: int):
+def list_artifacts(request, run_id: PathId):
     run = run_for(request, run_id)
     return [
         {
@@ -146,7 +281,7 @@ def list_artifacts(request, run_id: int):
             "task": a.task.key,
             "version": a.version,
             "verification": a.verification,
-            "schema": a.schema,
+            "output_schema": a.schema,
             "content": a.content,
             "provenance": a.provenance,
             "created_at": a.created_at,
@@ -169,6 +304,30 @@ class AuditOut(Schema):
 
 
 class AuditPageOut(Schema):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "items": [
+                        {
+                            "id": 1804,
+                            "at": "2026-03-14T09:25:31.640Z",
+                            "actor": "ada",
+                            "via": "api",
+                            "action": "run_cancel",
+                            "outcome": "done",
+                            "project": "default",
+                            "run_id": 42,
+                            "target": "run 42",
+                            "detail": {"reason": "the customer called it off"},
+                        }
+                    ],
+                    "next_after": None,
+                }
+            ]
+        }
+    )
+
     items: list[AuditOut]
     next_after: int | None
 
@@ -176,10 +335,10 @@ class AuditPageOut(Schema):
 @router.get("/audit", response=AuditPageOut, summary="Audit events of my projects, newest first (cursor pages)")
 def list_audit(
     request,
-    run: int | None = Query(default=None, ge=1),  # noqa: B008
+    run: QueryWhole(ge=1) | None = Query(default=None),  # noqa: B008
     action: str | None = Query(default=None, max_length=64),  # noqa: B008
-    after: int | None = Query(default=None, ge=0),  # noqa: B008
-    limit: int = Query(default=100, ge=1, le=500),  # noqa: B008
+    after: QueryWhole(ge=0) | None = Query(default=None),  # noqa: B008
+    limit: QueryWhole(ge=1, le=500) = Query(default=100),  # noqa: B008
 ):
     authorize_token(request.auth, "read", what="the audit log", request=request)
     rows = AuditEvent.objects.order_by("-id")
@@ -211,6 +370,21 @@ def list_audit(
 
 
 class AgentOut(Schema):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "slug": "incident-worker",
+                    "name": "Incident worker",
+                    "provider": "scripted",
+                    "model": "scripted-1",
+                    "allowed_tools": ["crm.read", "tickets.create", "crm.update", "email.send"],
+                    "is_planner": False,
+                }
+            ]
+        }
+    )
+
     slug: str
     name: str
     provider: str
@@ -220,6 +394,30 @@ class AgentOut(Schema):
 
 
 class WorkflowOut(Schema):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "slug": "deploy-review",
+                    "name": "Deploy review",
+                    "description": "Inventory and risk in parallel, then a verifier's verdict.",
+                    "project": None,
+                    "planner": "static",
+                    "tasks": [
+                        {"key": "inventory", "agent": "inventory-agent", "objective": "Read the checkout deployment"},
+                        {"key": "risk", "agent": "risk-agent", "objective": "Review the deployment's risk"},
+                        {
+                            "key": "verify",
+                            "agent": "verifier-agent",
+                            "objective": "Give the verdict",
+                            "depends_on": ["inventory", "risk"],
+                        },
+                    ],
+                }
+            ]
+        }
+    )
+
     slug: str
     name: str
     description: str
@@ -284,7 +482,64 @@ class FiguresOut(Schema):
     approval_wait_p95_seconds: float | None
 
 
+FIGURES_EXAMPLE = {
+    "group": "All runs",
+    "runs": 12,
+    "finished": 10,
+    "completed": 8,
+    "success_rate": 0.8,
+    "cost_usd": 0.412,
+    "cost_per_successful_run_usd": 0.0515,
+    "steps_p50": 9.0,
+    "steps_p95": 38.0,
+    "duration_p50_seconds": 41.2,
+    "duration_p95_seconds": 156.5,
+    "approval_wait_p50_seconds": 95.0,
+    "approval_wait_p95_seconds": 1320.0,
+}
+
+
 class InsightOut(Schema):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "days": 1,
+                    "since": "2026-03-14T00:00:00Z",
+                    "total": FIGURES_EXAMPLE,
+                    "by_day": [{**FIGURES_EXAMPLE, "group": "2026-03-14"}],
+                    "by_workflow": [
+                        {
+                            **FIGURES_EXAMPLE,
+                            "group": "Incident fan-out",
+                            "runs": 7,
+                            "finished": 6,
+                            "completed": 4,
+                            "success_rate": 0.6667,
+                            "cost_usd": 0.371,
+                            "cost_per_successful_run_usd": 0.0928,
+                        },
+                        {
+                            **FIGURES_EXAMPLE,
+                            "group": "Deploy review",
+                            "runs": 5,
+                            "finished": 4,
+                            "completed": 4,
+                            "success_rate": 1.0,
+                            "cost_usd": 0.041,
+                            "cost_per_successful_run_usd": 0.0103,
+                            "approval_wait_p50_seconds": None,
+                            "approval_wait_p95_seconds": None,
+                        },
+                    ],  # fmt: skip
+                    "by_project": [{**FIGURES_EXAMPLE, "group": "Default"}],
+                    "top_failing_tools": [["email.send", 2], ["tickets.create", 1]],
+                    "top_failing_agents": [["incident-worker", 2]],
+                }
+            ]
+        }
+    )
+
     days: int
     since: datetime
     total: FiguresOut
@@ -316,7 +571,7 @@ def _figures(f: Figures) -> dict:
 @router.get("/insight", response=InsightOut, summary="Run success, cost, steps, durations and waits of my projects")
 def get_insight(
     request,
-    days: int = Query(default=30, ge=1, le=366),  # noqa: B008
+    days: QueryWhole(ge=1, le=366) = Query(default=30),  # noqa: B008
     workflow: str | None = Query(default=None, max_length=64),  # noqa: B008
     project: str | None = Query(default=None, max_length=64),  # noqa: B008
 ):

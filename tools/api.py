@@ -6,6 +6,7 @@ from typing import Any
 
 from django.conf import settings
 from ninja import Field, Query, Router, Schema, Status
+from pydantic import ConfigDict
 
 from approvals.access import authorize, authorize_token
 from approvals.audit import audit
@@ -14,6 +15,7 @@ from runs.api_external import ExternalOperationOut, IntentIn
 from runs.api_external import operation_out as external_out
 from runs.errors import NotFound
 from runs.external import external_operation_intent
+from runs.schemas import BodyIn, PathId, QueryWhole
 from runs.selectors import run_get
 
 from .models import SandboxCall, ToolOperation
@@ -22,7 +24,55 @@ from .saga import compensation_plan, operation_resolve, run_compensate
 router = Router(tags=["ledger"])
 
 
+EMAIL_ARGUMENTS = {
+    "to": "worker-3@customers.example",
+    "subject": "About today's incident",
+    "body": "We are on it; your ticket is open and we will write again when it is resolved.",
+}
+CORRECTION = {
+    "kind": "correction",
+    "by": "correction_email",
+    "tool": "email.send",
+    "arguments": {
+        "to": "worker-3@customers.example",
+        "subject": "Correction: About today's incident",
+        "body": "Please disregard our previous message: the action it described has been reversed.",
+        "in_reply_to": "M-eb83687dee",
+    },
+}
+
+
 class OperationOut(Schema):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "id": 517,
+                    "task": "worker-3",
+                    "step": 4,
+                    "kind": "action",
+                    "tool": "email.send",
+                    "idempotency_key": "warden:42:worker-3:4",
+                    "arguments": EMAIL_ARGUMENTS,
+                    "tool_class": "non_idempotent_write",
+                    "reversibility": "irreversible",
+                    "proposed": False,
+                    "status": "committed",
+                    "status_reason": "resolved by an operator: committed (in the customer's inbox)",
+                    "result": {"message_id": "M-eb83687dee", "status": "sent"},
+                    "external_id": "M-eb83687dee",
+                    "attempts": 1,
+                    "compensation": CORRECTION,
+                    "compensates": None,
+                    "approval": None,
+                    "created_at": "2026-03-14T09:21:40.502Z",
+                    "committed_at": "2026-03-14T09:21:40.731Z",
+                    "ended_at": "2026-03-14T09:24:12.388Z",
+                }
+            ]
+        }
+    )
+
     id: int
     task: str | None
     step: int | None
@@ -73,7 +123,7 @@ def operation_out(op: ToolOperation) -> dict:
 
 
 @router.get("/runs/{run_id}/operations", response=list[OperationOut], summary="A run's ledger of tool calls")
-def list_operations(request, run_id: int):
+def list_operations(request, run_id: PathId):
     run_for(request, run_id)
     ops = ToolOperation.objects.filter(run_id=run_id).select_related("task").order_by("id")
     return [operation_out(op) for op in ops]
@@ -83,7 +133,7 @@ def list_operations(request, run_id: int):
 @router.post(
     "/runs/{run_id}/operations", response={201: ExternalOperationOut}, summary="Record a side effect's intent first"
 )
-def operation_intent(request, run_id: int, payload: IntentIn):
+def operation_intent(request, run_id: PathId, payload: IntentIn):
     run_for(request, run_id, "start")
     op = external_operation_intent(run_id=run_id, **payload.dict())
     return Status(201, external_out(op))
@@ -102,6 +152,55 @@ class PlannedUndoOut(Schema):
 
 
 class CompensationPlanOut(Schema):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "undo": [
+                        {
+                            "operation": 516,
+                            "task": "worker-3",
+                            "tool": "crm.update",
+                            "external_id": "cust-worker-3",
+                            "committed_at": "2026-03-14T09:21:38.117Z",
+                            "status": "committed",
+                            "action": "crm.restore",
+                            "arguments": {"customer_id": "cust-worker-3", "before": {"incident_ticket": None}},
+                        },
+                        {
+                            "operation": 515,
+                            "task": "worker-3",
+                            "tool": "tickets.create",
+                            "external_id": "T-859853a5bd",
+                            "committed_at": "2026-03-14T09:21:35.940Z",
+                            "status": "committed",
+                            "action": "tickets.close",
+                            "arguments": {
+                                "ticket_id": "T-859853a5bd",
+                                "reason": "compensated: the run was rolled back",
+                            },
+                        },
+                    ],
+                    "correct": [
+                        {
+                            "operation": 517,
+                            "task": "worker-3",
+                            "tool": "email.send",
+                            "external_id": "M-eb83687dee",
+                            "committed_at": "2026-03-14T09:21:40.731Z",
+                            "status": "committed",
+                            "action": "email.send",
+                            "arguments": CORRECTION["arguments"],
+                            "needs_approval": True,
+                        }
+                    ],
+                    "cannot_undo": [],
+                    "unresolved": [],
+                }
+            ]
+        }
+    )
+
     undo: list[PlannedUndoOut] = Field(description="Reversible effects, undone in this order (reverse commit order)")
     correct: list[PlannedUndoOut] = Field(description="Irreversible effects: a correction each, after approval")
     cannot_undo: list[PlannedUndoOut]
@@ -109,12 +208,18 @@ class CompensationPlanOut(Schema):
 
 
 @router.get("/runs/{run_id}/compensation", response=CompensationPlanOut, summary="What compensating would do")
-def get_compensation_plan(request, run_id: int):
+def get_compensation_plan(request, run_id: PathId):
     run_for(request, run_id)
     return compensation_plan(run_id)
 
 
-class CompensateIn(Schema):
+class CompensateIn(BodyIn):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [{"reason": "false alarm: undo the tickets and correct the e-mails", "dry_run": True}]
+        }
+    )
+
     reason: str = Field(default="", max_length=1000)
     dry_run: bool = Field(default=False, description="Only list what would be undone or corrected; change nothing")
 
@@ -124,7 +229,7 @@ class CompensateIn(Schema):
     response={200: CompensationPlanOut, 202: RunOut},
     summary="Undo the run's committed effects (or, with dry_run, list them)",
 )
-def compensate(request, run_id: int, payload: CompensateIn):
+def compensate(request, run_id: PathId, payload: CompensateIn):
     run = run_for(request, run_id, "operate")
     if payload.dry_run:
         return Status(200, compensation_plan(run_id))
@@ -141,13 +246,15 @@ def compensate(request, run_id: int, payload: CompensateIn):
     return Status(202, run_out(run_get(run_id=run_id)))  # whoever may operate it may see the result
 
 
-class ResolveIn(Schema):
+class ResolveIn(BodyIn):
+    model_config = ConfigDict(json_schema_extra={"examples": [{"committed": True, "note": "in the customer's inbox"}]})
+
     committed: bool = Field(description="Whether the external system holds the effect")
     note: str = Field(default="", max_length=1000)
 
 
 @router.post("/operations/{operation_id}/resolve", response=OperationOut, summary="Resolve an ambiguous operation")
-def resolve(request, operation_id: int, payload: ResolveIn):
+def resolve(request, operation_id: PathId, payload: ResolveIn):
     found = ToolOperation.objects.filter(id=operation_id).select_related("run").first()
     if found is None:
         raise NotFound(f"operation {operation_id} does not exist")
@@ -184,11 +291,41 @@ class EffectOut(Schema):
 class EffectsQuery(Schema):
     system: str | None = Field(default=None, max_length=32)
     key_prefix: str | None = Field(default=None, max_length=200, description="e.g. warden:42: for one run")
-    after: int = Field(default=0, ge=0, description="Only effects with a larger id (paging)")
-    limit: int = Field(default=500, ge=1, le=5000)
+    after: QueryWhole(ge=0) = Field(default=0, description="Only effects with a larger id (paging)")
+    limit: QueryWhole(ge=1, le=5000) = 500
 
 
 class EffectsOut(Schema):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "effects": [
+                        {
+                            "id": 2041,
+                            "system": "tickets",
+                            "kind": "tickets.create",
+                            "tool": "tickets.create",
+                            "idempotency_key": "warden:42:worker-3:2",
+                            "object_id": "T-859853a5bd",
+                            "at": "2026-03-14T09:21:35.938Z",
+                        },
+                        {
+                            "id": 2043,
+                            "system": "email",
+                            "kind": "email.send",
+                            "tool": "email.send",
+                            "idempotency_key": "warden:42:worker-3:4",
+                            "object_id": "M-eb83687dee",
+                            "at": "2026-03-14T09:21:40.729Z",
+                        },
+                    ],
+                    "next_after": None,
+                }
+            ]
+        }
+    )
+
     effects: list[EffectOut]
     next_after: int | None
 

@@ -43,6 +43,9 @@ def test_start_a_run_and_read_it_back(demo, api, operator, django_assert_num_que
     ]
 
 
+SCHEMA = "the request is invalid"
+
+
 @pytest.mark.parametrize(
     "body, status, field, message",
     [
@@ -76,6 +79,12 @@ def test_start_a_run_and_read_it_back(demo, api, operator, django_assert_num_que
             "the run's input is invalid",
         ),
         ({}, 422, "workflow", "the request is invalid"),
+        # Taken as the schema states it: no coercion, no unknown fields.
+        ({"workflow": "deploy-review", "budget": {"max_steps": "5"}}, 422, "budget.max_steps", SCHEMA),
+        ({"workflow": "deploy-review", "budget": {"max_cost_usd": False}}, 422, "budget.max_cost_usd", SCHEMA),
+        ({"workflow": "deploy-review", "budget": {"max_steps": 5.5}}, 422, "budget.max_steps", SCHEMA),
+        ({"workflow": "deploy-review", "goal": 7}, 422, "goal", "the request is invalid"),
+        ({"workflow": "deploy-review", "wrokflow": "typo"}, 422, "wrokflow", "the request is invalid"),
     ],
 )
 def test_bad_input_gets_a_clear_json_error_and_writes_nothing(demo, api, body, status, field, message):
@@ -86,6 +95,19 @@ def test_bad_input_gets_a_clear_json_error_and_writes_nothing(demo, api, body, s
     assert field in [e["field"] for e in error["errors"]], error
     assert all(e["message"] for e in error["errors"])
     assert not Run.objects.exists() and not Task.objects.exists() and not Outbox.objects.exists()
+
+
+def test_a_whole_number_written_as_3_0_is_an_integer_as_json_schema_says(demo, api):
+    response = api("post", "/runs", {"workflow": "deploy-review", "budget": {"max_steps": 40.0}})
+    assert response.status_code == 201, response.content
+    assert Run.objects.get().max_steps == 40
+
+
+@pytest.mark.parametrize("path", ["/runs?limit=1_0", "/runs?limit=%207%20", "/runs?after=x", "/runs/1_0", "/runs/1.5"])
+def test_integers_in_the_url_are_plain_digits(demo, api, path):
+    response = api("get", path)
+    assert response.status_code == 422, response.content
+    assert response.json()["code"] == "invalid_input"
 
 
 def test_malformed_json_is_refused(demo, client, token):
