@@ -7,6 +7,12 @@ pass to the provider and whether a reviewer must approve first (the workflow's t
 admin's approval rules, as for any run). The agent waits for the decision (long-poll), calls its
 provider with the key, and records the receipt or the failure. Asking again for the same step with
 the same arguments returns the same operation — a rerun of the agent finds what is already done.
+
+With each intent the agent may say how its effect is undone (``undo``: a tool and its arguments). If an
+operator compensates the run, Warden plans it like any other run's (reverse commit order; a correction
+of an irreversible effect waits for a reviewer) and the agent carries out each step it is given: it
+lists the approved undo operations, starts each, makes the call with the key Warden gives it, and
+reports the outcome; the last report settles the run as compensated.
 """
 
 from django.db import transaction
@@ -107,7 +113,15 @@ def external_span_report(
 
 
 def external_operation_intent(
-    *, run_id: int, task: str, step: int, tool: str, arguments: dict, tool_class: str, reversibility: str = ""
+    *,
+    run_id: int,
+    task: str,
+    step: int,
+    tool: str,
+    arguments: dict,
+    tool_class: str,
+    reversibility: str = "",
+    undo: dict | None = None,
 ) -> ToolOperation:
     """The intent row, before the agent calls its provider: the key to pass it, and whether a reviewer
     must approve first. The same step with the same arguments finds the same row; other arguments, 409."""
@@ -128,11 +142,17 @@ def external_operation_intent(
         _running(run)
         policy = _policy(run, tool, arguments)
         waits = tool_class != "read_only" and policy.get("approval") == "always"
+        # The agent's word for how its effect is undone, used if an operator compensates the run: without
+        # ``reversible`` it is a correction, which a reviewer approves first.
+        plan = None
+        if undo and tool_class != "read_only":
+            kind = "compensation" if reversibility == "reversible" else "correction"
+            plan = {"kind": kind, "by": "the agent", "tool": undo["tool"], "arguments": undo.get("arguments", {})}
         op = ToolOperation.objects.create(
             run=run, task=owner, step=step, call_number=step, tool=tool[:64], idempotency_key=key,
             arguments_hash=digest, arguments=arguments, tool_class=tool_class, reversibility=reversibility,
             status=OS.AWAITING_APPROVAL if waits else OS.EXECUTING,
-            started_at=None if waits else timezone.now(), attempts=0 if waits else 1,
+            started_at=None if waits else timezone.now(), attempts=0 if waits else 1, compensation=plan,
         )  # fmt: skip
         if waits:
             from approvals.services import approval_request_for_operation
@@ -188,7 +208,25 @@ def external_operation_outcome(
             op.status, op.status_reason = final, error
             _emit_ambiguous(op)
         op.refresh_from_db()
+        if op.compensates_id:
+            _undo_reported(op, error or ("the agent cannot tell whether it happened" if ambiguous else "failed"))
         return op
+
+
+def _undo_reported(op: ToolOperation, failure: str) -> None:
+    """The agent carried out one step of a compensation (inside the reporting transaction)."""
+    from tools.saga import _supervised_failed, run_operations
+
+    if op.status != OS.COMMITTED:
+        _supervised_failed(op.run, op, failure)  # the run needs a human; the original is marked
+        return
+    ToolOperation.objects.filter(id=op.compensates_id).update(
+        status=OS.COMPENSATED,
+        status_reason=f"{op.kind} {op.id} ({op.tool}) reported done by the agent",
+        ended_at=timezone.now(),
+    )
+    # Settle after commit, as the executor does: the run is compensated once nothing is left to do.
+    transaction.on_commit(lambda: run_operations(op.run_id))
 
 
 def external_run_finish(*, run_id: int, completed: bool, reason: str = "") -> Run:

@@ -14,6 +14,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from agents.models import Workflow
 from approvals.models import ApprovalRequest
 from approvals.services import approval_request_for_operations, approvals_withdraw, run_operations_send
 from runs import events
@@ -68,6 +69,12 @@ def proposals_drop(run: Run, *, reason: str) -> int:
 # --- compensation --------------------------------------------------------------------------------------
 
 
+def carried_out_by_agent(run: Run) -> bool:
+    """An external run's effects were made by its agent, with its own tools: its undo and corrections too
+    are the agent's to carry out (it lists them, starts each and reports the outcome, runs/external.py)."""
+    return run.workflow.planner == Workflow.Planner.EXTERNAL
+
+
 def _committed_writes(run_id: int):
     return (
         ToolOperation.objects.filter(run_id=run_id, kind=Kind.ACTION)
@@ -117,7 +124,7 @@ def run_compensate(*, run_id: int, reason: str = "compensation requested by an o
     """Start (or, after a failed compensation, continue) undoing what the run committed."""
     now = timezone.now()
     with transaction.atomic():
-        run = Run.objects.select_for_update().filter(id=run_id).first()
+        run = Run.objects.select_for_update().select_related("workflow").filter(id=run_id).first()
         if run is None:
             raise NotFound(f"run {run_id} does not exist")
         if run.status not in COMPENSABLE_FROM:
@@ -157,7 +164,8 @@ def run_compensate(*, run_id: int, reason: str = "compensation requested by an o
                     "needs_approval" in item
                     and policies.get(original.tool, {}).get("correction_approval", "always") != "never"
                 )
-                spec = TOOLS[item["action"]]
+                # The agent's own tools are not in Warden's registry: its undo is a write never retried blindly.
+                spec = TOOLS.get(item["action"]) if carried_out_by_agent(run) else TOOLS[item["action"]]
                 comp = ToolOperation.objects.create(
                     run=run,
                     task_id=original.task_id,
@@ -166,8 +174,8 @@ def run_compensate(*, run_id: int, reason: str = "compensation requested by an o
                     idempotency_key=f"warden:{run.id}:undo:{original.id}",
                     arguments_hash=arguments_hash(item["action"], item["arguments"]),
                     arguments=item["arguments"],
-                    tool_class=spec.tool_class,
-                    reversibility=spec.reversibility,
+                    tool_class=spec.tool_class if spec else ToolOperation.ToolClass.NON_IDEMPOTENT_WRITE,
+                    reversibility=spec.reversibility if spec else "",
                     status=OS.AWAITING_APPROVAL if correction else OS.APPROVED,
                     compensates=original,
                     order=order,
@@ -230,7 +238,7 @@ def run_operations(run_id: int) -> None:
         return  # another worker holds it
     try:
         while True:
-            run = Run.objects.get(id=run_id)
+            run = Run.objects.select_related("workflow").get(id=run_id)
             if run.status not in (Run.Status.RUNNING, Run.Status.COMPENSATING):
                 return
             op = (
@@ -242,6 +250,8 @@ def run_operations(run_id: int) -> None:
             )
             if op is None:
                 break
+            if carried_out_by_agent(run):
+                return  # the agent reports it done; that report settles the run
             if not _execute_supervised(run, op):
                 return
             _renew(run_id, owner)
@@ -348,6 +358,7 @@ def redrive_operations(now) -> int:
         ToolOperation.objects.filter(status__in=[OS.APPROVED, OS.EXECUTING, OS.AMBIGUOUS])
         .filter(SUPERVISED)
         .filter(run__status__in=[Run.Status.RUNNING, Run.Status.COMPENSATING])
+        .exclude(run__workflow__planner=Workflow.Planner.EXTERNAL)  # nothing there for a worker to do
         .filter(Q(run__ops_lease_expires_at__lt=now) | Q(run__ops_lease_expires_at__isnull=True))
         .values_list("run_id", flat=True)
         .distinct()

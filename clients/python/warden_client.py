@@ -144,13 +144,27 @@ class WardenClient:
     # --- side effects, through the ledger ---
     def operation_intent(
         self, run_id: int, *, task: str, step: int, tool: str, arguments: dict, tool_class: str,
-        reversibility: str = "",
+        reversibility: str = "", undo: tuple[str, dict] | None = None,
     ) -> Operation:  # fmt: skip
+        """``undo``: (tool, arguments) that undo the effect, carried out by this agent if an operator
+        compensates the run (see ``undo_pending``)."""
         body = {
             "task": task, "step": step, "tool": tool, "arguments": arguments, "tool_class": tool_class,
             "reversibility": reversibility,
         }  # fmt: skip
+        if undo is not None:
+            body["undo"] = {"tool": undo[0], "arguments": undo[1]}
         return _operation(self._request("POST", f"/runs/{run_id}/operations", body=body))
+
+    def undo_pending(self, run_id: int) -> list[Operation]:
+        """After an operator compensated the run: the undo and approved corrections this agent is to carry
+        out, in order. For each: ``operation_start``, the call (with its idempotency key), ``operation_outcome``."""
+        ledger = self._request("GET", f"/runs/{run_id}/operations")
+        return [
+            _operation({**op, "approval_id": op.get("approval")})
+            for op in ledger
+            if op["kind"] in ("compensation", "correction") and op["status"] in ("approved", "executing")
+        ]
 
     def operation_get(self, operation_id: int, *, wait: int = 0) -> Operation:
         return _operation(self._request("GET", f"/operations/{operation_id}", wait=wait))

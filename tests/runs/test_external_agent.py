@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import httpx
 import pytest
 
 from approvals.access import default_project, membership_grant
@@ -15,6 +16,26 @@ from approvals.tokens import api_token_create
 from runs.models import Run, Span, Task
 from tests.conftest import ROOT, wait_for
 from tools.models import ToolOperation
+
+sys.path.insert(0, str(ROOT / "clients" / "python"))
+from warden_client import WardenClient  # noqa: E402
+
+
+class DjangoTransport(httpx.BaseTransport):
+    """The shipped client, talking to Django's test client (inside the test's transaction)."""
+
+    def __init__(self, client):
+        self.client = client
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        response = self.client.generic(
+            request.method,
+            request.url.raw_path.decode(),
+            data=request.content,
+            content_type=request.headers.get("content-type", ""),
+            HTTP_AUTHORIZATION=request.headers["authorization"],
+        )
+        return httpx.Response(response.status_code, content=response.content, headers=dict(response.headers))
 
 
 def bearer(token: str, **extra) -> dict:
@@ -133,3 +154,81 @@ def test_the_example_waits_is_approved_through_the_api_runs_once_and_reruns_to_n
         Decision.objects.count(),
     ) == counts
     assert Run.objects.get().status == "completed"
+
+
+def test_an_operator_compensates_an_external_run_and_the_agent_carries_out_the_undo(
+    people, client, operator, django_capture_on_commit_callbacks
+):
+    agent, reviewer = people
+    operator_token = api_token_create(user=operator, scopes=["read", "operate"])[1]
+    run = call(client, agent, "/api/v1/runs", {"workflow": "external-agent"}).json()
+    call(client, agent, f"/api/v1/runs/{run['id']}/tasks", {"key": "support", "agent": "support-agent"})
+
+    def done(step, tool, reversibility, undo=None):
+        intent = {"task": "support", "step": step, "tool": tool, "arguments": {"n": step},
+                  "tool_class": "non_idempotent_write", "reversibility": reversibility}  # fmt: skip
+        op = call(client, agent, f"/api/v1/runs/{run['id']}/operations", {**intent, **({"undo": undo} if undo else {})})
+        assert op.status_code < 300, op.content
+        outcome = {"committed": True, "external_id": f"x-{step}"}
+        return call(client, agent, f"/api/v1/operations/{op.json()['id']}/outcome", outcome).json()
+
+    ticket = done(1, "tickets.create", "reversible", {"tool": "tickets.close", "arguments": {"ticket": "x-1"}})
+    email = done(2, "email.send", "irreversible", {"tool": "email.send", "arguments": {"subject": "Correction"}})
+    note = done(3, "crm.note", "")  # the agent gave no undo
+    call(client, agent, f"/api/v1/runs/{run['id']}/finish", {"completed": False, "reason": "the customer objected"})
+
+    plan = call(client, operator_token, f"/api/v1/runs/{run['id']}/compensation").json()
+    assert [(i["operation"], i["action"]) for i in plan["undo"]] == [(ticket["id"], "tickets.close")]
+    assert [(i["operation"], i["action"]) for i in plan["correct"]] == [(email["id"], "email.send")]
+    assert [i["operation"] for i in plan["cannot_undo"]] == [note["id"]]
+    compensating = call(client, operator_token, f"/api/v1/runs/{run['id']}/compensate", {"reason": "objection"})
+    assert compensating.json()["status"] == "compensating"
+
+    # The agent (its client) lists what it is to carry out: the undo now; the correction once approved.
+    sdk = WardenClient("http://testserver", agent, transport=DjangoTransport(client))
+    [undo] = sdk.undo_pending(run["id"])
+    assert (undo.raw["compensates"], undo.raw["tool"], undo.raw["arguments"]) == (ticket["id"], "tickets.close",
+                                                                                   {"ticket": "x-1"})  # fmt: skip
+    assert undo.idempotency_key == f"warden:{run['id']}:undo:{ticket['id']}"
+    ledger = call(client, agent, f"/api/v1/runs/{run['id']}/operations").json()
+    correction = next(op for op in ledger if op["compensates"] == email["id"])
+    assert (correction["kind"], correction["status"]) == ("correction", "awaiting_approval")
+    assert call(client, agent, f"/api/v1/operations/{correction['id']}/start", {}).status_code == 409
+
+    with django_capture_on_commit_callbacks(execute=True):
+        sdk.operation_start(undo.id)
+        sdk.operation_outcome(undo.id, committed=True, external_id="x-1")
+    assert ToolOperation.objects.get(id=ticket["id"]).status == "compensated"
+    assert sdk.undo_pending(run["id"]) == []
+    assert Run.objects.get(id=run["id"]).status == "compensating"  # the correction still waits
+
+    approval = ApprovalRequest.objects.get(id=correction["approval"])
+    decision = {"decision": "approve", "note": "send it", "arguments_hash": approval.arguments_hash}
+    with django_capture_on_commit_callbacks(execute=True):
+        assert call(client, reviewer, f"/api/v1/approvals/{approval.id}/decision", decision).status_code == 200
+    assert ToolOperation.objects.get(id=correction["id"]).status == "approved"  # no worker sends the agent's e-mail
+    with django_capture_on_commit_callbacks(execute=True):
+        assert call(client, agent, f"/api/v1/operations/{correction['id']}/start", {}).json()["status"] == "executing"
+        call(client, agent, f"/api/v1/operations/{correction['id']}/outcome", {"committed": True, "external_id": "m-2"})
+    assert ToolOperation.objects.get(id=email["id"]).status == "compensated"
+    assert ToolOperation.objects.get(id=note["id"]).status == "committed"  # nothing could undo it
+    assert Run.objects.get(id=run["id"]).status == "compensated"
+
+
+def test_an_undo_the_agent_could_not_carry_out_leaves_the_run_to_a_human(people, client, operator):
+    agent, _ = people
+    operator_token = api_token_create(user=operator, scopes=["read", "operate"])[1]
+    run = call(client, agent, "/api/v1/runs", {"workflow": "external-agent"}).json()
+    call(client, agent, f"/api/v1/runs/{run['id']}/tasks", {"key": "support", "agent": "support-agent"})
+    intent = {"task": "support", "step": 1, "tool": "tickets.create", "arguments": {}, "reversibility": "reversible",
+              "tool_class": "non_idempotent_write", "undo": {"tool": "tickets.close", "arguments": {}}}  # fmt: skip
+    op = call(client, agent, f"/api/v1/runs/{run['id']}/operations", intent).json()
+    call(client, agent, f"/api/v1/operations/{op['id']}/outcome", {"committed": True})
+    call(client, agent, f"/api/v1/runs/{run['id']}/finish", {"completed": False})
+    call(client, operator_token, f"/api/v1/runs/{run['id']}/compensate", {})
+    undo = next(o for o in call(client, agent, f"/api/v1/runs/{run['id']}/operations").json() if o["compensates"])
+    call(client, agent, f"/api/v1/operations/{undo['id']}/start", {})
+    call(client, agent, f"/api/v1/operations/{undo['id']}/outcome", {"committed": False, "error": "ticket locked"})
+    assert ToolOperation.objects.get(id=op["id"]).status == "compensation_failed"
+    finished = Run.objects.get(id=run["id"])
+    assert finished.status == "needs_attention" and "ticket locked" in finished.status_reason
