@@ -96,10 +96,11 @@ def _undo(op: ToolOperation) -> str:
         return "nothing (a read)"
     if op.kind != "action":
         return f"({op.kind} of operation {op.compensates_id})"
+    agent = ", by the agent" if plan.get("by") == "the agent" else ""  # an external run's own tool
     if op.reversibility == "reversible" and plan.get("tool"):
-        return f"undo with {plan['tool']}"
+        return f"undo with {plan['tool']}{agent}"
     if plan.get("tool"):
-        return f"correction with {plan['tool']} (a reviewer approves first)"
+        return f"correction with {plan['tool']}{agent} (a reviewer approves first)"
     return "cannot be undone"
 
 

@@ -38,6 +38,14 @@ class DjangoTransport(httpx.BaseTransport):
         return httpx.Response(response.status_code, content=response.content, headers=dict(response.headers))
 
 
+def client_page(user, run_id: int) -> str:
+    from django.test import Client
+
+    browser = Client()
+    browser.force_login(user)
+    return browser.get(f"/runs/{run_id}/").content.decode()
+
+
 def bearer(token: str, **extra) -> dict:
     return {"HTTP_AUTHORIZATION": f"Bearer {token}", **extra}
 
@@ -177,6 +185,8 @@ def test_an_operator_compensates_an_external_run_and_the_agent_carries_out_the_u
     note = done(3, "crm.note", "")  # the agent gave no undo
     call(client, agent, f"/api/v1/runs/{run['id']}/finish", {"completed": False, "reason": "the customer objected"})
 
+    page = client_page(operator, run["id"])
+    assert "undo with tickets.close, by the agent" in page and "correction with email.send, by the agent" in page
     plan = call(client, operator_token, f"/api/v1/runs/{run['id']}/compensation").json()
     assert [(i["operation"], i["action"]) for i in plan["undo"]] == [(ticket["id"], "tickets.close")]
     assert [(i["operation"], i["action"]) for i in plan["correct"]] == [(email["id"], "email.send")]
