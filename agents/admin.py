@@ -2,7 +2,7 @@ from django.contrib import admin, messages
 
 from runs.errors import WardenError
 
-from .models import Agent, Workflow
+from .models import Agent, ModelPrice, Workflow
 
 
 @admin.register(Agent)
@@ -10,6 +10,13 @@ class AgentAdmin(admin.ModelAdmin):
     list_display = ["slug", "name", "provider", "model", "is_planner", "max_attempts"]
     list_filter = ["provider", "is_planner"]
     search_fields = ["slug", "name", "instructions"]
+
+
+@admin.register(ModelPrice)
+class ModelPriceAdmin(admin.ModelAdmin):
+    list_display = ["provider", "model", "input_usd_per_mtok", "output_usd_per_mtok"]
+    list_filter = ["provider"]
+    search_fields = ["model"]
 
 
 @admin.register(Workflow)

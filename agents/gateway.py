@@ -1,13 +1,34 @@
-"""The model gateway: one interface for every provider. This release ships the scripted provider,
-which plays an agent's scripted turns so demos and tests need no network."""
+"""The model gateway: one interface for every provider, and the one place where calls to real models
+are retried, paused by a breaker and priced.
+
+- The scripted provider plays an agent's scripted turns, so demos and drills need no network; its
+  failures are drills of the engine's own retries and pass straight through.
+- A real provider (agents/providers.py) is called at most 1 + MODEL_RETRIES times per model step:
+  429, 5xx, timeouts and garbled answers are retried after the provider's Retry-After, or a jittered
+  exponential backoff, both capped. Only the answer that came back is journaled, so a retried call
+  is counted and paid for once.
+- A breaker per provider opens after MODEL_CIRCUIT_FAILURES failed tries in a row: while it is open a
+  model step fails at once with the ``provider`` class, which hands the run to a human instead of
+  burning its budget on retries.
+- Cost is the price table (ModelPrice, editable in the admin) applied to the tokens the provider
+  reported.
+"""
 
 import json
+import logging
+import random
 import string
 import time
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any
 
+from django.conf import settings
+from django.core.cache import cache
+
 from runs.errors import StepFailure, TransientFailure
+
+log = logging.getLogger("warden.gateway")
 
 # Scripted models are priced like a small hosted model, so budgets and cost totals mean something.
 SCRIPTED_PRICE_MICROS_PER_TOKEN = (1, 4)  # (input, output)
@@ -21,6 +42,7 @@ class ModelRequest:
     turn: int  # the model call's number within the task, 1-based; stable across attempts
     attempt: int
     context: dict[str, Any] = field(default_factory=dict)  # values a scripted turn may quote
+    tool_names: list[str] = field(default_factory=list)  # the tools the task may call
 
 
 @dataclass
@@ -32,9 +54,12 @@ class ModelResponse:
     tokens_out: int = 0
     cost_micros: int = 0
     model: str = ""
+    retries: int = 0  # tries the gateway made before this answer
 
     def as_journal(self) -> dict:
         body: dict[str, Any] = {"text": self.text}
+        if self.retries:
+            body["retries"] = self.retries
         if self.tool_call is not None:
             body["tool_call"] = self.tool_call
         if self.final is not None:
@@ -108,12 +133,96 @@ class ScriptedProvider:
         return response
 
 
-PROVIDERS = {"scripted": ScriptedProvider()}
+SCRIPTED = ScriptedProvider()
+
+
+def _real_providers() -> dict:
+    from .providers import OpenAIProvider
+
+    return {"openai": OpenAIProvider()}
 
 
 def model_complete(*, provider: str, script: list[dict], model: str, request: ModelRequest) -> ModelResponse:
-    try:
-        impl = PROVIDERS[provider]
-    except KeyError:
-        raise StepFailure(f"unknown model provider {provider!r}", "validation") from None
-    return impl.complete(script=script, model=model, request=request)
+    if provider == "scripted":
+        return SCRIPTED.complete(script=script, model=model, request=request)
+    impl = _real_providers().get(provider)
+    if impl is None:
+        raise StepFailure(f"unknown model provider {provider!r}", "validation")
+    return _call_with_retries(impl, model, request)
+
+
+def _call_with_retries(impl, model: str, request: ModelRequest) -> ModelResponse:
+    from .providers import ProviderRetryable
+
+    cfg = settings.WARDEN
+    for tries in range(1, cfg["MODEL_RETRIES"] + 2):
+        wait = circuit_open_for(impl.name)
+        if wait:
+            raise StepFailure(f"model provider {impl.name} is failing; its breaker is open for {wait:.0f}s", "provider")
+        try:
+            response = impl.complete(model=model, request=request)
+        except ProviderRetryable as exc:
+            _circuit_record(impl.name, ok=False)
+            if tries > cfg["MODEL_RETRIES"]:
+                raise TransientFailure(f"model call failed after {tries} tries: {exc}") from exc
+            delay = _retry_delay(tries, exc.retry_after)
+            log.info("model %s/%s: %s; try %s in %.2fs", impl.name, model, exc, tries + 1, delay)
+            time.sleep(delay)
+            continue
+        _circuit_record(impl.name, ok=True)
+        response.retries = tries - 1
+        response.cost_micros = cost_micros(impl.name, model, response.tokens_in, response.tokens_out)
+        return response
+    raise AssertionError("unreachable")
+
+
+def _retry_delay(tries: int, retry_after: float | None) -> float:
+    """The provider's Retry-After when it gave one, else exponential backoff with full jitter; both capped."""
+    cfg = settings.WARDEN
+    cap = cfg["MODEL_RETRY_CAP_SECONDS"]
+    if retry_after is not None:
+        return min(cap, retry_after)
+    return random.uniform(0, min(cap, cfg["MODEL_RETRY_BASE_SECONDS"] * 2 ** (tries - 1)))
+
+
+def cost_micros(provider: str, model: str, tokens_in: int, tokens_out: int) -> int:
+    """The price table applied to the tokens: USD per million tokens is micro-dollars per token."""
+    from .models import ModelPrice
+
+    price = ModelPrice.objects.filter(provider=provider, model=model).first()
+    if price is None:
+        log.warning("no price for %s/%s: its calls cost nothing in budgets until one is set", provider, model)
+        return 0
+    total = Decimal(tokens_in) * price.input_usd_per_mtok + Decimal(tokens_out) * price.output_usd_per_mtok
+    return int(total.to_integral_value())
+
+
+# --- the breaker, per provider, in the shared cache (Redis in scaled mode) --------------------------------
+
+
+def _circuit_key(provider: str) -> str:
+    return f"warden:model-circuit:{provider}"
+
+
+def circuit_reset(provider: str = "openai") -> None:
+    cache.delete(_circuit_key(provider))
+
+
+def circuit_open_for(provider: str) -> float:
+    state = cache.get(_circuit_key(provider)) or {}
+    return max(0.0, state.get("open_until", 0) - time.time())
+
+
+def _circuit_record(provider: str, ok: bool) -> None:
+    key = _circuit_key(provider)
+    if ok:
+        if cache.get(key):
+            cache.delete(key)
+        return
+    cfg = settings.WARDEN
+    state = cache.get(key) or {"failures": 0, "open_until": 0}
+    state["failures"] += 1
+    if state["failures"] >= cfg["MODEL_CIRCUIT_FAILURES"]:
+        state = {"failures": 0, "open_until": time.time() + cfg["MODEL_CIRCUIT_OPEN_SECONDS"]}
+        log.warning("model provider %s: breaker open for %ss", provider, cfg["MODEL_CIRCUIT_OPEN_SECONDS"])
+    cache.set(key, state, timeout=max(60, int(cfg["MODEL_CIRCUIT_OPEN_SECONDS"]) + 1))

@@ -6,6 +6,7 @@ from django.db import models
 class Agent(models.Model):
     class Provider(models.TextChoices):
         SCRIPTED = "scripted"
+        OPENAI = "openai", "OpenAI-compatible (OpenAI, vLLM, Ollama, LM Studio…)"
         EXTERNAL = "external"  # runs elsewhere; reports its steps through the API
 
     slug = models.SlugField(max_length=64, unique=True)
@@ -27,6 +28,23 @@ class Agent(models.Model):
 
     def __str__(self) -> str:
         return self.slug
+
+
+class ModelPrice(models.Model):
+    """The price table the gateway charges model calls by. USD per million tokens is also micro-dollars
+    per token, the unit budgets count in."""
+
+    provider = models.CharField(max_length=32, choices=Agent.Provider.choices)
+    model = models.CharField(max_length=100)
+    input_usd_per_mtok = models.DecimalField(max_digits=10, decimal_places=4)
+    output_usd_per_mtok = models.DecimalField(max_digits=10, decimal_places=4)
+
+    class Meta:
+        ordering = ["provider", "model"]
+        constraints = [models.UniqueConstraint(fields=["provider", "model"], name="one_price_per_model")]
+
+    def __str__(self) -> str:
+        return f"{self.provider}/{self.model}"
 
 
 class Workflow(models.Model):

@@ -108,6 +108,7 @@ class Task(models.Model):
         LOOP = "loop"
         CRASH = "crash"
         AMBIGUOUS = "ambiguous"
+        PROVIDER = "provider"  # the model provider is failing (its breaker is open): a human looks
         PERMANENT = "permanent"
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="tasks")

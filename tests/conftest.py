@@ -217,9 +217,11 @@ def events_publisher_stopped(django_db_setup, django_db_blocker):
 @pytest.fixture(autouse=True)
 def closed_circuits():
     """Tool circuit breakers live in the cache, which outlives a test: every test starts with them closed."""
+    from agents.gateway import circuit_reset as model_circuit_reset
     from tools.broker import circuit_reset
 
     circuit_reset()
+    model_circuit_reset("openai")
 
 
 class WebhookReceiver:

@@ -210,6 +210,16 @@ WARDEN = {
     # Tools: consecutive failures that open a tool's circuit, and for how long it stays open.
     "TOOL_CIRCUIT_FAILURES": int(os.environ.get("WARDEN_TOOL_CIRCUIT_FAILURES", 5)),
     "TOOL_CIRCUIT_OPEN_SECONDS": _env_float("WARDEN_TOOL_CIRCUIT_OPEN_SECONDS", 30),
+    # The model gateway (agents/gateway.py): retries of 429, 5xx and timeouts, and a breaker per provider.
+    "MODEL_RETRIES": int(os.environ.get("WARDEN_MODEL_RETRIES", 3)),
+    "MODEL_RETRY_BASE_SECONDS": _env_float("WARDEN_MODEL_RETRY_BASE_SECONDS", 1.0),
+    "MODEL_RETRY_CAP_SECONDS": _env_float("WARDEN_MODEL_RETRY_CAP_SECONDS", 30),
+    "MODEL_TIMEOUT_SECONDS": _env_float("WARDEN_MODEL_TIMEOUT_SECONDS", 120),
+    "MODEL_CIRCUIT_FAILURES": int(os.environ.get("WARDEN_MODEL_CIRCUIT_FAILURES", 5)),
+    "MODEL_CIRCUIT_OPEN_SECONDS": _env_float("WARDEN_MODEL_CIRCUIT_OPEN_SECONDS", 60),
+    # An OpenAI-compatible endpoint; the key is read from the environment at each call, never stored.
+    "OPENAI_BASE_URL": os.environ.get("WARDEN_OPENAI_BASE_URL", "https://api.openai.com/v1"),
+    "OPENAI_API_KEY_ENV": os.environ.get("WARDEN_OPENAI_API_KEY_ENV", "OPENAI_API_KEY"),
     # Integration API: Idempotency-Key records are kept this long (at least 72 h); one whose request died
     # is free again after IN_FLIGHT seconds. Requests per token and minute before a 429.
     "IDEMPOTENCY_KEEP_HOURS": _env_float("WARDEN_IDEMPOTENCY_KEEP_HOURS", 72),

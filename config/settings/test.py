@@ -26,6 +26,9 @@ for _key, _value in {
     "SWEEP_INTERVAL_SECONDS": 0.2,
     "CANCEL_GRACE_SECONDS": 2.0,
     "WEBHOOK_RETRY_BASE_SECONDS": 0.2,
+    "MODEL_RETRY_BASE_SECONDS": 0.05,
+    "MODEL_RETRY_CAP_SECONDS": 2.0,
+    "MODEL_TIMEOUT_SECONDS": 5.0,
 }.items():
     if f"WARDEN_{_key}" not in os.environ:
         WARDEN[_key] = _value

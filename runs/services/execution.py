@@ -209,6 +209,7 @@ def _attempt(lease: Lease):
                         journal=state.journal,
                     ),
                     context={"deps": deps, "last": state.last_result or {}, "input": run.input, "task": task.key},
+                    tool_names=list(task.allowed_tools),
                 )
                 started = timezone.now()
                 try:

@@ -1,0 +1,141 @@
+"""Real model providers behind the gateway. Each turns a ModelRequest into one call of its SDK and the
+answer into a ModelResponse; the gateway (agents/gateway.py) retries, limits and prices around it.
+
+Errors are mapped to two kinds: ``ProviderRetryable`` (429, 5xx, timeouts, a garbled answer — worth
+another try, after ``retry_after`` seconds if the provider said so) and StepFailure for what another
+try would not fix (a 400, a refused key).
+"""
+
+import json
+import os
+
+from django.conf import settings
+
+from runs.errors import StepFailure
+
+from .gateway import ModelRequest, ModelResponse
+
+
+class ProviderRetryable(Exception):
+    def __init__(self, message: str, retry_after: float | None = None):
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+def _retry_after(headers) -> float | None:
+    """Seconds from a Retry-After header (only the delta-seconds form; a date is rare from model APIs)."""
+    value = (headers or {}).get("retry-after")
+    try:
+        return max(0.0, float(value)) if value is not None else None
+    except ValueError:
+        return None
+
+
+# OpenAI function names allow [a-zA-Z0-9_-]; Warden's tools are named system.action.
+def _function_name(tool: str) -> str:
+    return tool.replace(".", "__")
+
+
+def _tool_name(function: str) -> str:
+    return function.replace("__", ".")
+
+
+def tool_functions(tool_names: list[str]) -> list[dict]:
+    """The tools an agent may call, as function declarations from their pydantic argument models."""
+    from tools.registry import TOOLS  # the tools app builds on the engine; only the names cross
+
+    functions = []
+    for name in tool_names:
+        spec = TOOLS.get(name)
+        if spec is None or spec.internal:
+            continue
+        functions.append(
+            {
+                "type": "function",
+                "function": {
+                    "name": _function_name(name),
+                    "description": (spec.description or name)[:1000],
+                    "parameters": spec.arguments.model_json_schema(),
+                },
+            }
+        )
+    return functions
+
+
+class OpenAIProvider:
+    """Any OpenAI-compatible chat-completions endpoint, through the official SDK (its own retries are off:
+    the gateway retries, once, for every provider)."""
+
+    name = "openai"
+
+    def _client(self):
+        import openai
+
+        variable = settings.WARDEN["OPENAI_API_KEY_ENV"]
+        key = os.environ.get(variable, "")
+        if not key:
+            raise StepFailure(f"no API key for the openai provider (${variable} is not set)", "validation")
+        return openai.OpenAI(
+            api_key=key,
+            base_url=settings.WARDEN["OPENAI_BASE_URL"],
+            max_retries=0,
+            timeout=settings.WARDEN["MODEL_TIMEOUT_SECONDS"],
+        )
+
+    def complete(self, *, model: str, request: ModelRequest) -> ModelResponse:
+        import openai
+
+        body = {
+            "model": model,
+            "messages": [
+                {"role": "system", "content": request.instructions or "You are a careful agent."},
+                {"role": "user", "content": request.prompt},
+            ],
+        }
+        functions = tool_functions(request.tool_names)
+        if functions:
+            body["tools"] = functions
+        try:
+            completion = self._client().chat.completions.create(**body)
+        except openai.RateLimitError as exc:
+            raise ProviderRetryable("429 rate limited", _retry_after(exc.response.headers)) from exc
+        except openai.APIStatusError as exc:
+            code = exc.status_code
+            if code >= 500 or code in (408, 409):
+                raise ProviderRetryable(f"{code} from the provider", _retry_after(exc.response.headers)) from exc
+            raise StepFailure(f"the provider refused the call ({code}): {exc.message[:300]}", "permanent") from exc
+        except (openai.APITimeoutError, openai.APIConnectionError) as exc:
+            raise ProviderRetryable(f"no answer: {exc.__class__.__name__}") from exc
+        except (openai.APIResponseValidationError, json.JSONDecodeError, ValueError) as exc:
+            raise ProviderRetryable(f"an answer that is not the protocol's JSON: {exc!r}"[:300]) from exc
+        return _openai_response(completion, model)
+
+
+def _openai_response(completion, model: str) -> ModelResponse:
+    try:
+        message = completion.choices[0].message
+    except (AttributeError, IndexError, TypeError) as exc:
+        raise ProviderRetryable("an answer without a choice") from exc
+    usage = getattr(completion, "usage", None)
+    response = ModelResponse(
+        model=getattr(completion, "model", None) or model,
+        text=message.content or "",
+        tokens_in=int(getattr(usage, "prompt_tokens", 0) or 0),
+        tokens_out=int(getattr(usage, "completion_tokens", 0) or 0),
+    )
+    calls = message.tool_calls or []
+    if calls:
+        function = calls[0].function
+        try:
+            arguments = json.loads(function.arguments or "{}")
+        except json.JSONDecodeError:
+            # Kept as text: the broker answers the model with a structured error, and the loop guard counts it.
+            arguments = function.arguments[:4000]
+        response.tool_call = {"name": _tool_name(function.name), "arguments": arguments}
+        return response
+    # No tool call: the final answer, JSON when the model wrote JSON (the task's output schema decides).
+    try:
+        response.final = json.loads(response.text)
+    except json.JSONDecodeError:
+        response.final = response.text
+    return response

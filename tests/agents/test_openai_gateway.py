@@ -1,0 +1,179 @@
+"""The gateway with a real provider: the official openai SDK talks to a local HTTP server that speaks the
+chat-completions protocol (tool calls, 429 with Retry-After, 500, garbled JSON). Nothing of the SDK is
+mocked: what is checked is what went over the wire and what the run recorded."""
+
+import http.server
+import json
+import threading
+import time
+
+import pytest
+
+from agents.gateway import ModelRequest, circuit_reset, model_complete
+from agents.models import Agent, ModelPrice, Workflow
+from runs.errors import StepFailure
+from runs.models import Run, Span
+from runs.services import run_start
+from tests.conftest import wait_for
+
+API_KEY = "sk-test-canary-7f3a91"
+
+
+def completion(*, content=None, tool=None, arguments="{}", prompt_tokens=1000, completion_tokens=200) -> dict:
+    message = {"role": "assistant", "content": content}
+    if tool:
+        message["tool_calls"] = [
+            {"id": "call_1", "type": "function", "function": {"name": tool, "arguments": arguments}}
+        ]
+    return {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "created": 1764400000,
+        "model": "gpt-test",
+        "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls" if tool else "stop"}],
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        },
+    }
+
+
+class FakeOpenAI:
+    """Answers POST /v1/chat/completions from a queue of (status, headers, body); records each request."""
+
+    def __init__(self):
+        self.queue: list[tuple[int, dict, bytes]] = []
+        self.default: tuple[int, dict, bytes] | None = None
+        self.requests: list[dict] = []
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                server.requests.append(
+                    {
+                        "at": time.monotonic(),
+                        "path": self.path,
+                        "headers": {k.lower(): v for k, v in self.headers.items()},
+                        "json": json.loads(body),
+                    }
+                )
+                status, headers, payload = server.queue.pop(0) if server.queue else server.default
+                self.send_response(status)
+                for name, value in {"Content-Type": "application/json", **headers}.items():
+                    self.send_header(name, value)
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def answer(self, status=200, body=None, headers=None, raw: bytes | None = None):
+        self.queue.append((status, headers or {}, raw if raw is not None else json.dumps(body).encode()))
+
+
+@pytest.fixture
+def provider(settings, monkeypatch):
+    fake = FakeOpenAI()
+    settings.WARDEN = {**settings.WARDEN, "OPENAI_BASE_URL": fake.url, "OPENAI_API_KEY_ENV": "WARDEN_TEST_OPENAI_KEY"}
+    monkeypatch.setenv("WARDEN_TEST_OPENAI_KEY", API_KEY)
+    circuit_reset("openai")
+    yield fake
+    circuit_reset("openai")
+    fake.httpd.shutdown()
+    fake.httpd.server_close()
+
+
+def ask(**request) -> object:
+    request = ModelRequest(
+        agent_slug="gpt", instructions="Be brief.", prompt="Objective: look up c-1", turn=1, attempt=1, **request
+    )
+    return model_complete(provider="openai", script=[], model="gpt-test", request=request)
+
+
+def test_a_tool_call_goes_out_with_the_tools_schemas_and_comes_back_parsed(provider, db):
+    provider.answer(body=completion(tool="crm__read", arguments='{"customer_id": "c-1"}'))
+    response = ask(tool_names=["crm.read", "no.such-tool"])
+    assert response.tool_call == {"name": "crm.read", "arguments": {"customer_id": "c-1"}}
+    assert (response.tokens_in, response.tokens_out, response.retries) == (1000, 200, 0)
+
+    [sent] = provider.requests
+    assert sent["path"] == "/v1/chat/completions" and sent["headers"]["authorization"] == f"Bearer {API_KEY}"
+    assert sent["json"]["model"] == "gpt-test"
+    assert [m["role"] for m in sent["json"]["messages"]] == ["system", "user"]
+    [tool] = sent["json"]["tools"]  # an unknown tool is not offered
+    assert tool["function"]["name"] == "crm__read"
+    assert "customer_id" in tool["function"]["parameters"]["properties"]
+
+
+def test_garbled_tool_arguments_reach_the_broker_as_text_and_a_garbled_answer_is_retried(provider, db):
+    provider.answer(raw=b'{"choices": [')  # not JSON at all
+    provider.answer(body=completion(tool="crm__read", arguments='{"customer_id": '))
+    response = ask(tool_names=["crm.read"])
+    assert response.retries == 1 and len(provider.requests) == 2
+    assert response.tool_call == {"name": "crm.read", "arguments": '{"customer_id": '}
+
+
+def test_a_refusal_is_not_retried(provider, db):
+    provider.answer(400, {"error": {"message": "model not found", "type": "invalid_request_error"}})
+    with pytest.raises(StepFailure, match="refused the call \\(400\\)"):
+        ask()
+    assert len(provider.requests) == 1
+
+
+def test_no_key_in_the_environment_is_a_clear_error_and_no_call(provider, db, monkeypatch):
+    monkeypatch.delenv("WARDEN_TEST_OPENAI_KEY")
+    with pytest.raises(StepFailure, match="WARDEN_TEST_OPENAI_KEY is not set"):
+        ask()
+    assert provider.requests == []
+
+
+@pytest.fixture
+def one_model_workflow(transactional_db):
+    agent = Agent.objects.create(slug="gpt", name="GPT", provider="openai", model="gpt-test", max_attempts=3)
+    ModelPrice.objects.create(provider="openai", model="gpt-test", input_usd_per_mtok="2.5", output_usd_per_mtok="10")
+    return Workflow.objects.create(
+        slug="ask-gpt", name="Ask", tasks=[{"key": "answer", "agent": agent.slug, "objective": "Answer."}]
+    )
+
+
+def test_429_twice_then_200_is_one_journaled_call_paid_once(provider, one_model_workflow, worker):
+    limited = {"error": {"message": "slow down", "type": "rate_limit_error"}}
+    provider.answer(429, limited, headers={"Retry-After": "0.6"})
+    provider.answer(429, limited, headers={"Retry-After": "0.6"})
+    provider.answer(body=completion(content='{"answer": "42"}', prompt_tokens=1234, completion_tokens=321))
+    run = run_start(workflow="ask-gpt")
+    wait_for(lambda: Run.objects.get(id=run.id).is_terminal, timeout=30, message="the run")
+
+    run.refresh_from_db()
+    assert run.status == "completed", run.status_reason
+    assert len(provider.requests) == 3
+    gaps = [b["at"] - a["at"] for a, b in zip(provider.requests, provider.requests[1:], strict=False)]
+    assert all(gap >= 0.55 for gap in gaps), gaps  # Retry-After honoured
+    [call] = Span.objects.filter(run=run, kind="model_call")
+    assert call.body["retries"] == 2 and (call.tokens_in, call.tokens_out) == (1234, 321)
+    # The price table applied to the recorded tokens, once: 1234 × 2.5 + 321 × 10 micro-dollars.
+    assert call.cost_micros == run.cost_micros == 6295
+    assert run.tokens_used == 1555
+    assert not any(API_KEY in json.dumps([s.body, s.attributes], default=str) for s in Span.objects.filter(run=run))
+
+
+def test_a_provider_that_is_down_opens_the_breaker_and_the_run_waits_for_a_human(provider, one_model_workflow, worker):
+    provider.default = (500, {}, json.dumps({"error": {"message": "upstream down"}}).encode())
+    run = run_start(workflow="ask-gpt")
+    wait_for(lambda: Run.objects.get(id=run.id).status != "running", timeout=30, message="the run to stop")
+
+    run.refresh_from_db()
+    assert run.status == "needs_attention" and "breaker is open" in run.status_reason
+    task = run.tasks.get()
+    assert task.failure_class == "provider" and task.attempts == 2  # retried once, then the breaker
+    # Five tries in all (MODEL_CIRCUIT_FAILURES), none of them paid or journaled as an answer.
+    assert len(provider.requests) == 5
+    assert run.cost_micros == 0 and run.tokens_used == 0
+    assert not Span.objects.filter(run=run, kind="model_call", status="ok").exists()
