@@ -137,9 +137,9 @@ SCRIPTED = ScriptedProvider()
 
 
 def _real_providers() -> dict:
-    from .providers import OpenAIProvider
+    from .providers import AnthropicProvider, OpenAIProvider
 
-    return {"openai": OpenAIProvider()}
+    return {"openai": OpenAIProvider(), "anthropic": AnthropicProvider()}
 
 
 def model_complete(*, provider: str, script: list[dict], model: str, request: ModelRequest) -> ModelResponse:
@@ -204,8 +204,8 @@ def _circuit_key(provider: str) -> str:
     return f"warden:model-circuit:{provider}"
 
 
-def circuit_reset(provider: str = "openai") -> None:
-    cache.delete(_circuit_key(provider))
+def circuit_reset(provider: str | None = None) -> None:
+    cache.delete_many([_circuit_key(p) for p in ([provider] if provider else ["openai", "anthropic"])])
 
 
 def circuit_open_for(provider: str) -> float:

@@ -7,6 +7,7 @@ class Agent(models.Model):
     class Provider(models.TextChoices):
         SCRIPTED = "scripted"
         OPENAI = "openai", "OpenAI-compatible (OpenAI, vLLM, Ollama, LM Studio…)"
+        ANTHROPIC = "anthropic", "Anthropic (messages API)"
         EXTERNAL = "external"  # runs elsewhere; reports its steps through the API
 
     slug = models.SlugField(max_length=64, unique=True)

@@ -111,6 +111,80 @@ class OpenAIProvider:
         return _openai_response(completion, model)
 
 
+class AnthropicProvider:
+    """Anthropic's messages API through the official SDK (its own retries off, as for OpenAI)."""
+
+    name = "anthropic"
+
+    def _client(self):
+        import anthropic
+
+        variable = settings.WARDEN["ANTHROPIC_API_KEY_ENV"]
+        key = os.environ.get(variable, "")
+        if not key:
+            raise StepFailure(f"no API key for the anthropic provider (${variable} is not set)", "validation")
+        return anthropic.Anthropic(
+            api_key=key,
+            base_url=settings.WARDEN["ANTHROPIC_BASE_URL"],
+            max_retries=0,
+            timeout=settings.WARDEN["MODEL_TIMEOUT_SECONDS"],
+        )
+
+    def complete(self, *, model: str, request: ModelRequest) -> ModelResponse:
+        import anthropic
+
+        body = {
+            "model": model,
+            "max_tokens": settings.WARDEN["ANTHROPIC_MAX_TOKENS"],
+            "system": request.instructions or "You are a careful agent.",
+            "messages": [{"role": "user", "content": request.prompt}],
+        }
+        tools = [
+            {"name": f["function"]["name"], "description": f["function"]["description"],
+             "input_schema": f["function"]["parameters"]}
+            for f in tool_functions(request.tool_names)
+        ]  # fmt: skip
+        if tools:
+            body["tools"] = tools
+        try:
+            message = self._client().messages.create(**body)
+        except anthropic.RateLimitError as exc:
+            raise ProviderRetryable("429 rate limited", _retry_after(exc.response.headers)) from exc
+        except anthropic.APIStatusError as exc:
+            code = exc.status_code
+            if code >= 500 or code in (408, 409, 529):  # 529: overloaded
+                raise ProviderRetryable(f"{code} from the provider", _retry_after(exc.response.headers)) from exc
+            raise StepFailure(f"the provider refused the call ({code}): {exc.message[:300]}", "permanent") from exc
+        except (anthropic.APITimeoutError, anthropic.APIConnectionError) as exc:
+            raise ProviderRetryable(f"no answer: {exc.__class__.__name__}") from exc
+        except (anthropic.APIResponseValidationError, json.JSONDecodeError, ValueError) as exc:
+            raise ProviderRetryable(f"an answer that is not the protocol's JSON: {exc!r}"[:300]) from exc
+        return _anthropic_response(message, model)
+
+
+def _anthropic_response(message, model: str) -> ModelResponse:
+    blocks = getattr(message, "content", None)
+    if not isinstance(blocks, list):
+        raise ProviderRetryable("an answer without content")
+    usage = getattr(message, "usage", None)
+    text = "".join(getattr(b, "text", "") for b in blocks if getattr(b, "type", "") == "text")
+    response = ModelResponse(
+        model=getattr(message, "model", None) or model,
+        text=text,
+        tokens_in=int(getattr(usage, "input_tokens", 0) or 0),
+        tokens_out=int(getattr(usage, "output_tokens", 0) or 0),
+    )
+    uses = [b for b in blocks if getattr(b, "type", "") == "tool_use"]
+    if uses:
+        response.tool_call = {"name": _tool_name(uses[0].name), "arguments": uses[0].input}
+        return response
+    try:
+        response.final = json.loads(text)
+    except json.JSONDecodeError:
+        response.final = text
+    return response
+
+
 def _openai_response(completion, model: str) -> ModelResponse:
     try:
         message = completion.choices[0].message

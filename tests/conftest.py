@@ -221,7 +221,7 @@ def closed_circuits():
     from tools.broker import circuit_reset
 
     circuit_reset()
-    model_circuit_reset("openai")
+    model_circuit_reset()
 
 
 class WebhookReceiver:

@@ -220,6 +220,9 @@ WARDEN = {
     # An OpenAI-compatible endpoint; the key is read from the environment at each call, never stored.
     "OPENAI_BASE_URL": os.environ.get("WARDEN_OPENAI_BASE_URL", "https://api.openai.com/v1"),
     "OPENAI_API_KEY_ENV": os.environ.get("WARDEN_OPENAI_API_KEY_ENV", "OPENAI_API_KEY"),
+    "ANTHROPIC_BASE_URL": os.environ.get("WARDEN_ANTHROPIC_BASE_URL", "https://api.anthropic.com"),
+    "ANTHROPIC_API_KEY_ENV": os.environ.get("WARDEN_ANTHROPIC_API_KEY_ENV", "ANTHROPIC_API_KEY"),
+    "ANTHROPIC_MAX_TOKENS": int(os.environ.get("WARDEN_ANTHROPIC_MAX_TOKENS", 4096)),
     # Integration API: Idempotency-Key records are kept this long (at least 72 h); one whose request died
     # is free again after IN_FLIGHT seconds. Requests per token and minute before a 429.
     "IDEMPOTENCY_KEEP_HOURS": _env_float("WARDEN_IDEMPOTENCY_KEEP_HOURS", 72),

@@ -1,6 +1,6 @@
-"""The gateway with a real provider: the official openai SDK talks to a local HTTP server that speaks the
-chat-completions protocol (tool calls, 429 with Retry-After, 500, garbled JSON). Nothing of the SDK is
-mocked: what is checked is what went over the wire and what the run recorded."""
+"""The gateway with real providers: the official openai and anthropic SDKs talk to a local HTTP server
+that speaks their protocol (tool calls, 429 with Retry-After, 500, 529, garbled JSON). Nothing of the
+SDKs is mocked: what is checked is what went over the wire and what the run recorded."""
 
 import http.server
 import json
@@ -81,20 +81,58 @@ class FakeOpenAI:
 @pytest.fixture
 def provider(settings, monkeypatch):
     fake = FakeOpenAI()
-    settings.WARDEN = {**settings.WARDEN, "OPENAI_BASE_URL": fake.url, "OPENAI_API_KEY_ENV": "WARDEN_TEST_OPENAI_KEY"}
+    settings.WARDEN = {
+        **settings.WARDEN,
+        "OPENAI_BASE_URL": fake.url,
+        "OPENAI_API_KEY_ENV": "WARDEN_TEST_OPENAI_KEY",
+        "ANTHROPIC_BASE_URL": fake.url.removesuffix("/v1"),
+        "ANTHROPIC_API_KEY_ENV": "WARDEN_TEST_ANTHROPIC_KEY",
+    }
     monkeypatch.setenv("WARDEN_TEST_OPENAI_KEY", API_KEY)
-    circuit_reset("openai")
+    monkeypatch.setenv("WARDEN_TEST_ANTHROPIC_KEY", API_KEY)
+    circuit_reset()
     yield fake
-    circuit_reset("openai")
+    circuit_reset()
     fake.httpd.shutdown()
     fake.httpd.server_close()
 
 
-def ask(**request) -> object:
+def ask(provider="openai", **request) -> object:
     request = ModelRequest(
         agent_slug="gpt", instructions="Be brief.", prompt="Objective: look up c-1", turn=1, attempt=1, **request
     )
-    return model_complete(provider="openai", script=[], model="gpt-test", request=request)
+    return model_complete(provider=provider, script=[], model="gpt-test", request=request)
+
+
+def message(*blocks, input_tokens=900, output_tokens=80) -> dict:
+    return {
+        "id": "msg_1",
+        "type": "message",
+        "role": "assistant",
+        "model": "claude-test",
+        "content": list(blocks),
+        "stop_reason": "tool_use" if any(b["type"] == "tool_use" for b in blocks) else "end_turn",
+        "stop_sequence": None,
+        "usage": {"input_tokens": input_tokens, "output_tokens": output_tokens},
+    }
+
+
+def test_anthropic_tool_use_goes_out_with_input_schemas_and_comes_back_parsed(provider, db):
+    overloaded = {"type": "error", "error": {"type": "overloaded_error", "message": "overloaded"}}
+    provider.answer(529, overloaded)
+    provider.answer(
+        body=message({"type": "tool_use", "id": "toolu_1", "name": "crm__read", "input": {"customer_id": "c-1"}})
+    )
+    provider.answer(body=message({"type": "text", "text": '{"answer": "42"}'}))
+    response = ask("anthropic", tool_names=["crm.read"])
+    assert response.tool_call == {"name": "crm.read", "arguments": {"customer_id": "c-1"}}
+    assert (response.tokens_in, response.tokens_out, response.retries) == (900, 80, 1)  # the 529 was retried
+    sent = provider.requests[-1]
+    assert sent["path"] == "/v1/messages" and sent["headers"]["authorization"] == f"Bearer {API_KEY}"
+    assert sent["json"]["system"] == "Be brief." and sent["json"]["messages"][0]["role"] == "user"
+    [tool] = sent["json"]["tools"]
+    assert tool["name"] == "crm__read" and "customer_id" in tool["input_schema"]["properties"]
+    assert ask("anthropic").final == {"answer": "42"}
 
 
 def test_a_tool_call_goes_out_with_the_tools_schemas_and_comes_back_parsed(provider, db):
