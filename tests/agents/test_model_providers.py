@@ -45,6 +45,7 @@ class FakeOpenAI:
     def __init__(self):
         self.queue: list[tuple[int, dict, bytes]] = []
         self.default: tuple[int, dict, bytes] | None = None
+        self.respond = None  # or a function of the request's JSON that answers 200 with its result
         self.requests: list[dict] = []
         server = self
 
@@ -59,7 +60,10 @@ class FakeOpenAI:
                         "json": json.loads(body),
                     }
                 )
-                status, headers, payload = server.queue.pop(0) if server.queue else server.default
+                if server.respond is not None:
+                    status, headers, payload = 200, {}, json.dumps(server.respond(server.requests[-1]["json"])).encode()
+                else:
+                    status, headers, payload = server.queue.pop(0) if server.queue else server.default
                 self.send_response(status)
                 for name, value in {"Content-Type": "application/json", **headers}.items():
                     self.send_header(name, value)
@@ -215,3 +219,62 @@ def test_a_provider_that_is_down_opens_the_breaker_and_the_run_waits_for_a_human
     assert len(provider.requests) == 5
     assert run.cost_micros == 0 and run.tokens_used == 0
     assert not Span.objects.filter(run=run, kind="model_call", status="ok").exists()
+
+
+class IncidentModel:
+    """A model behind the OpenAI protocol that handles incident-fanout the way the demo's script does, from
+    what the request carries: the agent's instructions (system), its objective, and how many turns the
+    same task has had. It knows nothing of Warden's internals."""
+
+    def __init__(self, fake: FakeOpenAI):
+        self.fake, self.turns = fake, {}
+        fake.respond = self.respond
+
+    def respond(self, request: dict) -> dict:
+        system, prompt = request["messages"][0]["content"], request["messages"][1]["content"]
+        objective = prompt.splitlines()[0]
+        turn = self.turns[objective] = self.turns.get(objective, 0) + 1
+        if system.startswith("Split the incident"):
+            workers = [{"key": f"worker-{n}", "agent": "incident-worker", "objective": f"Handle customer {n}"}
+                       for n in range(1, 4)]  # fmt: skip
+            summary = {"key": "summary", "agent": "incident-summarizer", "objective": "Summarise",
+                       "depends_on": [w["key"] for w in workers]}  # fmt: skip
+            return completion(content=json.dumps({"tasks": [*workers, summary]}))
+        if system.startswith("Summarise"):
+            return completion(content=json.dumps({"summary": "3 customers handled"}))
+        customer = f"cust-{objective.rsplit(' ', 1)[-1]}"
+        calls = [
+            ("crm__read", {"customer_id": customer}),
+            ("tickets__create", {"customer_id": customer, "title": "Incident follow-up"}),
+            ("crm__update", {"customer_id": customer, "fields": {"incident_ticket": "open"}}),
+            ("email__send", {"to": f"{customer}@customers.example", "subject": "Incident", "body": "On it."}),
+        ]
+        if turn <= len(calls):
+            name, arguments = calls[turn - 1]
+            return completion(tool=name, arguments=json.dumps(arguments), prompt_tokens=500, completion_tokens=40)
+        return completion(content=json.dumps({"summary": f"{customer}: handled"}), prompt_tokens=700)
+
+
+def test_incident_fanout_runs_end_to_end_on_a_model_behind_the_openai_protocol(provider, demo_tx, worker):
+    from tools.models import SandboxCall, ToolOperation
+
+    IncidentModel(provider)
+    Agent.objects.filter(slug__startswith="incident-").update(provider="openai", model="gpt-test")
+    ModelPrice.objects.create(provider="openai", model="gpt-test", input_usd_per_mtok="2.5", output_usd_per_mtok="10")
+    run = run_start(workflow="incident-fanout")
+    wait_for(lambda: Run.objects.get(id=run.id).status != "running", timeout=60, message="the run to end")
+
+    run.refresh_from_db()
+    assert run.status == "completed", run.status_reason
+    # 1 plan + 3 workers × (4 tool calls + 1 answer) + 1 summary, each journaled once.
+    assert len(provider.requests) == 17
+    calls = Span.objects.filter(run=run, kind="model_call")
+    assert calls.count() == 17
+    assert run.cost_micros == sum(c.tokens_in * 2.5 + c.tokens_out * 10 for c in calls)
+    for system in ("tickets", "email"):
+        effects = SandboxCall.objects.filter(system=system, is_effect=True)
+        assert effects.count() == 3 and len({e.idempotency_key for e in effects}) == 3
+    assert ToolOperation.objects.filter(run=run, status="committed").exclude(tool_class="read_only").count() == 9
+    worker_request = next(r for r in provider.requests if "tools" in r["json"])
+    offered = {t["function"]["name"] for t in worker_request["json"]["tools"]}
+    assert offered == {"crm__read", "tickets__create", "crm__update", "email__send"}
