@@ -55,11 +55,14 @@ class ModelResponse:
     cost_micros: int = 0
     model: str = ""
     retries: int = 0  # tries the gateway made before this answer
+    sent: dict | None = None  # what a real provider was sent (system and user messages), kept with the answer
 
     def as_journal(self) -> dict:
         body: dict[str, Any] = {"text": self.text}
         if self.retries:
             body["retries"] = self.retries
+        if self.sent is not None:
+            body["request"] = self.sent
         if self.tool_call is not None:
             body["tool_call"] = self.tool_call
         if self.final is not None:
@@ -134,6 +137,7 @@ class ScriptedProvider:
 
 
 SCRIPTED = ScriptedProvider()
+DEFAULT_INSTRUCTIONS = "You are a careful agent."  # the system message of an agent without instructions
 
 
 def _real_providers() -> dict:
@@ -155,6 +159,7 @@ def _call_with_retries(impl, model: str, request: ModelRequest) -> ModelResponse
     from .providers import ProviderRetryable
 
     cfg = settings.WARDEN
+    request.instructions = request.instructions or DEFAULT_INSTRUCTIONS
     for tries in range(1, cfg["MODEL_RETRIES"] + 2):
         wait = circuit_open_for(impl.name)
         if wait:
@@ -171,6 +176,9 @@ def _call_with_retries(impl, model: str, request: ModelRequest) -> ModelResponse
             continue
         _circuit_record(impl.name, ok=True)
         response.retries = tries - 1
+        # The prompt as sent, viewable on the model-call span. It holds no secret argument: those are
+        # sealed apart before anything is journaled, and keys never enter a prompt.
+        response.sent = {"system": request.instructions, "user": request.prompt, "tools": list(request.tool_names)}
         response.cost_micros = cost_micros(impl.name, model, response.tokens_in, response.tokens_out)
         return response
     raise AssertionError("unreachable")

@@ -23,6 +23,9 @@ def build_prompt(*, objective: str, output_schema: dict, dependencies: dict, jou
             parts.append(f"({older} earlier steps omitted)")
         for entry in journal[-RECENT_STEPS_IN_PROMPT:]:
             if "preview" not in entry:  # computed once per step, not once per prompt
-                entry["preview"] = f"Step {entry['step']} {entry['kind']} {entry['name']}: {_preview(entry['body'])}"
+                body = entry["body"]
+                if isinstance(body, dict):  # what was sent and how often: not part of the step's record
+                    body = {k: v for k, v in body.items() if k not in ("request", "retries")}
+                entry["preview"] = f"Step {entry['step']} {entry['kind']} {entry['name']}: {_preview(body)}"
             parts.append(entry["preview"])
     return "\n".join(parts)

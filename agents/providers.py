@@ -88,7 +88,7 @@ class OpenAIProvider:
         body = {
             "model": model,
             "messages": [
-                {"role": "system", "content": request.instructions or "You are a careful agent."},
+                {"role": "system", "content": request.instructions},
                 {"role": "user", "content": request.prompt},
             ],
         }
@@ -136,7 +136,7 @@ class AnthropicProvider:
         body = {
             "model": model,
             "max_tokens": settings.WARDEN["ANTHROPIC_MAX_TOKENS"],
-            "system": request.instructions or "You are a careful agent.",
+            "system": request.instructions,
             "messages": [{"role": "user", "content": request.prompt}],
         }
         tools = [

@@ -200,6 +200,9 @@ def test_429_twice_then_200_is_one_journaled_call_paid_once(provider, one_model_
     assert all(gap >= 0.55 for gap in gaps), gaps  # Retry-After honoured
     [call] = Span.objects.filter(run=run, kind="model_call")
     assert call.body["retries"] == 2 and (call.tokens_in, call.tokens_out) == (1234, 321)
+    # What was sent is kept with the answer, and it is what reached the provider.
+    sent = provider.requests[-1]["json"]["messages"]
+    assert call.body["request"]["system"] == sent[0]["content"] and call.body["request"]["user"] == sent[1]["content"]
     # The price table applied to the recorded tokens, once: 1234 × 2.5 + 321 × 10 micro-dollars.
     assert call.cost_micros == run.cost_micros == 6295
     assert run.tokens_used == 1555
@@ -278,3 +281,6 @@ def test_incident_fanout_runs_end_to_end_on_a_model_behind_the_openai_protocol(p
     worker_request = next(r for r in provider.requests if "tools" in r["json"])
     offered = {t["function"]["name"] for t in worker_request["json"]["tools"]}
     assert offered == {"crm__read", "tickets__create", "crm__update", "email__send"}
+    # A later prompt records the earlier steps, not the prompts that were sent for them.
+    later = [m for m in (r["json"]["messages"][1]["content"] for r in provider.requests) if "Step 3 model_call" in m]
+    assert later and not any('"request"' in m for m in later)
