@@ -14,6 +14,8 @@ are retried, paused by a breaker and priced.
   reported.
 """
 
+import dataclasses
+import hashlib
 import json
 import logging
 import random
@@ -43,6 +45,7 @@ class ModelRequest:
     attempt: int
     context: dict[str, Any] = field(default_factory=dict)  # values a scripted turn may quote
     tool_names: list[str] = field(default_factory=list)  # the tools the task may call
+    cache_seconds: int = 0  # the agent's: how long an identical request may be answered from the cache
 
 
 @dataclass
@@ -55,12 +58,15 @@ class ModelResponse:
     cost_micros: int = 0
     model: str = ""
     retries: int = 0  # tries the gateway made before this answer
+    cached: bool = False  # answered from the gateway's cache: no call made, nothing paid
     sent: dict | None = None  # what a real provider was sent (system and user messages), kept with the answer
 
     def as_journal(self) -> dict:
         body: dict[str, Any] = {"text": self.text}
         if self.retries:
             body["retries"] = self.retries
+        if self.cached:
+            body["cached"] = True
         if self.sent is not None:
             body["request"] = self.sent
         if self.tool_call is not None:
@@ -152,14 +158,28 @@ def model_complete(*, provider: str, script: list[dict], model: str, request: Mo
     impl = _real_providers().get(provider)
     if impl is None:
         raise StepFailure(f"unknown model provider {provider!r}", "validation")
-    return _call_with_retries(impl, model, request)
+    request.instructions = request.instructions or DEFAULT_INSTRUCTIONS
+    if not request.cache_seconds:
+        return _call_with_retries(impl, model, request)
+    key = _cache_key(provider, model, request)
+    hit = cache.get(key)
+    if hit is not None:
+        return ModelResponse(**{**hit, "cached": True, "retries": 0, "cost_micros": 0})
+    response = _call_with_retries(impl, model, request)
+    cache.set(key, dataclasses.asdict(response), timeout=request.cache_seconds)
+    return response
+
+
+def _cache_key(provider: str, model: str, request: ModelRequest) -> str:
+    """Identical requests: the same model, messages and tools (the prompt carries the task's own steps)."""
+    what = json.dumps([provider, model, request.instructions, request.prompt, sorted(request.tool_names)])
+    return f"warden:model-cache:{hashlib.sha256(what.encode()).hexdigest()}"
 
 
 def _call_with_retries(impl, model: str, request: ModelRequest) -> ModelResponse:
     from .providers import ProviderRetryable
 
     cfg = settings.WARDEN
-    request.instructions = request.instructions or DEFAULT_INSTRUCTIONS
     for tries in range(1, cfg["MODEL_RETRIES"] + 2):
         wait = circuit_open_for(impl.name)
         if wait:

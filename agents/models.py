@@ -20,6 +20,11 @@ class Agent(models.Model):
     script = models.JSONField(
         default=list, blank=True, help_text="Scripted provider: the model's turns, in order (see docs/agents.md)"
     )
+    cache_seconds = models.PositiveIntegerField(
+        default=0,
+        help_text="Real providers: reuse the answer to an identical request (same model, messages and tools) for "
+        "this long; 0: never. Only for an agent whose answers may repeat (temperature 0, no hidden state).",
+    )
     max_attempts = models.PositiveIntegerField(default=3)
     max_steps = models.PositiveIntegerField(null=True, blank=True)
     is_planner = models.BooleanField(default=False, help_text="Its output is a task plan")

@@ -162,6 +162,31 @@ def test_garbled_tool_arguments_reach_the_broker_as_text_and_a_garbled_answer_is
     assert response.tool_call == {"name": "crm.read", "arguments": '{"customer_id": '}
 
 
+def test_an_identical_request_of_a_caching_agent_is_answered_once_and_paid_once(provider, db):
+    import uuid
+
+    ModelPrice.objects.create(provider="openai", model="gpt-test", input_usd_per_mtok="2.5", output_usd_per_mtok="10")
+    prompt = f"Objective: look up c-1 ({uuid.uuid4()})"  # the cache is shared: nothing of another test's
+    for _ in range(2):
+        provider.answer(body=completion(content='{"answer": "42"}'))
+
+    def ask_cached(text, cache_seconds=60):
+        request = ModelRequest(agent_slug="gpt", instructions="", prompt=text, turn=1, attempt=1,
+                               cache_seconds=cache_seconds)  # fmt: skip
+        return model_complete(provider="openai", script=[], model="gpt-test", request=request)
+
+    first, again = ask_cached(prompt), ask_cached(prompt)
+    assert len(provider.requests) == 1
+    assert (first.cached, first.cost_micros) == (False, 4500)
+    assert (again.cached, again.cost_micros, again.final) == (True, 0, {"answer": "42"})
+    assert again.as_journal()["cached"] is True
+    ask_cached(prompt + " and c-2")  # another request: a call
+    assert len(provider.requests) == 2
+    provider.answer(body=completion(content="{}"))
+    ask_cached(prompt, cache_seconds=0)  # an agent that does not cache: a call, even for the same request
+    assert len(provider.requests) == 3
+
+
 def test_a_refusal_is_not_retried(provider, db):
     provider.answer(400, {"error": {"message": "model not found", "type": "invalid_request_error"}})
     with pytest.raises(StepFailure, match="refused the call \\(400\\)"):
