@@ -46,6 +46,7 @@ class ModelRequest:
     context: dict[str, Any] = field(default_factory=dict)  # values a scripted turn may quote
     tool_names: list[str] = field(default_factory=list)  # the tools the task may call
     cache_seconds: int = 0  # the agent's: how long an identical request may be answered from the cache
+    fallback: tuple[str, str] | None = None  # (provider, model) to use while the provider's breaker is open
 
 
 @dataclass
@@ -159,9 +160,24 @@ def model_complete(*, provider: str, script: list[dict], model: str, request: Mo
     if impl is None:
         raise StepFailure(f"unknown model provider {provider!r}", "validation")
     request.instructions = request.instructions or DEFAULT_INSTRUCTIONS
+    if request.fallback and request.fallback[0] != provider:
+        try:
+            return _cached_or_called(impl, model, request)
+        except StepFailure as exc:
+            if exc.failure_class != "provider":
+                raise
+            fallback = _real_providers().get(request.fallback[0])
+            if fallback is None:
+                raise
+            log.warning("model %s/%s: %s; falling back to %s/%s", provider, model, exc, *request.fallback)
+            return _cached_or_called(fallback, request.fallback[1], request)
+    return _cached_or_called(impl, model, request)
+
+
+def _cached_or_called(impl, model: str, request: ModelRequest) -> ModelResponse:
     if not request.cache_seconds:
         return _call_with_retries(impl, model, request)
-    key = _cache_key(provider, model, request)
+    key = _cache_key(impl.name, model, request)
     hit = cache.get(key)
     if hit is not None:
         return ModelResponse(**{**hit, "cached": True, "retries": 0, "cost_micros": 0})

@@ -20,6 +20,10 @@ class Agent(models.Model):
     script = models.JSONField(
         default=list, blank=True, help_text="Scripted provider: the model's turns, in order (see docs/agents.md)"
     )
+    fallback_provider = models.CharField(
+        max_length=32, choices=Provider.choices, blank=True, help_text="Used while the provider's breaker is open"
+    )
+    fallback_model = models.CharField(max_length=100, blank=True)
     cache_seconds = models.PositiveIntegerField(
         default=0,
         help_text="Real providers: reuse the answer to an identical request (same model, messages and tools) for "

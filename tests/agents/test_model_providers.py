@@ -309,3 +309,19 @@ def test_incident_fanout_runs_end_to_end_on_a_model_behind_the_openai_protocol(p
     # A later prompt records the earlier steps, not the prompts that were sent for them.
     later = [m for m in (r["json"]["messages"][1]["content"] for r in provider.requests) if "Step 3 model_call" in m]
     assert later and not any('"request"' in m for m in later)
+
+
+def test_while_the_breaker_is_open_the_agent_falls_back_to_its_other_provider(provider, one_model_workflow, worker):
+    Agent.objects.filter(slug="gpt").update(fallback_provider="anthropic", fallback_model="claude-test")
+    ModelPrice.objects.create(provider="anthropic", model="claude-test", input_usd_per_mtok=3, output_usd_per_mtok=15)
+    for _ in range(5):  # the first attempt's four tries, then the one that opens the breaker
+        provider.answer(500, {"error": {"message": "upstream down"}})
+    provider.answer(body=message({"type": "text", "text": '{"answer": "42"}'}, input_tokens=100, output_tokens=10))
+    run = run_start(workflow="ask-gpt")
+    wait_for(lambda: Run.objects.get(id=run.id).status != "running", timeout=30, message="the run to end")
+
+    run.refresh_from_db()
+    assert run.status == "completed", run.status_reason
+    assert [r["path"] for r in provider.requests] == ["/v1/chat/completions"] * 5 + ["/v1/messages"]
+    [call] = Span.objects.filter(run=run, kind="model_call", status="ok")  # the first attempt's failure is there too
+    assert call.name == "claude-test" and run.cost_micros == 100 * 3 + 10 * 15
