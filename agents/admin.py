@@ -2,7 +2,7 @@ from django.contrib import admin, messages
 
 from runs.errors import WardenError
 
-from .models import Agent, ModelPrice, Workflow
+from .models import Agent, ModelPrice, ModelVersion, Workflow
 
 
 @admin.register(Agent)
@@ -17,6 +17,12 @@ class ModelPriceAdmin(admin.ModelAdmin):
     list_display = ["provider", "model", "input_usd_per_mtok", "output_usd_per_mtok"]
     list_filter = ["provider"]
     search_fields = ["model"]
+
+
+@admin.register(ModelVersion)
+class ModelVersionAdmin(admin.ModelAdmin):
+    list_display = ["slug", "name"]
+    search_fields = ["slug", "name"]
 
 
 @admin.register(Workflow)

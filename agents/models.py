@@ -40,6 +40,29 @@ class Agent(models.Model):
         return self.slug
 
 
+class ModelVersion(models.Model):
+    """A named set of changes to agents (model, provider, instructions or script), trusted configuration
+    edited in the admin. A run whose input names it (``model_version``) runs its agents so changed:
+    how reference evaluations compare a prompt, a model or a script before it replaces the current one."""
+
+    slug = models.SlugField(max_length=64, unique=True)
+    name = models.CharField(max_length=200, blank=True)
+    overrides = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text='Per agent slug: {"incident-worker": {"model": "gpt-4.1-mini", "instructions": "…"}}; '
+        "keys: provider, model, instructions, script",
+    )
+
+    OVERRIDABLE = ("provider", "model", "instructions", "script")
+
+    class Meta:
+        ordering = ["slug"]
+
+    def __str__(self) -> str:
+        return self.slug
+
+
 class ModelPrice(models.Model):
     """The price table the gateway charges model calls by. USD per million tokens is also micro-dollars
     per token, the unit budgets count in."""

@@ -11,6 +11,10 @@ from tools.models import ToolOperation
 from .errors import WardenError
 from .models import (
     Artifact,
+    EvalCase,
+    EvalResult,
+    EvalRun,
+    EvalSuite,
     FaultFiring,
     IdempotencyKey,
     Outbox,
@@ -372,3 +376,39 @@ class WebhookDeliveryAdmin(ReadOnlyAdmin):
             webhook_redeliver(delivery_id=delivery.id)
             audit(actor=request.user, action="webhook_redeliver", target=f"delivery {delivery.id}", request=request)
         self.message_user(request, f"{queryset.count()} queued again", messages.SUCCESS)
+
+
+class EvalCaseInline(admin.StackedInline):
+    model = EvalCase
+    extra = 0
+    fields = ["name", "workflow", "goal", "input", "checks"]
+
+
+@admin.register(EvalSuite)
+class EvalSuiteAdmin(ProjectScoped, admin.ModelAdmin):
+    project_path = "project"
+    list_display = ["slug", "name", "project"]
+    list_filter = ["project"]
+    search_fields = ["slug", "name", "description"]
+    inlines = [EvalCaseInline]
+
+
+@admin.register(EvalCase)
+class EvalCaseAdmin(ProjectScoped, admin.ModelAdmin):
+    project_path = "suite__project"
+    list_display = ["name", "suite", "workflow"]
+    list_filter = ["suite"]
+
+
+@admin.register(EvalRun)
+class EvalRunAdmin(ProjectScoped, ReadOnlyAdmin):
+    project_path = "suite__project"
+    list_display = ["id", "suite", "version", "started_by", "created_at"]
+    list_filter = ["suite"]
+
+
+@admin.register(EvalResult)
+class EvalResultAdmin(ProjectScoped, ReadOnlyAdmin):
+    project_path = "run__project"
+    list_display = ["eval_run", "case", "run", "passed"]
+    list_filter = ["passed"]

@@ -398,3 +398,67 @@ class WebhookDelivery(models.Model):
 
     def __str__(self) -> str:
         return f"{self.event} → {self.endpoint_id} ({self.status})"
+
+
+class EvalSuite(models.Model):
+    """Reference evaluations: tasks an operator re-runs after changing a prompt, a tool or a model, and
+    compares version against version (runs/evals.py)."""
+
+    slug = models.SlugField(max_length=64, unique=True)
+    name = models.CharField(max_length=200)
+    description = models.TextField(blank=True)
+    project = models.ForeignKey("approvals.Project", on_delete=models.PROTECT, related_name="eval_suites")
+
+    class Meta:
+        ordering = ["slug"]
+
+    def __str__(self) -> str:
+        return self.slug
+
+
+class EvalCase(models.Model):
+    suite = models.ForeignKey(EvalSuite, on_delete=models.CASCADE, related_name="cases")
+    name = models.CharField(max_length=200)
+    workflow = models.ForeignKey("agents.Workflow", on_delete=models.PROTECT, related_name="+")
+    goal = models.TextField(blank=True)
+    input = models.JSONField(default=dict, blank=True)
+    checks = models.JSONField(
+        default=list,
+        blank=True,
+        help_text='[{"status": "completed"}, {"artifact": "verify", "contains": "APPROVE"}, {"max_cost_usd": 0.01}, '
+        '{"max_steps": 20}]',
+    )
+
+    class Meta:
+        ordering = ["suite", "id"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class EvalRun(models.Model):
+    """One pass of a suite, with the agents as they are or as a model version changes them."""
+
+    suite = models.ForeignKey(EvalSuite, on_delete=models.CASCADE, related_name="eval_runs")
+    version = models.ForeignKey("agents.ModelVersion", null=True, blank=True, on_delete=models.PROTECT)
+    started_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-id"]
+
+    @property
+    def label(self) -> str:
+        return self.version.slug if self.version_id else "current agents"
+
+
+class EvalResult(models.Model):
+    eval_run = models.ForeignKey(EvalRun, on_delete=models.CASCADE, related_name="results")
+    case = models.ForeignKey(EvalCase, on_delete=models.CASCADE, related_name="+")
+    run = models.ForeignKey(Run, on_delete=models.PROTECT, related_name="+")
+    passed = models.BooleanField(null=True, help_text="Empty until the run has finished")
+    failures = models.JSONField(default=list, blank=True)
+
+    class Meta:
+        ordering = ["eval_run", "case"]
+        constraints = [models.UniqueConstraint(fields=["eval_run", "case"], name="one_result_per_case")]

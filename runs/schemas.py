@@ -84,6 +84,8 @@ class RunInputIn(BaseModel):
 
     faults: list[FaultIn] = Field(default_factory=list, max_length=50)
     propose_tools: list[str] = Field(default_factory=list, max_length=50)
+    # A ModelVersion's slug: the run's agents as that version changes them (reference evaluations).
+    model_version: str | None = Field(default=None, max_length=64)
 
 
 class PlannedTaskIn(BaseModel):

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from .views import insight, run_actions, run_page, run_start, runs_list
+from .views import evals, insight, run_actions, run_page, run_start, runs_list
 
 app_name = "runs"
 
@@ -24,4 +24,7 @@ urlpatterns = [
         name="operation-resolve",
     ),
     path("insight/", insight.insight, name="insight"),
+    path("evals/", evals.eval_list, name="evals"),
+    path("evals/<int:suite_id>/", evals.eval_suite, name="eval-suite"),
+    path("evals/<int:suite_id>/run", evals.eval_run, name="eval-run"),
 ]

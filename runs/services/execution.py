@@ -132,9 +132,12 @@ def _load_context(lease: Lease) -> tuple[Run, Task, Agent, dict]:
         fallback_provider=fallback,
         fallback_model=fallback_model,
     )
+    run_input = sql.loads(run_input)
+    if run_input.get("model_version"):
+        _apply_model_version(agent, run_input["model_version"])
     run = Run(
         id=lease.run_id,
-        input=sql.loads(run_input),
+        input=run_input,
         status=r_status,
         plan_version=r_plan,
         **dict(zip(sql.USAGE_FIELDS, r_usage, strict=True)),
@@ -170,6 +173,16 @@ def _load_context(lease: Lease) -> tuple[Run, Task, Agent, dict]:
         ):
             deps[dep_key] = sql.loads(content)
     return run, task, agent, deps
+
+
+def _apply_model_version(agent: Agent, version: str) -> None:
+    """The run's agents as a model version changes them (trusted configuration, checked at the start)."""
+    from agents.models import ModelVersion
+
+    overrides = ModelVersion.objects.filter(slug=version).values_list("overrides", flat=True).first() or {}
+    for name, value in (overrides.get(agent.slug) or {}).items():
+        if name in ModelVersion.OVERRIDABLE:
+            setattr(agent, name, value)
 
 
 def _load_journal(task_id: int) -> list[dict]:

@@ -149,6 +149,14 @@ def run_start(
         run_input = RunInputIn.model_validate(input or {})
     except ValidationError as exc:
         raise InvalidInput("the run's input is invalid", pydantic_errors(exc, "input")) from exc
+    if run_input.model_version is not None:
+        from agents.models import ModelVersion
+
+        if not ModelVersion.objects.filter(slug=run_input.model_version).exists():
+            raise InvalidInput(
+                f"unknown model version {run_input.model_version!r}",
+                [{"field": "input.model_version", "message": "no such model version"}],
+            )
     try:
         limits = BudgetIn.model_validate({**wf.default_budget, **(budget or {})})
     except ValidationError as exc:

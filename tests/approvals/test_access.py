@@ -395,6 +395,9 @@ PAGES = {
     "runs/<int:run_id>/tasks/<int:task_id>/retry": "operate",
     "runs/<int:run_id>/operations/<int:operation_id>/resolve": "operate",
     "insight/": "member (their projects' figures)",
+    "evals/": "member (their projects' suites)",
+    "evals/<int:suite_id>/": "view, in the suite's project",
+    "evals/<int:suite_id>/run": "start (POST), in the suite's project",
 }
 
 

@@ -5,13 +5,15 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
 
 from agents.demo import load_demo_workflows
+from runs.evals import demo_suite_load
 
 
 class Command(BaseCommand):
-    help = "Create the demo login (printed) and load the demo workflows."
+    help = "Create the demo login (printed) and load the demo workflows and evaluation suite."
 
     def handle(self, **options):
         load_demo_workflows()
+        demo_suite_load()
         path = settings.VAR_DIR / "demo-password"
         if not path.exists():
             path.write_text(secrets.token_urlsafe(12))

@@ -1,0 +1,96 @@
+"""Reference evaluations: the suites of my projects, and per suite its latest evaluation runs side by side
+(success, cost, steps, duration, and each case's verdict), with a form to run it again for a version."""
+
+from django import forms
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, HttpResponseBadRequest
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_GET, require_POST
+
+from agents.models import ModelVersion
+from approvals.access import authorize, project_ids
+from approvals.audit import audit
+from runs.errors import Forbidden, NotFound, WardenError
+
+from ..evals import comparison, eval_start
+from ..insight import fmt_duration, fmt_usd
+from ..models import EvalSuite
+
+
+class EvalStartForm(forms.Form):
+    version = forms.ModelChoiceField(
+        queryset=ModelVersion.objects.all(), required=False, empty_label="current agents", label="Version"
+    )
+
+
+def _suite(request, suite_id: int, action: str) -> EvalSuite:
+    suite = EvalSuite.objects.select_related("project").filter(id=suite_id).first()
+    try:
+        if suite is None:
+            raise NotFound(f"evaluation suite {suite_id} does not exist")
+        authorize(request.user, suite.project_id, action, what=f"evaluation suite {suite_id}", request=request)
+    except NotFound as exc:
+        raise Http404(str(exc)) from None
+    except Forbidden as exc:
+        raise PermissionDenied(str(exc)) from None
+    return suite
+
+
+@login_required
+@require_GET
+def eval_list(request):
+    allowed = project_ids(request.user)
+    suites = EvalSuite.objects.select_related("project").prefetch_related("cases")
+    if allowed is not None:
+        suites = suites.filter(project_id__in=allowed)
+    return render(request, "runs/evals.html", {"suites": suites})
+
+
+@login_required
+@require_GET
+def eval_suite(request, suite_id: int):
+    suite = _suite(request, suite_id, "view")
+    cases, columns = comparison(suite)
+    rows = [{"case": case, "cells": [column.cells.get(case.id) for column in columns]} for case in cases]
+    summary = []
+    for column in columns:
+        summary.append(
+            {
+                "column": column,
+                "success": None if column.success is None else round(column.success * 100),
+                "cost": fmt_usd(column.mean(column.cost_micros)) if column.judged else "—",
+                "steps": f"{column.mean(column.steps):.1f}" if column.judged else "—",
+                "duration": fmt_duration(column.mean(column.seconds)) if column.judged else "—",
+            }
+        )
+    context = {
+        "suite": suite,
+        "rows": rows,
+        "summary": summary,
+        "going": sum(column.going for column in columns),
+        "form": EvalStartForm(),
+    }
+    return render(request, "runs/eval_suite.html", context)
+
+
+@login_required
+@require_POST
+def eval_run(request, suite_id: int):
+    suite = _suite(request, suite_id, "start")
+    form = EvalStartForm(request.POST)
+    if not form.is_valid():
+        return redirect("runs:eval-suite", suite_id=suite.id)
+    version = form.cleaned_data["version"]
+    try:
+        eval_run = eval_start(suite=suite, version=version, user=request.user)
+    except WardenError as exc:  # a case that cannot start (its workflow changed): nothing started
+        return HttpResponseBadRequest(f"the evaluation could not start: {exc}")
+    audit(
+        actor=request.user,
+        action="evaluate",
+        target=f"evaluation suite {suite.slug} ({eval_run.label})",
+        project_id=suite.project_id,
+        request=request,
+    )
+    return redirect("runs:eval-suite", suite_id=suite.id)
