@@ -11,21 +11,38 @@ def _preview(value) -> str:
     return text if len(text) <= VALUE_PREVIEW_CHARS else text[:VALUE_PREVIEW_CHARS] + "…"
 
 
-def build_prompt(*, objective: str, output_schema: dict, dependencies: dict, journal: list[dict]) -> str:
-    """Objective, output schema, the dependency artifacts, and a compact record of this task's own
-    recent steps: the prompt's size stays bounded however many steps the task has taken."""
+def _step_record(entry: dict) -> str:
+    if "preview" not in entry:  # computed once per step, not once per prompt
+        body = entry["body"]
+        if isinstance(body, dict):  # what was sent, how often, from where: not part of the step's record
+            body = {k: v for k, v in body.items() if k not in ("request", "retries", "cached")}
+        entry["preview"] = f"Step {entry['step']} {entry['kind']} {entry['name']}: {_preview(body)}"
+    return entry["preview"]
+
+
+def build_prompt(
+    *, objective: str, output_schema: dict, dependencies: dict, journal: list[dict], budget_chars: int | None = None
+) -> str:
+    """Objective, output schema, short previews of the dependency artifacts, and a compact record of
+    this task's own recent steps: at most RECENT_STEPS_IN_PROMPT of them, newest kept, within the
+    context budget (CONTEXT_CHARS), the oldest records dropped first. The prompt's size stays bounded
+    however many steps the task has taken."""
+    if budget_chars is None:
+        from django.conf import settings
+
+        budget_chars = settings.WARDEN["CONTEXT_CHARS"]
     parts = [f"Objective: {objective}", f"Output schema: {json.dumps(output_schema, sort_keys=True)}"]
     for key, content in sorted(dependencies.items()):
         parts.append(f"Input from {key}: {_preview(content)}")
-    if journal:
-        older = len(journal) - RECENT_STEPS_IN_PROMPT
-        if older > 0:
-            parts.append(f"({older} earlier steps omitted)")
-        for entry in journal[-RECENT_STEPS_IN_PROMPT:]:
-            if "preview" not in entry:  # computed once per step, not once per prompt
-                body = entry["body"]
-                if isinstance(body, dict):  # what was sent and how often: not part of the step's record
-                    body = {k: v for k, v in body.items() if k not in ("request", "retries")}
-                entry["preview"] = f"Step {entry['step']} {entry['kind']} {entry['name']}: {_preview(body)}"
-            parts.append(entry["preview"])
+    room = budget_chars - sum(len(p) + 1 for p in parts)
+    kept: list[str] = []
+    for entry in reversed(journal[-RECENT_STEPS_IN_PROMPT:]):
+        record = _step_record(entry)
+        if kept and len(record) + 1 > room:  # the newest step is always kept: the model must see it
+            break
+        kept.append(record)
+        room -= len(record) + 1
+    if len(journal) > len(kept):
+        parts.append(f"({len(journal) - len(kept)} earlier steps omitted)")
+    parts.extend(reversed(kept))
     return "\n".join(parts)

@@ -210,6 +210,8 @@ WARDEN = {
     # Tools: consecutive failures that open a tool's circuit, and for how long it stays open.
     "TOOL_CIRCUIT_FAILURES": int(os.environ.get("WARDEN_TOOL_CIRCUIT_FAILURES", 5)),
     "TOOL_CIRCUIT_OPEN_SECONDS": _env_float("WARDEN_TOOL_CIRCUIT_OPEN_SECONDS", 30),
+    # A task's prompt: its steps' records beyond this many characters are dropped, oldest first.
+    "CONTEXT_CHARS": int(os.environ.get("WARDEN_CONTEXT_CHARS", 12000)),
     # The model gateway (agents/gateway.py): retries of 429, 5xx and timeouts, and a breaker per provider.
     "MODEL_RETRIES": int(os.environ.get("WARDEN_MODEL_RETRIES", 3)),
     "MODEL_RETRY_BASE_SECONDS": _env_float("WARDEN_MODEL_RETRY_BASE_SECONDS", 1.0),
