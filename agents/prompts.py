@@ -21,7 +21,13 @@ def _step_record(entry: dict) -> str:
 
 
 def build_prompt(
-    *, objective: str, output_schema: dict, dependencies: dict, journal: list[dict], budget_chars: int | None = None
+    *,
+    objective: str,
+    output_schema: dict,
+    dependencies: dict,
+    journal: list[dict],
+    budget_chars: int | None = None,
+    knowledge: list[dict] | None = None,
 ) -> str:
     """Objective, output schema, short previews of the dependency artifacts, and a compact record of
     this task's own recent steps: at most RECENT_STEPS_IN_PROMPT of them, newest kept, within the
@@ -34,6 +40,10 @@ def build_prompt(
     parts = [f"Objective: {objective}", f"Output schema: {json.dumps(output_schema, sort_keys=True)}"]
     for key, content in sorted(dependencies.items()):
         parts.append(f"Input from {key}: {_preview(content)}")
+    for entry in knowledge or []:  # verified blackboard entries only (runs/blackboard.py)
+        source = f", from artifacts {entry['sources']}" if entry["sources"] else ""
+        what = f"{entry['key']} v{entry['version']} = {_preview(entry['value'])}"
+        parts.append(f"Known (verified by {entry['verified_by']}): {what} (by {entry['by']}{source}, {entry['at']})")
     room = budget_chars - sum(len(p) + 1 for p in parts)
     kept: list[str] = []
     for entry in reversed(journal[-RECENT_STEPS_IN_PROMPT:]):

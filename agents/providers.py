@@ -42,10 +42,24 @@ def _tool_name(function: str) -> str:
 
 def tool_functions(tool_names: list[str]) -> list[dict]:
     """The tools an agent may call, as function declarations from their pydantic argument models."""
+    from runs.blackboard import TOOL_SCHEMAS
     from tools.registry import TOOLS  # the tools app builds on the engine; only the names cross
 
     functions = []
     for name in tool_names:
+        if name in TOOL_SCHEMAS:  # Warden's own memory tools
+            description, model = TOOL_SCHEMAS[name]
+            functions.append(
+                {
+                    "type": "function",
+                    "function": {
+                        "name": _function_name(name),
+                        "description": description,
+                        "parameters": model.model_json_schema(),
+                    },
+                }
+            )
+            continue
         spec = TOOLS.get(name)
         if spec is None or spec.internal:
             continue

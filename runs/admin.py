@@ -11,6 +11,7 @@ from tools.models import ToolOperation
 from .errors import WardenError
 from .models import (
     Artifact,
+    BlackboardEntry,
     EvalCase,
     EvalResult,
     EvalRun,
@@ -280,6 +281,13 @@ class ArtifactAdmin(ProjectScoped, ReadOnlyAdmin):
     list_display = ["id", "run", "key", "version", "verification", "created_at"]
     list_filter = ["verification"]
     search_fields = ["key", "=run__id"]
+    actions = ["reject_artifacts"]
+
+    @admin.action(description="Reject: tasks that join it stop instead of using it (the run needs attention)")
+    def reject_artifacts(self, request, queryset):
+        from .services.artifacts import artifact_reject
+
+        _apply(self, request, queryset, artifact_reject, id_arg="artifact_id")
 
 
 @admin.register(QuarantinedResult)
@@ -412,3 +420,10 @@ class EvalResultAdmin(ProjectScoped, ReadOnlyAdmin):
     project_path = "run__project"
     list_display = ["eval_run", "case", "run", "passed"]
     list_filter = ["passed"]
+
+
+@admin.register(BlackboardEntry)
+class BlackboardEntryAdmin(ProjectScoped, ReadOnlyAdmin):
+    list_display = ["run", "key", "version", "kind", "verification", "verified_by", "expires_at", "created_at"]
+    list_filter = ["verification", "kind"]
+    search_fields = ["key", "=run__id"]

@@ -462,3 +462,42 @@ class EvalResult(models.Model):
     class Meta:
         ordering = ["eval_run", "case"]
         constraints = [models.UniqueConstraint(fields=["eval_run", "case"], name="one_result_per_case")]
+
+
+class BlackboardEntry(models.Model):
+    """Durable knowledge a run's tasks share (runs/blackboard.py): typed, versioned by compare-and-set,
+    with its author, the artifacts it rests on, a verification status and an optional expiry. Tasks'
+    prompts carry only verified, unexpired entries."""
+
+    class Kind(models.TextChoices):
+        TEXT = "text"
+        NUMBER = "number"
+        FLAG = "flag"
+        RECORD = "record"  # a JSON object
+        LIST = "list"
+
+    class Verification(models.TextChoices):
+        UNVERIFIED = "unverified"
+        VERIFIED = "verified"
+        REJECTED = "rejected"
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="blackboard")
+    key = models.CharField(max_length=100)
+    version = models.PositiveIntegerField()
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    value = models.JSONField()
+    author_task = models.ForeignKey(Task, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    author_step = models.PositiveIntegerField(null=True, blank=True)
+    sources = models.JSONField(default=list, blank=True, help_text="Ids of the artifacts it rests on")
+    verification = models.CharField(max_length=16, choices=Verification.choices, default=Verification.UNVERIFIED)
+    verified_by = models.CharField(max_length=100, blank=True)
+    note = models.CharField(max_length=1000, blank=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["run", "key", "version"]
+        constraints = [models.UniqueConstraint(fields=["run", "key", "version"], name="one_blackboard_version")]
+
+    def __str__(self) -> str:
+        return f"{self.key} v{self.version}"

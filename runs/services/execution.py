@@ -20,10 +20,11 @@ from agents.models import Agent
 from agents.prompts import build_prompt
 
 from .. import events
+from ..blackboard import MEMORY_TOOLS, knowledge, memory_tool_call
 from ..errors import BudgetExceeded, InvalidInput, LeaseLost, StepFailure, TransientFailure
 from ..faults import crash_now
 from ..heartbeat import lease_keeper
-from ..models import Payload, Run, Span, Task
+from ..models import Artifact, Payload, Run, Span, Task
 from . import sql
 from .completion import (
     output_validate,
@@ -163,16 +164,43 @@ def _load_context(lease: Lease) -> tuple[Run, Task, Agent, dict]:
     )
     task.agent, task.run = agent, run
     task.max_seconds, task.started_at = max_seconds, sql.parse_ts(started_at)
-    deps = {}
+    deps, task.join_problems = {}, []
     if task.depends_on:
         where, keys = sql.in_list("t.key", task.depends_on)
-        for dep_key, content in sql.fetchall(
-            "SELECT t.key, a.content FROM runs_artifact a JOIN runs_task t ON t.id = a.task_id "
-            f"WHERE a.run_id = %s AND {where} ORDER BY a.version",
+        latest = {}
+        for dep_key, artifact_id, content, schema, verification in sql.fetchall(
+            "SELECT t.key, a.id, a.content, a.schema, a.verification FROM runs_artifact a "
+            f"JOIN runs_task t ON t.id = a.task_id WHERE a.run_id = %s AND {where} ORDER BY a.version",
             [lease.run_id, *keys],
         ):
-            deps[dep_key] = sql.loads(content)
+            latest[dep_key] = (artifact_id, sql.loads(content), sql.loads(schema), verification)
+        deps = {key: content for key, (_, content, _, _) in latest.items()}
+        task.join_problems = _join_check(latest)
+    task.knowledge = knowledge(lease.run_id)  # as of this attempt's start
     return run, task, agent, deps
+
+
+def _join_check(latest: dict) -> list[str]:
+    """Each input is checked where it is joined, before this task's model sees it (seed 003's cascading
+    errors): one a person or a verifier rejected, or that no longer matches the schema it was written
+    with (a data fix gone wrong), stops the task. Inputs that pass are marked verified, once."""
+    problems, passed = [], []
+    for key, (artifact_id, content, schema, verification) in sorted(latest.items()):
+        if verification == Artifact.Verification.REJECTED:
+            problems.append(f"the input from {key} (artifact {artifact_id}) was rejected")
+            continue
+        try:
+            output_validate(content, schema)
+        except StepFailure as exc:
+            problems.append(f"the input from {key} (artifact {artifact_id}) is invalid: {exc}")
+            continue
+        if verification == Artifact.Verification.UNVERIFIED:
+            passed.append(artifact_id)
+    if passed and not problems:
+        Artifact.objects.filter(id__in=passed, verification=Artifact.Verification.UNVERIFIED).update(
+            verification=Artifact.Verification.VERIFIED
+        )
+    return problems
 
 
 def _apply_model_version(agent: Agent, version: str) -> None:
@@ -203,6 +231,8 @@ def _attempt(lease: Lease):
     if task.max_seconds and task.started_at:
         task_ends = time.monotonic() + task.max_seconds - (timezone.now() - task.started_at).total_seconds()
     try:
+        if task.join_problems:
+            raise StepFailure("; ".join(task.join_problems), "validation")
         while True:
             if task_ends is not None and time.monotonic() > task_ends:
                 raise BudgetExceeded("deadline", f"{task.max_seconds}s", f"{task.max_seconds}s", "task")
@@ -225,8 +255,15 @@ def _attempt(lease: Lease):
                         output_schema=task.output_schema,
                         dependencies=deps,
                         journal=state.journal,
+                        knowledge=task.knowledge,
                     ),
-                    context={"deps": deps, "last": state.last_result or {}, "input": run.input, "task": task.key},
+                    context={
+                        "deps": deps,
+                        "last": state.last_result or {},
+                        "input": run.input,
+                        "task": task.key,
+                        "known": {entry["key"]: entry["value"] for entry in task.knowledge},
+                    },
                     tool_names=list(task.allowed_tools),
                     cache_seconds=agent.cache_seconds,
                     fallback=(agent.fallback_provider, agent.fallback_model) if agent.fallback_provider else None,
@@ -336,6 +373,11 @@ def _tool_step(lease: Lease, run: Run, task: Task, state: _LoopState):
     call_number = state.tool_calls + 1
     started = timezone.now()
     while True:
+        if str(call.get("name")) in MEMORY_TOOLS:  # Warden's own memory: nothing outside changes
+            outcome = memory_tool_call(
+                run=run, task=task, step=state.next_step, name=str(call.get("name")), arguments=call.get("arguments")
+            )
+            break
         try:
             outcome = tool_call(
                 run=run,

@@ -9,7 +9,7 @@ from approvals.access import default_project, membership_grant
 from approvals.models import ApprovalRequest, AuditEvent, Membership, Project
 from approvals.tokens import api_token_create
 from config.api import api as ninja_api
-from runs.models import Run
+from runs.models import Artifact, Run
 from runs.services import run_start
 from tools.models import ToolOperation
 
@@ -119,7 +119,9 @@ def scene(demo, django_user_model):
         "rule_id": rule.id,
         "task_key": "risk",
     }
-    return {"run": run, "people": people, "ids": ids, "approval": approval, "op": op, "rule": rule}
+    artifact = Artifact.objects.create(run=run, task=run.tasks.get(key="inventory"), key="inventory", content={})
+    scene = {"run": run, "people": people, "ids": ids, "approval": approval, "op": op, "rule": rule}
+    return {**scene, "artifact": artifact}
 
 
 def _call(client, token, method, path, ids):
@@ -139,7 +141,8 @@ def _state(scene):
     op.refresh_from_db()
     approval.refresh_from_db()
     rules = list(AllowRule.objects.values_list("id", "revoked_at"))
-    return run.status, op.status, approval.status, Run.objects.count(), rules
+    verdicts = list(Artifact.objects.values_list("id", "verification"))
+    return run.status, op.status, approval.status, Run.objects.count(), rules, verdicts
 
 
 @pytest.mark.parametrize("method,path", sorted(POLICY))
@@ -317,6 +320,7 @@ ADMIN_ACTIONS = {
     ("runs", "run", "resume_runs"): "operate",
     ("runs", "run", "compensate_runs"): "operate",
     ("runs", "task", "retry_tasks"): "operate",
+    ("runs", "artifact", "reject_artifacts"): "operate",
     ("tools", "tooloperation", "resolve_committed"): "operate",
     ("tools", "tooloperation", "resolve_not_committed"): "operate",
     ("approvals", "approvalrequest", "approve"): "decide",
@@ -364,6 +368,7 @@ def test_an_admin_action_beyond_the_role_changes_nothing_and_is_audited(scene, c
         "approvalrequest": scene["approval"].id,
         "allowrule": scene["rule"].id,
         "workflow": scene["run"].workflow_id,
+        "artifact": scene["artifact"].id,
     }
     before = _state(scene), list(AllowRule.objects.values_list("revoked_at", flat=True)), Run.objects.count()
     client.post(reverse(f"admin:{app}_{model}_changelist"), {"action": action, "_selected_action": [rows[model]]})

@@ -387,3 +387,35 @@ def test_a_resumed_write_without_a_lookup_goes_to_a_human(demo_tx, worker, monke
     assert effects("email.send").filter(idempotency_key__contains=":worker-3:").count() == 1
     op = ToolOperation.objects.get(run=run, task=w3, tool="email.send")
     assert op.status == ToolOperation.Status.AMBIGUOUS and op.attempts == 1
+
+
+def test_a_rejected_input_stops_the_task_that_joins_it(demo_tx, monkeypatch):
+    """Driven step by step (no worker): inventory finishes, an operator rejects its artifact, then risk
+    finishes (and its worker goes straight on to verify), and verify stops at the join instead of
+    giving a verdict built on the rejected input."""
+    from runs.actors import execute_task
+    from runs.services.artifacts import artifact_reject
+
+    monkeypatch.setattr("runs.services.outbox.outbox_deliver", lambda rows: 0)  # no worker: this test drives
+    run = run_start(workflow="deploy-review")
+    execute_task.fn(run_id=run.id, task_id=run.tasks.get(key="inventory").id)
+    inventory = Artifact.objects.get(task__key="inventory", run=run)
+    assert inventory.verification == "unverified"
+    artifact_reject(artifact_id=inventory.id, reason="wrong region")
+    for _ in range(2):  # risk's first attempt fails by script (a model timeout)
+        Task.objects.filter(run=run, key="risk").update(not_before=None)
+        execute_task.fn(run_id=run.id, task_id=run.tasks.get(key="risk").id)
+
+    verify = run.tasks.get(key="verify")
+    assert verify.status == "failed" and verify.failure_class == "validation"
+    assert f"the input from inventory (artifact {inventory.id}) was rejected" in verify.status_reason
+    assert not Span.objects.filter(task=verify, kind="model_call").exists()  # its model never saw it
+    assert Run.objects.get(id=run.id).status == "needs_attention"
+    assert Artifact.objects.get(task__key="risk", run=run).verification == "unverified"  # nothing marked on a stop
+
+
+def test_inputs_that_pass_the_join_are_marked_verified(demo_tx, worker):
+    run = finished(run_start(workflow="deploy-review"))
+    assert run.status == "completed"
+    marks = dict(Artifact.objects.filter(run=run).values_list("task__key", "verification"))
+    assert marks == {"inventory": "verified", "risk": "verified", "verify": "unverified"}  # verify has no reader

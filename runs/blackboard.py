@@ -1,0 +1,152 @@
+"""The blackboard: durable knowledge shared between a run's tasks (seed 001's memory design).
+
+Two tools, allowed per agent like any other (trusted configuration), handled by the engine rather than
+the broker since they change nothing outside Warden:
+
+- ``blackboard.write {key, kind, value, expected_version, sources, ttl_seconds}`` — a new version of
+  ``key`` if its latest version is still ``expected_version`` (0: the key is new): compare-and-set, so
+  of two writers who read the same version one wins and the other is told the current version. The
+  value must be of its kind; ``sources`` names the tasks whose artifacts it rests on.
+- ``blackboard.verify {key, version, verdict, note}`` — a verifier's verdict on another task's entry.
+
+Tasks' prompts carry only verified, unexpired entries (the latest verified version of each key), with
+their source and time. A write replayed after a crash finds the version it made and answers the same.
+"""
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .models import Artifact, BlackboardEntry, Run, Task
+
+WRITE, VERIFY = "blackboard.write", "blackboard.verify"
+MEMORY_TOOLS = frozenset({WRITE, VERIFY})
+KINDS = {"text": str, "number": (int, float), "flag": bool, "record": dict, "list": list}
+
+
+class WriteArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    key: str = Field(min_length=1, max_length=100, pattern=r"^[a-z0-9][a-z0-9._-]*$")
+    kind: str = Field(pattern="^(text|number|flag|record|list)$")
+    value: object
+    expected_version: int = Field(ge=0, description="The latest version you read; 0 for a new key")
+    sources: list[str] = Field(default_factory=list, max_length=20, description="Task keys whose artifacts it rests on")
+    ttl_seconds: int | None = Field(default=None, ge=1, le=30 * 24 * 3600)
+
+
+class VerifyArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    key: str = Field(min_length=1, max_length=100)
+    version: int = Field(ge=1)
+    verdict: str = Field(pattern="^(verified|rejected)$")
+    note: str = Field(default="", max_length=1000)
+
+
+TOOL_SCHEMAS = {
+    WRITE: ("Record a fact for the run's other tasks (compare-and-set on the version)", WriteArgs),
+    VERIFY: ("Verify or reject another task's blackboard entry", VerifyArgs),
+}
+
+
+def _error(code: str, message: str, **extra):
+    from tools.broker import ToolOutcome  # the tools app builds on the engine; only its result shape
+
+    return ToolOutcome(error={"code": code, "message": message, **extra})
+
+
+def _result(entry: BlackboardEntry):
+    from tools.broker import ToolOutcome
+
+    return ToolOutcome(result={"key": entry.key, "version": entry.version, "verification": entry.verification})
+
+
+def memory_tool_call(*, run: Run, task: Task, step: int, name: str, arguments):
+    if name not in task.allowed_tools:
+        return _error(
+            "not_allowed", f"tool {name!r} is not allowed for this task", available=sorted(task.allowed_tools)
+        )
+    if not isinstance(arguments, dict):
+        return _error("invalid_arguments", f"the arguments of {name} must be an object")
+    try:
+        args = (WriteArgs if name == WRITE else VerifyArgs).model_validate(arguments)
+    except ValidationError as exc:
+        fields = [{"field": ".".join(map(str, e["loc"])) or "arguments", "message": e["msg"]} for e in exc.errors()]
+        return _error("invalid_arguments", f"invalid arguments for {name}", fields=fields)
+    return _write(run, task, step, args) if name == WRITE else _verify(run, task, args)
+
+
+def _write(run: Run, task: Task, step: int, args: WriteArgs):
+    mine = BlackboardEntry.objects.filter(run_id=run.id, author_task_id=task.id, author_step=step).first()
+    if mine is not None:
+        return _result(mine)  # this step wrote it before a crash or a retry: the same answer
+    if not isinstance(args.value, KINDS[args.kind]) or (args.kind == "number" and isinstance(args.value, bool)):
+        return _error("invalid_arguments", f"the value is not of kind {args.kind}")
+    found = dict(
+        Artifact.objects.filter(run_id=run.id, task__key__in=args.sources)
+        .order_by("version")
+        .values_list("task__key", "id")
+    )  # each task's latest artifact
+    missing = sorted(set(args.sources) - set(found))
+    if missing:
+        return _error("invalid_arguments", f"no artifact from {', '.join(missing)} to rest on")
+    sources = sorted(found.values())
+    latest = BlackboardEntry.objects.filter(run_id=run.id, key=args.key).order_by("-version").first()
+    current = latest.version if latest else 0
+    if current != args.expected_version:
+        return _error("version_conflict", f"{args.key} is at version {current}, not {args.expected_version}",
+                      current_version=current)  # fmt: skip
+    if latest is not None and latest.kind != args.kind:
+        return _error("invalid_arguments", f"{args.key} holds a {latest.kind}, not a {args.kind}")
+    expires = timezone.now() + timezone.timedelta(seconds=args.ttl_seconds) if args.ttl_seconds else None
+    try:
+        with transaction.atomic():  # the unique (run, key, version) settles a race between two writers
+            entry = BlackboardEntry.objects.create(
+                run_id=run.id, key=args.key, version=current + 1, kind=args.kind, value=args.value,
+                author_task_id=task.id, author_step=step, sources=sources, expires_at=expires,
+            )  # fmt: skip
+    except IntegrityError:
+        now_at = BlackboardEntry.objects.filter(run_id=run.id, key=args.key).order_by("-version").first().version
+        return _error("version_conflict", f"{args.key} was written meanwhile: it is at version {now_at}",
+                      current_version=now_at)  # fmt: skip
+    return _result(entry)
+
+
+def _verify(run: Run, task: Task, args: VerifyArgs):
+    entry = BlackboardEntry.objects.filter(run_id=run.id, key=args.key, version=args.version).first()
+    if entry is None:
+        return _error("not_found", f"{args.key} has no version {args.version}")
+    if entry.author_task_id == task.id:
+        return _error("not_allowed", "a task cannot verify its own entry")
+    BlackboardEntry.objects.filter(id=entry.id).update(verification=args.verdict, verified_by=task.key, note=args.note)
+    entry.refresh_from_db()
+    return _result(entry)
+
+
+def knowledge(run_id: int) -> list[dict]:
+    """What a task's prompt may carry: per key, the latest verified version that has not expired."""
+    now = timezone.now()
+    rows = (
+        BlackboardEntry.objects.filter(run_id=run_id, verification=BlackboardEntry.Verification.VERIFIED)
+        .exclude(expires_at__lt=now)
+        .select_related("author_task")
+        .order_by("key", "-version")
+    )
+    seen, found = set(), []
+    for entry in rows:
+        if entry.key in seen:
+            continue
+        seen.add(entry.key)
+        found.append(
+            {
+                "key": entry.key,
+                "version": entry.version,
+                "value": entry.value,
+                "by": entry.author_task.key if entry.author_task_id else "an operator",
+                "verified_by": entry.verified_by,
+                "sources": entry.sources,
+                "at": entry.created_at.strftime("%Y-%m-%d %H:%M UTC"),
+            }
+        )
+    return found

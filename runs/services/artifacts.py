@@ -1,0 +1,21 @@
+"""An operator's verdict on an artifact: a rejected one is not used by any task that joins it."""
+
+from django.db import transaction
+
+from .. import events
+from ..errors import NotFound
+from ..models import Artifact
+
+
+def artifact_reject(*, artifact_id: int, reason: str = "rejected by an operator") -> Artifact:
+    """Downstream tasks that have not started stop at the join (runs/services/execution.py) and the run
+    needs attention; the artifact's provenance keeps who rejected it and why (the audit log too)."""
+    with transaction.atomic():
+        artifact = Artifact.objects.select_for_update().filter(id=artifact_id).first()
+        if artifact is None:
+            raise NotFound(f"artifact {artifact_id} does not exist")
+        artifact.verification = Artifact.Verification.REJECTED
+        artifact.provenance = {**artifact.provenance, "rejected": reason[:1000]}
+        artifact.save(update_fields=["verification", "provenance"])
+        events.run_changed(artifact.run_id)
+    return artifact
