@@ -28,6 +28,7 @@ from typing import Any
 from django.conf import settings
 from django.core.cache import cache
 
+from runs.circuit import Breaker
 from runs.errors import StepFailure, TransientFailure
 
 log = logging.getLogger("warden.gateway")
@@ -241,32 +242,12 @@ def cost_micros(provider: str, model: str, tokens_in: int, tokens_out: int) -> i
     return int(total.to_integral_value())
 
 
-# --- the breaker, per provider, in the shared cache (Redis in scaled mode) --------------------------------
+# --- the breaker, per provider ------------------------------------------------------------------------------
 
-
-def _circuit_key(provider: str) -> str:
-    return f"warden:model-circuit:{provider}"
+BREAKER = Breaker(prefix="warden:model-circuit", failures_setting="MODEL_CIRCUIT_FAILURES",
+                  open_setting="MODEL_CIRCUIT_OPEN_SECONDS")  # fmt: skip
+circuit_open_for, _circuit_record = BREAKER.open_for, BREAKER.record
 
 
 def circuit_reset(provider: str | None = None) -> None:
-    cache.delete_many([_circuit_key(p) for p in ([provider] if provider else ["openai", "anthropic"])])
-
-
-def circuit_open_for(provider: str) -> float:
-    state = cache.get(_circuit_key(provider)) or {}
-    return max(0.0, state.get("open_until", 0) - time.time())
-
-
-def _circuit_record(provider: str, ok: bool) -> None:
-    key = _circuit_key(provider)
-    if ok:
-        if cache.get(key):
-            cache.delete(key)
-        return
-    cfg = settings.WARDEN
-    state = cache.get(key) or {"failures": 0, "open_until": 0}
-    state["failures"] += 1
-    if state["failures"] >= cfg["MODEL_CIRCUIT_FAILURES"]:
-        state = {"failures": 0, "open_until": time.time() + cfg["MODEL_CIRCUIT_OPEN_SECONDS"]}
-        log.warning("model provider %s: breaker open for %ss", provider, cfg["MODEL_CIRCUIT_OPEN_SECONDS"])
-    cache.set(key, state, timeout=max(60, int(cfg["MODEL_CIRCUIT_OPEN_SECONDS"]) + 1))
+    BREAKER.reset([provider] if provider else ["openai", "anthropic"])

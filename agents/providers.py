@@ -8,6 +8,7 @@ try would not fix (a 400, a refused key).
 
 import json
 import os
+from contextlib import contextmanager
 
 from django.conf import settings
 
@@ -76,25 +77,43 @@ def tool_functions(tool_names: list[str]) -> list[dict]:
     return functions
 
 
+def _sdk_settings(provider: str) -> dict:
+    """Client settings every SDK takes alike; the key is read from the environment at each call."""
+    variable = settings.WARDEN[f"{provider.upper()}_API_KEY_ENV"]
+    key = os.environ.get(variable, "")
+    if not key:
+        raise StepFailure(f"no API key for the {provider} provider (${variable} is not set)", "validation")
+    return {
+        "api_key": key,
+        "base_url": settings.WARDEN[f"{provider.upper()}_BASE_URL"],
+        "max_retries": 0,  # the gateway retries, once, for every provider
+        "timeout": settings.WARDEN["MODEL_TIMEOUT_SECONDS"],
+    }
+
+
+@contextmanager
+def _sdk_errors(sdk):
+    """The official SDKs share their error types: map them to the gateway's two kinds (5xx includes
+    Anthropic's 529, overloaded)."""
+    try:
+        yield
+    except sdk.RateLimitError as exc:
+        raise ProviderRetryable("429 rate limited", _retry_after(exc.response.headers)) from exc
+    except sdk.APIStatusError as exc:
+        code = exc.status_code
+        if code >= 500 or code in (408, 409):
+            raise ProviderRetryable(f"{code} from the provider", _retry_after(exc.response.headers)) from exc
+        raise StepFailure(f"the provider refused the call ({code}): {exc.message[:300]}", "permanent") from exc
+    except (sdk.APITimeoutError, sdk.APIConnectionError) as exc:
+        raise ProviderRetryable(f"no answer: {exc.__class__.__name__}") from exc
+    except (sdk.APIResponseValidationError, json.JSONDecodeError, ValueError) as exc:
+        raise ProviderRetryable(f"an answer that is not the protocol's JSON: {exc!r}"[:300]) from exc
+
+
 class OpenAIProvider:
-    """Any OpenAI-compatible chat-completions endpoint, through the official SDK (its own retries are off:
-    the gateway retries, once, for every provider)."""
+    """Any OpenAI-compatible chat-completions endpoint, through the official SDK."""
 
     name = "openai"
-
-    def _client(self):
-        import openai
-
-        variable = settings.WARDEN["OPENAI_API_KEY_ENV"]
-        key = os.environ.get(variable, "")
-        if not key:
-            raise StepFailure(f"no API key for the openai provider (${variable} is not set)", "validation")
-        return openai.OpenAI(
-            api_key=key,
-            base_url=settings.WARDEN["OPENAI_BASE_URL"],
-            max_retries=0,
-            timeout=settings.WARDEN["MODEL_TIMEOUT_SECONDS"],
-        )
 
     def complete(self, *, model: str, request: ModelRequest) -> ModelResponse:
         import openai
@@ -109,40 +128,16 @@ class OpenAIProvider:
         functions = tool_functions(request.tool_names)
         if functions:
             body["tools"] = functions
-        try:
-            completion = self._client().chat.completions.create(**body)
-        except openai.RateLimitError as exc:
-            raise ProviderRetryable("429 rate limited", _retry_after(exc.response.headers)) from exc
-        except openai.APIStatusError as exc:
-            code = exc.status_code
-            if code >= 500 or code in (408, 409):
-                raise ProviderRetryable(f"{code} from the provider", _retry_after(exc.response.headers)) from exc
-            raise StepFailure(f"the provider refused the call ({code}): {exc.message[:300]}", "permanent") from exc
-        except (openai.APITimeoutError, openai.APIConnectionError) as exc:
-            raise ProviderRetryable(f"no answer: {exc.__class__.__name__}") from exc
-        except (openai.APIResponseValidationError, json.JSONDecodeError, ValueError) as exc:
-            raise ProviderRetryable(f"an answer that is not the protocol's JSON: {exc!r}"[:300]) from exc
+        client = openai.OpenAI(**_sdk_settings(self.name))
+        with _sdk_errors(openai):
+            completion = client.chat.completions.create(**body)
         return _openai_response(completion, model)
 
 
 class AnthropicProvider:
-    """Anthropic's messages API through the official SDK (its own retries off, as for OpenAI)."""
+    """Anthropic's messages API through the official SDK."""
 
     name = "anthropic"
-
-    def _client(self):
-        import anthropic
-
-        variable = settings.WARDEN["ANTHROPIC_API_KEY_ENV"]
-        key = os.environ.get(variable, "")
-        if not key:
-            raise StepFailure(f"no API key for the anthropic provider (${variable} is not set)", "validation")
-        return anthropic.Anthropic(
-            api_key=key,
-            base_url=settings.WARDEN["ANTHROPIC_BASE_URL"],
-            max_retries=0,
-            timeout=settings.WARDEN["MODEL_TIMEOUT_SECONDS"],
-        )
 
     def complete(self, *, model: str, request: ModelRequest) -> ModelResponse:
         import anthropic
@@ -160,19 +155,9 @@ class AnthropicProvider:
         ]  # fmt: skip
         if tools:
             body["tools"] = tools
-        try:
-            message = self._client().messages.create(**body)
-        except anthropic.RateLimitError as exc:
-            raise ProviderRetryable("429 rate limited", _retry_after(exc.response.headers)) from exc
-        except anthropic.APIStatusError as exc:
-            code = exc.status_code
-            if code >= 500 or code in (408, 409, 529):  # 529: overloaded
-                raise ProviderRetryable(f"{code} from the provider", _retry_after(exc.response.headers)) from exc
-            raise StepFailure(f"the provider refused the call ({code}): {exc.message[:300]}", "permanent") from exc
-        except (anthropic.APITimeoutError, anthropic.APIConnectionError) as exc:
-            raise ProviderRetryable(f"no answer: {exc.__class__.__name__}") from exc
-        except (anthropic.APIResponseValidationError, json.JSONDecodeError, ValueError) as exc:
-            raise ProviderRetryable(f"an answer that is not the protocol's JSON: {exc!r}"[:300]) from exc
+        client = anthropic.Anthropic(**_sdk_settings(self.name))
+        with _sdk_errors(anthropic):
+            message = client.messages.create(**body)
         return _anthropic_response(message, model)
 
 

@@ -17,7 +17,6 @@ import re
 import time
 from dataclasses import dataclass
 
-from django.conf import settings
 from django.core.cache import cache
 from django.db import transaction
 from django.db.models import Q
@@ -26,6 +25,7 @@ from django.utils.crypto import salted_hmac
 from pydantic import ValidationError
 
 from runs import events
+from runs.circuit import Breaker
 from runs.errors import StepFailure, TransientFailure
 from runs.faults import crash_now, fault_fire_once, faults_at
 
@@ -105,32 +105,13 @@ def _unseal(spec: ToolSpec, task_id: int, step: int, arguments: dict) -> dict:
 # --- rate limit and circuit breaker (shared by all workers through the cache) ---------------------
 
 
-def _circuit_key(tool: str) -> str:
-    return f"warden:circuit:{tool}"
+_BREAKER = Breaker(prefix="warden:circuit", failures_setting="TOOL_CIRCUIT_FAILURES",
+                   open_setting="TOOL_CIRCUIT_OPEN_SECONDS")  # fmt: skip
+_circuit_open_for, _circuit_record = _BREAKER.open_for, _BREAKER.record
 
 
 def circuit_reset(tool: str | None = None) -> None:
-    cache.delete_many([_circuit_key(t) for t in ([tool] if tool else TOOLS)])
-
-
-def _circuit_open_for(tool: str) -> float:
-    state = cache.get(_circuit_key(tool)) or {}
-    return max(0.0, state.get("open_until", 0) - time.time())
-
-
-def _circuit_record(tool: str, ok: bool) -> None:
-    key = _circuit_key(tool)
-    if ok:
-        if cache.get(key):
-            cache.delete(key)
-        return
-    cfg = settings.WARDEN
-    state = cache.get(key) or {"failures": 0, "open_until": 0}
-    state["failures"] += 1
-    if state["failures"] >= cfg["TOOL_CIRCUIT_FAILURES"]:
-        state = {"failures": 0, "open_until": time.time() + cfg["TOOL_CIRCUIT_OPEN_SECONDS"]}
-        log.warning("circuit for %s opened for %ss", tool, cfg["TOOL_CIRCUIT_OPEN_SECONDS"])
-    cache.set(key, state, timeout=max(60, int(cfg["TOOL_CIRCUIT_OPEN_SECONDS"]) + 1))
+    _BREAKER.reset([tool] if tool else TOOLS)
 
 
 def _rate_limited(spec: ToolSpec) -> float:

@@ -8,15 +8,20 @@ from runs.errors import Forbidden, NotFound
 from runs.models import Run
 
 
-def run_for_view(request, run_id: int, action: str = "view") -> Run:
-    """The run if ``request.user`` may ``action`` it: 404 outside their projects, 403 for a role that may not."""
-    run = Run.objects.select_related("workflow", "project", "started_by").filter(id=run_id).first()
+def authorized(request, obj, action: str, *, what: str):
+    """``obj`` (it has a ``project_id``) if ``request.user`` may ``action`` it: 404 when it does not exist or
+    lies outside their projects, 403 for a role that may not."""
     try:
-        if run is None:
-            raise NotFound(f"run {run_id} does not exist")
-        authorize(request.user, run.project_id, action, what=f"run {run_id}", request=request)
+        if obj is None:
+            raise NotFound(f"{what} does not exist")
+        authorize(request.user, obj.project_id, action, what=what, request=request)
     except NotFound as exc:
         raise Http404(str(exc)) from None
     except Forbidden as exc:
         raise PermissionDenied(str(exc)) from None
-    return run
+    return obj
+
+
+def run_for_view(request, run_id: int, action: str = "view") -> Run:
+    run = Run.objects.select_related("workflow", "project", "started_by").filter(id=run_id).first()
+    return authorized(request, run, action, what=f"run {run_id}")

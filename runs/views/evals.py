@@ -3,19 +3,19 @@
 
 from django import forms
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import PermissionDenied
-from django.http import Http404, HttpResponseBadRequest
+from django.http import HttpResponseBadRequest
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
 from agents.models import ModelVersion
-from approvals.access import authorize, project_ids
+from approvals.access import project_ids
 from approvals.audit import audit
-from runs.errors import Forbidden, NotFound, WardenError
+from runs.errors import WardenError
 
 from ..evals import comparison, eval_start
 from ..insight import fmt_duration, fmt_usd
 from ..models import EvalSuite
+from .common import authorized
 
 
 class EvalStartForm(forms.Form):
@@ -26,15 +26,7 @@ class EvalStartForm(forms.Form):
 
 def _suite(request, suite_id: int, action: str) -> EvalSuite:
     suite = EvalSuite.objects.select_related("project").filter(id=suite_id).first()
-    try:
-        if suite is None:
-            raise NotFound(f"evaluation suite {suite_id} does not exist")
-        authorize(request.user, suite.project_id, action, what=f"evaluation suite {suite_id}", request=request)
-    except NotFound as exc:
-        raise Http404(str(exc)) from None
-    except Forbidden as exc:
-        raise PermissionDenied(str(exc)) from None
-    return suite
+    return authorized(request, suite, action, what=f"evaluation suite {suite_id}")
 
 
 @login_required
