@@ -28,7 +28,7 @@ from typing import Any
 from django.conf import settings
 from django.core.cache import cache
 
-from runs.circuit import Breaker
+from runs.circuit import Breaker, rate_wait
 from runs.errors import StepFailure, TransientFailure
 
 log = logging.getLogger("warden.gateway")
@@ -201,6 +201,12 @@ def _call_with_retries(impl, model: str, request: ModelRequest) -> ModelResponse
         wait = circuit_open_for(impl.name)
         if wait:
             raise StepFailure(f"model provider {impl.name} is failing; its breaker is open for {wait:.0f}s", "provider")
+        wait = rate_wait(f"model:{impl.name}", cfg["MODEL_RATE_PER_MINUTE"].get(impl.name))
+        if wait > cfg["MODEL_RETRY_CAP_SECONDS"]:
+            # Holding the worker that long would starve others: the task retries later, with backoff.
+            raise TransientFailure(f"model provider {impl.name} is over its rate limit for {wait:.0f}s")
+        if wait:
+            time.sleep(wait)
         try:
             response = impl.complete(model=model, request=request)
         except ProviderRetryable as exc:

@@ -1,6 +1,6 @@
-"""A circuit breaker kept in the shared cache (Redis in scaled mode), so every worker sees it: enough
-failures in a row open it for a while; one success closes it. Tools (tools/broker.py) and model
-providers (agents/gateway.py) each keep one per name."""
+"""Limits kept in the shared cache (Redis in scaled mode), so every worker sees them, for tools
+(tools/broker.py) and model providers (agents/gateway.py) alike: a circuit breaker (enough failures in
+a row open it for a while; one success closes it) and a rate limit (a fixed one-minute window)."""
 
 import logging
 import time
@@ -39,3 +39,17 @@ class Breaker:
             state = {"failures": 0, "open_until": time.time() + seconds}
             log.warning("%s: breaker open for %ss", self._key(name), seconds)
         cache.set(key, state, timeout=max(60, int(seconds) + 1))
+
+
+def rate_wait(name: str, per_minute: int | None) -> float:
+    """Count one call of ``name``: 0 if it may go now, else the seconds until the window turns."""
+    if not per_minute:
+        return 0.0
+    key = f"warden:rate:{name}:{int(time.time() // 60)}"
+    cache.add(key, 0, timeout=120)
+    try:
+        count = cache.incr(key)
+    except ValueError:  # expired between add and incr
+        cache.set(key, 1, timeout=120)
+        count = 1
+    return 0.0 if count <= per_minute else 60 - time.time() % 60

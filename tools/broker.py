@@ -14,10 +14,8 @@ call is made again with the same key; no lookup → a human decides. Never a bli
 import json
 import logging
 import re
-import time
 from dataclasses import dataclass
 
-from django.core.cache import cache
 from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
@@ -25,7 +23,7 @@ from django.utils.crypto import salted_hmac
 from pydantic import ValidationError
 
 from runs import events
-from runs.circuit import Breaker
+from runs.circuit import Breaker, rate_wait
 from runs.errors import StepFailure, TransientFailure
 from runs.faults import crash_now, fault_fire_once, faults_at
 
@@ -116,17 +114,7 @@ def circuit_reset(tool: str | None = None) -> None:
 
 def _rate_limited(spec: ToolSpec) -> float:
     """Seconds until the next call may go, or 0. A fixed one-minute window per tool."""
-    if not spec.rate_per_minute:
-        return 0.0
-    window = int(time.time() // 60)
-    key = f"warden:rate:{spec.name}:{window}"
-    cache.add(key, 0, timeout=120)
-    try:
-        count = cache.incr(key)
-    except ValueError:  # expired between add and incr
-        cache.set(key, 1, timeout=120)
-        count = 1
-    return 0.0 if count <= spec.rate_per_minute else 60 - time.time() % 60
+    return rate_wait(spec.name, spec.rate_per_minute)
 
 
 # --- faults and crash points -----------------------------------------------------------------------

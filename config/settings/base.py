@@ -219,6 +219,13 @@ WARDEN = {
     "MODEL_TIMEOUT_SECONDS": _env_float("WARDEN_MODEL_TIMEOUT_SECONDS", 120),
     "MODEL_CIRCUIT_FAILURES": int(os.environ.get("WARDEN_MODEL_CIRCUIT_FAILURES", 5)),
     "MODEL_CIRCUIT_OPEN_SECONDS": _env_float("WARDEN_MODEL_CIRCUIT_OPEN_SECONDS", 60),
+    # Calls a minute per provider, across all workers (0 or absent: no limit), e.g. "openai=500,anthropic=50".
+    "MODEL_RATE_PER_MINUTE": {
+        name: int(limit)
+        for name, _, limit in (
+            part.partition("=") for part in os.environ.get("WARDEN_MODEL_RATE_PER_MINUTE", "").split(",") if part
+        )
+    },
     # An OpenAI-compatible endpoint; the key is read from the environment at each call, never stored.
     "OPENAI_BASE_URL": os.environ.get("WARDEN_OPENAI_BASE_URL", "https://api.openai.com/v1"),
     "OPENAI_API_KEY_ENV": os.environ.get("WARDEN_OPENAI_API_KEY_ENV", "OPENAI_API_KEY"),

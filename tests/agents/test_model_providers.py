@@ -187,6 +187,32 @@ def test_an_identical_request_of_a_caching_agent_is_answered_once_and_paid_once(
     assert len(provider.requests) == 3
 
 
+def test_over_the_providers_rate_limit_a_step_waits_or_is_retried_later_without_calling(provider, db, settings,
+                                                                                       monkeypatch):  # fmt: skip
+    import random
+    import types
+
+    import runs.circuit
+    from runs.errors import TransientFailure
+
+    minute = 60 * random.randint(10**6, 10**7)  # a window of its own, whatever the shared cache holds
+    clock = types.SimpleNamespace(time=lambda: minute + 5.0)  # 55 s left in the window
+    monkeypatch.setattr(runs.circuit, "time", clock)
+    settings.WARDEN = {**settings.WARDEN, "MODEL_RATE_PER_MINUTE": {"openai": 2}, "MODEL_RETRY_CAP_SECONDS": 2.0}
+    for _ in range(2):
+        provider.answer(body=completion(content="{}"))
+        ask()
+    with pytest.raises(TransientFailure, match="over its rate limit for 55s"):
+        ask()  # waiting 55 s would hold the worker: the task retries later instead
+    assert len(provider.requests) == 2
+    clock.time = lambda: minute + 59.5  # half a second left: worth waiting for
+    sleeps = []
+    monkeypatch.setattr("agents.gateway.time.sleep", sleeps.append)
+    provider.answer(body=completion(content="{}"))
+    ask()
+    assert sleeps == [0.5] and len(provider.requests) == 3
+
+
 def test_a_refusal_is_not_retried(provider, db):
     provider.answer(400, {"error": {"message": "model not found", "type": "invalid_request_error"}})
     with pytest.raises(StepFailure, match="refused the call \\(400\\)"):
