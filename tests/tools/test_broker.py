@@ -55,7 +55,7 @@ def test_a_tool_over_its_rate_limit_is_refused(call, monkeypatch):
     monkeypatch.setitem(registry.TOOLS, "search.query", dataclasses.replace(spec, rate_per_minute=2))
     # A fixed clock inside one minute window of its own, so a window boundary cannot split the calls.
     now = 60.0 * random.randrange(10**6, 10**7) + 1
-    monkeypatch.setattr("tools.broker.time", types.SimpleNamespace(time=lambda: now, sleep=time.sleep))
+    monkeypatch.setattr("runs.circuit.time", types.SimpleNamespace(time=lambda: now, sleep=time.sleep))
     outcomes = [call("search.query", {"query": f"checkout {n}"}) for n in range(3)]
     assert [o.error["code"] if o.error else "ok" for o in outcomes] == ["ok", "ok", "rate_limited"]
     assert 0 < outcomes[-1].error["retry_after"] <= 60
