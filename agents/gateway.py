@@ -48,6 +48,7 @@ class ModelRequest:
     tool_names: list[str] = field(default_factory=list)  # the tools the task may call
     cache_seconds: int = 0  # the agent's: how long an identical request may be answered from the cache
     fallback: tuple[str, str] | None = None  # (provider, model) to use while the provider's breaker is open
+    routing: dict = field(default_factory=dict)  # the agent's rule for simple steps (a cheaper model)
 
 
 @dataclass
@@ -154,7 +155,23 @@ def _real_providers() -> dict:
     return {"openai": OpenAIProvider(), "anthropic": AnthropicProvider()}
 
 
+def route(provider: str, model: str, request: ModelRequest) -> tuple[str, str]:
+    """A simple step (a short prompt, by the agent's rule) goes to the cheaper model the rule names."""
+    rule = request.routing or {}
+    if not rule:
+        return provider, model
+    try:
+        limit, cheap = int(rule["max_prompt_chars"]), str(rule["model"])
+    except (KeyError, TypeError, ValueError):
+        needs = "routing needs max_prompt_chars and model"
+        raise StepFailure(f"agent {request.agent_slug}: {needs}", "validation") from None
+    if len(request.prompt) <= limit:
+        return str(rule.get("provider") or provider), cheap
+    return provider, model
+
+
 def model_complete(*, provider: str, script: list[dict], model: str, request: ModelRequest) -> ModelResponse:
+    provider, model = route(provider, model, request)
     if provider == "scripted":
         return SCRIPTED.complete(script=script, model=model, request=request)
     impl = _real_providers().get(provider)

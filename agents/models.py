@@ -24,6 +24,12 @@ class Agent(models.Model):
         max_length=32, choices=Provider.choices, blank=True, help_text="Used while the provider's breaker is open"
     )
     fallback_model = models.CharField(max_length=100, blank=True)
+    routing = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text='Simple steps to a cheaper model: {"max_prompt_chars": 2000, "model": "gpt-4.1-mini"} '
+        '(optionally "provider"); a step whose prompt is that short goes there',
+    )
     cache_seconds = models.PositiveIntegerField(
         default=0,
         help_text="Real providers: reuse the answer to an identical request (same model, messages and tools) for "

@@ -105,7 +105,7 @@ _CONTEXT_SQL = (
     "t.depth, t.agent_id, t.steps_used, t.tokens_used, t.tool_calls_used, t.cost_micros, t.max_steps, t.max_tokens, "
     "t.max_tool_calls, t.max_cost_micros, t.max_seconds, t.started_at, "
     "a.slug, a.instructions, a.provider, a.model, a.script, a.is_planner, a.cache_seconds, a.fallback_provider, "
-    "a.fallback_model, "
+    "a.fallback_model, a.routing, "
     "r.input, r.status, r.steps_used, r.tokens_used, r.tool_calls_used, r.cost_micros, r.max_steps, r.max_tokens, "
     "r.max_tool_calls, r.max_cost_micros, r.plan_version, w.max_tasks, t.journal_epoch "
     "FROM runs_task t JOIN agents_agent a ON a.id = t.agent_id JOIN runs_run r ON r.id = t.run_id "
@@ -119,7 +119,7 @@ def _load_context(lease: Lease) -> tuple[Run, Task, Agent, dict]:
     (key, objective, depends_on, dependents, output_schema, allowed_tools, plan_version, depth, agent_id, *rest) = row
     t_usage, (max_seconds, started_at), rest = rest[:8], rest[8:10], rest[10:]
     (slug, instructions, provider, model, script, is_planner, cache_seconds, fallback, fallback_model) = rest[:9]
-    rest = rest[9:]
+    routing, rest = sql.loads(rest[9]), rest[10:]
     run_input, r_status, *r_usage, r_plan, max_tasks, journal_epoch = rest
     agent = Agent(
         id=agent_id,
@@ -132,6 +132,7 @@ def _load_context(lease: Lease) -> tuple[Run, Task, Agent, dict]:
         cache_seconds=cache_seconds,
         fallback_provider=fallback,
         fallback_model=fallback_model,
+        routing=routing or {},
     )
     run_input = sql.loads(run_input)
     if run_input.get("model_version"):
@@ -267,6 +268,7 @@ def _attempt(lease: Lease):
                     tool_names=list(task.allowed_tools),
                     cache_seconds=agent.cache_seconds,
                     fallback=(agent.fallback_provider, agent.fallback_model) if agent.fallback_provider else None,
+                    routing=agent.routing,
                 )
                 started = timezone.now()
                 try:

@@ -213,6 +213,19 @@ def test_over_the_providers_rate_limit_a_step_waits_or_is_retried_later_without_
     assert sleeps == [0.5] and len(provider.requests) == 3
 
 
+def test_a_simple_step_goes_to_the_cheaper_model_the_agents_rule_names(provider, db):
+    rule = {"max_prompt_chars": 100, "model": "gpt-mini"}
+    for _ in range(2):
+        provider.answer(body=completion(content="{}"))
+    ask(routing=rule)  # "Objective: look up c-1": a short prompt
+    request = ModelRequest(agent_slug="gpt", instructions="", prompt="Objective: " + "x" * 200, turn=1, attempt=1,
+                           routing=rule)  # fmt: skip
+    model_complete(provider="openai", script=[], model="gpt-test", request=request)
+    assert [r["json"]["model"] for r in provider.requests] == ["gpt-mini", "gpt-test"]
+    with pytest.raises(StepFailure, match="routing needs max_prompt_chars and model"):
+        ask(routing={"model": "gpt-mini"})
+
+
 def test_a_refusal_is_not_retried(provider, db):
     provider.answer(400, {"error": {"message": "model not found", "type": "invalid_request_error"}})
     with pytest.raises(StepFailure, match="refused the call \\(400\\)"):
