@@ -206,8 +206,8 @@ def test_over_the_providers_rate_limit_a_step_waits_or_is_retried_later_without_
         ask()  # waiting 55 s would hold the worker: the task retries later instead
     assert len(provider.requests) == 2
     clock.time = lambda: minute + 59.5  # half a second left: worth waiting for
-    sleeps = []
-    monkeypatch.setattr("agents.gateway.time.sleep", sleeps.append)
+    sleeps = []  # the gateway's clock only: other threads keep the real sleep
+    monkeypatch.setattr("agents.gateway.time", types.SimpleNamespace(sleep=sleeps.append, time=time.time))
     provider.answer(body=completion(content="{}"))
     ask()
     assert sleeps == [0.5] and len(provider.requests) == 3
