@@ -49,31 +49,14 @@ def tool_functions(tool_names: list[str]) -> list[dict]:
     functions = []
     for name in tool_names:
         if name in TOOL_SCHEMAS:  # Warden's own memory tools
-            description, model = TOOL_SCHEMAS[name]
-            functions.append(
-                {
-                    "type": "function",
-                    "function": {
-                        "name": _function_name(name),
-                        "description": description,
-                        "parameters": model.model_json_schema(),
-                    },
-                }
-            )
+            description, arguments = TOOL_SCHEMAS[name]
+        elif (spec := TOOLS.get(name)) is not None and not spec.internal:
+            description, arguments = (spec.description or name)[:1000], spec.arguments
+        else:
             continue
-        spec = TOOLS.get(name)
-        if spec is None or spec.internal:
-            continue
-        functions.append(
-            {
-                "type": "function",
-                "function": {
-                    "name": _function_name(name),
-                    "description": (spec.description or name)[:1000],
-                    "parameters": spec.arguments.model_json_schema(),
-                },
-            }
-        )
+        parameters = arguments.model_json_schema()
+        function = {"name": _function_name(name), "description": description, "parameters": parameters}
+        functions.append({"type": "function", "function": function})
     return functions
 
 

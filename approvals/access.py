@@ -45,6 +45,12 @@ def project_ids(user, action: str = "view") -> list[int] | None:
     return list(Membership.objects.filter(user=user, role__in=roles).values_list("project_id", flat=True))
 
 
+def visible_rows(rows, user, *, field: str = "project_id", action: str = "view"):
+    """``rows`` narrowed to the projects where ``user`` may ``action`` (all of them for a superuser)."""
+    allowed = project_ids(user, action)
+    return rows if allowed is None else rows.filter(**{f"{field}__in": allowed})
+
+
 def authorize(user, project_id: int, action: str, *, what: str, token: ApiToken | None = None, request=None) -> str:
     """Return the user's role, or raise NotFound (not a member) / Forbidden (role or token scope)."""
     roles, scope = ACTIONS[action]

@@ -9,7 +9,7 @@ from pydantic import ConfigDict
 from runs.errors import NotFound
 from runs.schemas import BodyIn, PathId, QueryWhole, Whole
 
-from .access import authorize, authorize_token, project_ids
+from .access import authorize, authorize_token, visible_rows
 from .models import ApprovalRequest
 from .services import approval_decide
 
@@ -126,9 +126,7 @@ def list_approvals(request, filters: Query[ApprovalsQuery]):
         "operations", "items__operations", "decisions__reviewer"
     )
     authorize_token(request.auth, "read", what="approval requests", request=request)
-    visible = project_ids(request.auth.user, "view")
-    if visible is not None:  # only requests of the caller's projects
-        rows = rows.filter(run__project_id__in=visible)
+    rows = visible_rows(rows, request.auth.user, field="run__project_id")  # only the caller's projects
     if filters.status:
         rows = rows.filter(status=filters.status)
     if filters.run:
@@ -262,10 +260,7 @@ def list_allow_rules(request):
     from .models import AllowRule
 
     authorize_token(request.auth, "read", what="allow rules", request=request)
-    rows = AllowRule.objects.select_related("project", "agent", "created_by")
-    visible = project_ids(request.auth.user, "view")
-    if visible is not None:
-        rows = rows.filter(project_id__in=visible)
+    rows = visible_rows(AllowRule.objects.select_related("project", "agent", "created_by"), request.auth.user)
     return [allow_rule_out(rule) for rule in rows[:500]]
 
 

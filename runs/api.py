@@ -6,7 +6,7 @@ from typing import Any
 from ninja import Field, Query, Router, Schema, Status
 from pydantic import ConfigDict
 
-from approvals.access import authorize, authorize_token, default_project, project_ids
+from approvals.access import authorize, authorize_token, default_project, visible_rows
 from approvals.audit import audit
 from approvals.models import Project
 
@@ -302,10 +302,7 @@ def list_runs(
     limit: QueryWhole(ge=1, le=200) = Query(default=50),  # noqa: B008
 ):
     authorize_token(request.auth, "read", what="the run list", request=request)
-    rows = Run.objects.select_related("workflow", "project").order_by("-id")
-    visible = project_ids(request.auth.user, "view")
-    if visible is not None:
-        rows = rows.filter(project_id__in=visible)
+    rows = visible_rows(Run.objects.select_related("workflow", "project").order_by("-id"), request.auth.user)
     if status:
         rows = rows.filter(status__in=status)
     if workflow:

@@ -10,7 +10,7 @@ from ninja import Field, Query, Router, Schema
 from pydantic import ConfigDict
 
 from agents.models import Agent, Workflow
-from approvals.access import authorize_token, project_ids
+from approvals.access import authorize_token, project_ids, visible_rows
 from approvals.models import AuditEvent, Project
 
 from .api import keyset_page, run_for
@@ -341,10 +341,7 @@ def list_audit(
     limit: QueryWhole(ge=1, le=500) = Query(default=100),  # noqa: B008
 ):
     authorize_token(request.auth, "read", what="the audit log", request=request)
-    rows = AuditEvent.objects.order_by("-id")
-    visible = project_ids(request.auth.user, "view")
-    if visible is not None:
-        rows = rows.filter(project_id__in=visible)
+    rows = visible_rows(AuditEvent.objects.order_by("-id"), request.auth.user)
     if run:
         rows = rows.filter(run_id=run)
     if action:

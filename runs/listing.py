@@ -17,7 +17,7 @@ from django.template.loader import render_to_string
 from django.utils import timezone
 
 from agents.models import Workflow
-from approvals.access import project_ids
+from approvals.access import project_ids, visible_rows
 from approvals.models import ApprovalRequest, Project
 
 from .errors import NotFound
@@ -204,10 +204,7 @@ def _id_of(rows: QuerySet) -> Subquery:
 def runs_filtered(*, user, filters: RunFilters) -> QuerySet:
     """The runs of ``user``'s projects that match ``filters``, newest first, from ``filters.after`` on;
     no figures (the bulk actions select ids with this)."""
-    runs = Run.objects.order_by("-id")
-    visible = project_ids(user, "view")
-    if visible is not None:
-        runs = runs.filter(project_id__in=visible)
+    runs = visible_rows(Run.objects.order_by("-id"), user)
     if filters.statuses:
         runs = runs.filter(status__in=filters.statuses)
     # By id, from a scalar subquery rather than a join: the (column, id) indexes then yield the runs of one

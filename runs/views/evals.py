@@ -8,7 +8,7 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
 from agents.models import ModelVersion
-from approvals.access import project_ids
+from approvals.access import visible_rows
 from approvals.audit import audit
 from runs.errors import WardenError
 
@@ -32,10 +32,7 @@ def _suite(request, suite_id: int, action: str) -> EvalSuite:
 @login_required
 @require_GET
 def eval_list(request):
-    allowed = project_ids(request.user)
-    suites = EvalSuite.objects.select_related("project").prefetch_related("cases")
-    if allowed is not None:
-        suites = suites.filter(project_id__in=allowed)
+    suites = visible_rows(EvalSuite.objects.select_related("project").prefetch_related("cases"), request.user)
     return render(request, "runs/evals.html", {"suites": suites})
 
 
