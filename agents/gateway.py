@@ -62,7 +62,7 @@ class ModelResponse:
     model: str = ""
     retries: int = 0  # tries the gateway made before this answer
     cached: bool = False  # answered from the gateway's cache: no call made, nothing paid
-    sent: dict | None = None  # what a real provider was sent (system and user messages), kept with the answer
+    sent: dict | None = None  # what the model was sent (system and user messages), kept with the answer
 
     def as_journal(self) -> dict:
         body: dict[str, Any] = {"text": self.text}
@@ -104,8 +104,10 @@ def _render(value, context):
     return value
 
 
-def _script_turn(script: list[dict], turn: int) -> dict:
-    """The turn a model call plays: turns with ``repeat: N`` stand for N consecutive calls."""
+def _script_turn(script: list[dict], turn: int, task: str = "") -> dict:
+    """The turn a model call plays: turns with ``repeat: N`` stand for N consecutive calls. Entries with
+    ``tasks: [keys]`` belong to those tasks only (a planner's re-plan turn, one worker's own turns)."""
+    script = [entry for entry in script if not entry.get("tasks") or task in entry["tasks"]]
     position = 0
     for entry in script:
         position += int(entry.get("repeat", 1))
@@ -120,7 +122,7 @@ class ScriptedProvider:
     """Turn ``n`` of the task answers with entry ``n`` of the agent's script (see docs/agents.md)."""
 
     def complete(self, *, script: list[dict], model: str, request: ModelRequest) -> ModelResponse:
-        entry = _script_turn(script, request.turn)
+        entry = _script_turn(script, request.turn, request.context.get("task", ""))
         if entry.get("delay"):
             time.sleep(float(entry["delay"]))
         if entry.get("fail") and request.attempt in entry.get("on_attempts", [request.attempt]):
@@ -138,6 +140,8 @@ class ScriptedProvider:
             response.final = entry["raw"]
         response.tokens_in = max(1, len(request.prompt) // 4)
         response.tokens_out = max(1, len(json.dumps(response.as_journal())) // 4)
+        # What the model was given, viewable on the model-call span as for a real provider.
+        response.sent = {"system": request.instructions, "user": request.prompt, "tools": list(request.tool_names)}
         response.cost_micros = (
             response.tokens_in * SCRIPTED_PRICE_MICROS_PER_TOKEN[0]
             + response.tokens_out * SCRIPTED_PRICE_MICROS_PER_TOKEN[1]

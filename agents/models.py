@@ -115,6 +115,11 @@ class Workflow(models.Model):
         blank=True,
         help_text='Per tool, trusted: {"email.send": {"approval": "always"}} makes each call wait for a reviewer',
     )
+    max_replans = models.PositiveSmallIntegerField(
+        default=0,
+        help_text="With a planner agent: how often a task's quality failure (invalid output, a loop, a permanent "
+        "error) sends the run back to the planner, with the world as it now is, before a human is asked",
+    )
     compensate_on_failure = models.BooleanField(
         default=False, help_text="After a task fails for good, undo the run's committed effects without waiting"
     )

@@ -18,8 +18,14 @@ def pydantic_errors(exc: ValidationError, prefix: str = "") -> list[dict]:
 
 
 def plan_validate(
-    raw, *, max_tasks: int, existing_keys: frozenset[str] = frozenset()
+    raw,
+    *,
+    max_tasks: int,
+    existing_keys: frozenset[str] = frozenset(),
+    dead_keys: frozenset[str] = frozenset(),
 ) -> tuple[list[PlannedTaskIn], dict[str, Agent]]:
+    """``existing_keys``: the run's tasks so far (a new plan adds to them); ``dead_keys``: those of them
+    that failed, were cancelled or superseded, which no new task may wait for (it would wait for good)."""
     try:
         plan = PlanIn.model_validate(raw if isinstance(raw, dict) else {"tasks": raw})
     except ValidationError as exc:
@@ -36,6 +42,12 @@ def plan_validate(
         for t in plan.tasks
         for d in t.depends_on
         if d not in known
+    ]
+    errors += [
+        {"field": f"plan.tasks.{t.key}.depends_on", "message": f"task {d!r} will never complete (it failed or was dropped)"}
+        for t in plan.tasks
+        for d in t.depends_on
+        if d in dead_keys
     ]
     agents = {a.slug: a for a in Agent.objects.filter(slug__in={t.agent for t in plan.tasks})}
     errors += [

@@ -28,6 +28,7 @@ def build_prompt(
     journal: list[dict],
     budget_chars: int | None = None,
     knowledge: list[dict] | None = None,
+    world: list[str] | None = None,
 ) -> str:
     """Objective, output schema, short previews of the dependency artifacts, and a compact record of
     this task's own recent steps: at most RECENT_STEPS_IN_PROMPT of them, newest kept, within the
@@ -44,6 +45,20 @@ def build_prompt(
         source = f", from artifacts {entry['sources']}" if entry["sources"] else ""
         what = f"{entry['key']} v{entry['version']} = {_preview(entry['value'])}"
         parts.append(f"Known (verified by {entry['verified_by']}): {what} (by {entry['by']}{source}, {entry['at']})")
+    if world:  # a re-planner's world state (runs/services/replan.py): at most half the budget
+        room = budget_chars // 2 - sum(len(p) + 1 for p in parts)
+        head, *rest = world
+        kept_world, dropped = [], 0
+        for line in reversed(rest):  # tasks, then the latest side effects, matter most
+            if len(line) + 1 > room:
+                dropped += 1
+                continue
+            kept_world.append(line)
+            room -= len(line) + 1
+        parts.append(head)
+        if dropped:
+            parts.append(f"- ({dropped} lines of the world state omitted for the context budget)")
+        parts.extend(reversed(kept_world))
     room = budget_chars - sum(len(p) + 1 for p in parts)
     kept: list[str] = []
     for entry in reversed(journal[-RECENT_STEPS_IN_PROMPT:]):

@@ -97,8 +97,9 @@ class Task(models.Model):
         COMPLETED = "completed"
         FAILED = "failed"
         CANCELLED = "cancelled"
+        SUPERSEDED = "superseded"  # not started when a re-plan replaced the plan it belonged to
 
-    TERMINAL = frozenset({Status.COMPLETED, Status.FAILED, Status.CANCELLED})
+    TERMINAL = frozenset({Status.COMPLETED, Status.FAILED, Status.CANCELLED, Status.SUPERSEDED})
 
     class FailureClass(models.TextChoices):
         TRANSIENT = "transient"

@@ -19,8 +19,9 @@ RUN_TRANSITIONS: dict[str, frozenset[str]] = {
 }
 
 TASK_TRANSITIONS: dict[str, frozenset[str]] = {
-    TS.PENDING: frozenset({TS.READY, TS.CANCELLED}),
-    TS.READY: frozenset({TS.RUNNING, TS.FAILED, TS.CANCELLED}),
+    # pending/ready -> superseded: a re-plan replaced the plan of a task that had not started
+    TS.PENDING: frozenset({TS.READY, TS.CANCELLED, TS.SUPERSEDED}),
+    TS.READY: frozenset({TS.RUNNING, TS.FAILED, TS.CANCELLED, TS.SUPERSEDED}),
     # running -> ready: a lease expired (crash) or the attempt handed its rest to a fresh message
     TS.RUNNING: frozenset({TS.COMPLETED, TS.RETRY_WAIT, TS.READY, TS.FAILED, TS.CANCELLED, TS.WAITING_FOR_APPROVAL}),
     TS.RETRY_WAIT: frozenset({TS.RUNNING, TS.READY, TS.FAILED, TS.CANCELLED}),
@@ -28,6 +29,7 @@ TASK_TRANSITIONS: dict[str, frozenset[str]] = {
     TS.FAILED: frozenset({TS.READY}),  # an operator's retry
     TS.COMPLETED: frozenset(),
     TS.CANCELLED: frozenset(),
+    TS.SUPERSEDED: frozenset(),
 }
 
 

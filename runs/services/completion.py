@@ -45,7 +45,7 @@ def quarantine(lease: Lease, task: Task, *, step: int | None, body) -> None:
     current = Task.objects.select_related("run").get(id=lease.task_id)
     if current.run.status in (Run.Status.CANCELLING, Run.Status.CANCELLED):
         reason = QuarantinedResult.Reason.RUN_CANCELLED
-    elif current.plan_version != current.run.plan_version:
+    elif current.status == Task.Status.SUPERSEDED:
         reason = QuarantinedResult.Reason.PLAN_SUPERSEDED
     else:
         reason = QuarantinedResult.Reason.LEASE_LOST
@@ -73,8 +73,8 @@ WITH r AS (
         status_reason = '', steps_used = steps_used + 1, tokens_used = tokens_used + %(tokens)s,
         cost_micros = cost_micros + %(cost)s
     WHERE id = %(task)s AND fencing_token = %(token)s AND status = 'running'
-        AND EXISTS (SELECT 1 FROM r WHERE r.plan_version = %(plan)s AND r.status <> 'cancelling')
-    RETURNING id
+        AND EXISTS (SELECT 1 FROM r WHERE r.status <> 'cancelling')
+    RETURNING id, dependents
 ), s AS (
     INSERT INTO runs_span (run_id, task_id, parent_id, kind, name, status, attempt, step, fencing_token,
         started_at, ended_at, tokens_in, tokens_out, cost_micros, attributes, body, payload_id)
@@ -96,7 +96,8 @@ WITH r AS (
 )
 SELECT r.*, (SELECT count(*) FROM t),
     (SELECT coalesce(json_agg(json_build_array(id, status, key, fencing_token, attempts, continuing, agent_id)), '[]')
-     FROM d)
+     FROM d),
+    (SELECT dependents FROM t)
 FROM r
 """
 
@@ -121,13 +122,12 @@ def task_finish(lease: Lease, run: Run, task: Task, *, step: int, response, star
         with transaction.atomic():
             if connection.vendor == "postgresql":
                 # One statement for the whole completion: the task-to-task hop is mostly round trips.
-                *usage, plan_version, held_back, completed, ready_rows = sql.fetchone(
+                *usage, plan_version, held_back, completed, ready_rows, dependents = sql.fetchone(
                     _PG_FINISH,
                     {
                         "run": run.id,
                         "task": task.id,
                         "token": lease.token,
-                        "plan": task.plan_version,
                         "tokens": tokens,
                         "cost": cost,
                         "now": now,
@@ -150,9 +150,14 @@ def task_finish(lease: Lease, run: Run, task: Task, *, step: int, response, star
                 if not completed:
                     raise LeaseLost(f"task {task.id}: token {lease.token} no longer holds the lease")
                 ready = [claim_candidate(run.id, r) for r in sql.loads(ready_rows) if r[1] == Task.Status.READY]
+                # A re-plan that committed while this statement waited for the run's lock may have added
+                # dependents this statement's snapshot cannot see: count them down in a statement of its own.
+                added = [int(i) for i in sql.loads(dependents) if str(i) not in {str(d) for d in task.dependents}]
+                if added:
+                    ready += _dependents_count_down(run.id, added, now)
                 run_usage = Usage(*usage)
             else:
-                run_usage, held_back, ready = _finish_generic(
+                run_usage, plan_version, held_back, ready = _finish_generic(
                     lease,
                     run,
                     task,
@@ -163,7 +168,7 @@ def task_finish(lease: Lease, run: Run, task: Task, *, step: int, response, star
                     body=body,
                     provenance=provenance,
                 )
-            run.status = run_usage.status
+            run.status, run.plan_version = run_usage.status, plan_version
             if planned is not None:
                 from .runs import tasks_create
 
@@ -194,8 +199,8 @@ def _finish_generic(lease: Lease, run: Run, task: Task, *, step, response, start
         returning=f"{sql.USAGE_COLUMNS}, plan_version, held_back",
     )
     run_usage = Usage(*usage)
-    if plan_version != task.plan_version or run_usage.status == Run.Status.CANCELLING:
-        raise LeaseLost("plan superseded or run cancelled")
+    if run_usage.status == Run.Status.CANCELLING:
+        raise LeaseLost("run cancelled")
     completed = sql.execute(
         "UPDATE runs_task SET status = %s, finished_at = %s, lease_owner = '', lease_expires_at = NULL, "
         "status_reason = '', steps_used = steps_used + 1, tokens_used = tokens_used + %s, "
@@ -236,20 +241,25 @@ def _finish_generic(lease: Lease, run: Run, task: Task, *, step, response, start
     )
     sql.end_spans([lease.span_id, lease.task_span_id], now=now, status=Span.Status.OK)
     events.run_changed(run.id)
-    ready = []
-    if task.dependents:
-        where, ids = sql.in_list("id", [int(i) for i in task.dependents])
-        # SET expressions see the row before the update: pending_deps = 1 means this was the last one.
-        rows = sql.fetchall(
-            "UPDATE runs_task SET pending_deps = pending_deps - 1, "
-            "status = CASE WHEN pending_deps <= 1 THEN %s ELSE status END, "
-            "ready_at = CASE WHEN pending_deps <= 1 THEN %s ELSE ready_at END "
-            f"WHERE {where} AND status = %s "
-            "RETURNING id, status, key, fencing_token, attempts, continuing, agent_id",
-            [Task.Status.READY, sql.ts(now), *ids, Task.Status.PENDING],
-        )
-        ready = [claim_candidate(run.id, r) for r in rows if r[1] == Task.Status.READY]
-    return run_usage, held_back, ready
+    # Read under the run's lock: a re-plan may have added dependents since this attempt started.
+    dependents = sql.loads(sql.fetchone("SELECT dependents FROM runs_task WHERE id = %s", [task.id])[0])
+    ready = _dependents_count_down(run.id, [int(i) for i in dependents], now) if dependents else []
+    return run_usage, plan_version, held_back, ready
+
+
+def _dependents_count_down(run_id: int, ids: list[int], now) -> list:
+    """One dependency of each of ``ids`` completed; those with none left become ready (returned)."""
+    where, params = sql.in_list("id", ids)
+    # SET expressions see the row before the update: pending_deps = 1 means this was the last one.
+    rows = sql.fetchall(
+        "UPDATE runs_task SET pending_deps = pending_deps - 1, "
+        "status = CASE WHEN pending_deps <= 1 THEN %s ELSE status END, "
+        "ready_at = CASE WHEN pending_deps <= 1 THEN %s ELSE ready_at END "
+        f"WHERE {where} AND status = %s "
+        "RETURNING id, status, key, fencing_token, attempts, continuing, agent_id",
+        [Task.Status.READY, sql.ts(now), *params, Task.Status.PENDING],
+    )
+    return [claim_candidate(run_id, r) for r in rows if r[1] == Task.Status.READY]
 
 
 def _advance(run: Run, *, ready: list, owner: str, now, stop_reason: str = "", held_back: int = 0):
@@ -288,7 +298,9 @@ def _run_settle(run: Run, now, stop_reason: str = "") -> bool:
     statuses = {
         row[0]
         for row in sql.fetchall(
-            "SELECT DISTINCT status FROM runs_task WHERE run_id = %s AND status <> %s", [run.id, Task.Status.COMPLETED]
+            "SELECT DISTINCT status FROM runs_task WHERE run_id = %s AND status NOT IN (%s, %s) "
+            "AND NOT (status = %s AND plan_version < (SELECT plan_version FROM runs_run WHERE id = %s))",
+            [run.id, Task.Status.COMPLETED, Task.Status.SUPERSEDED, Task.Status.FAILED, run.id],
         )
     }
     if not statuses:
@@ -349,7 +361,14 @@ def fail_task(*, task: Task, run: Run, failure_class: str, reason: str, now) -> 
         ended_at=now, status=Span.Status.ERROR, attributes={"error": reason[:2000]}
     )
     if run.status in (Run.Status.RUNNING, Run.Status.WAITING_FOR_APPROVAL):
+        from .replan import replan, replan_refusal
+
+        if replan(run=run, task=task, failure_class=failure_class, reason=reason, now=now):
+            return
         what = reason if failure_class == "budget" else f"task {task.key} failed ({failure_class}): {reason}"
+        refusal = replan_refusal(run, task, failure_class)
+        if refusal != "no re-planning":
+            what += f" (not re-planned: {refusal})"
         run_transition(run=run, to=Run.Status.NEEDS_ATTENTION, reason=what, now=now)
 
 

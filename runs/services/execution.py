@@ -36,6 +36,7 @@ from .completion import (
     task_yield,
 )
 from .leases import CRASH, Lease, Usage, task_reserve, worker_id
+from .replan import DEAD, world_lines, world_state
 
 log = logging.getLogger("warden.engine")
 INLINE_BODY_LIMIT = 16_000  # bytes of JSON kept in the span row; larger bodies go to Payload
@@ -178,6 +179,8 @@ def _load_context(lease: Lease) -> tuple[Run, Task, Agent, dict]:
         deps = {key: content for key, (_, content, _, _) in latest.items()}
         task.join_problems = _join_check(latest)
     task.knowledge = knowledge(lease.run_id)  # as of this attempt's start
+    # A re-planner sees the world as it is now, not as it was when the run began (seed 000).
+    task.world = world_state(run.id, exclude_task=task.id) if agent.is_planner and plan_version > 1 else None
     return run, task, agent, deps
 
 
@@ -257,6 +260,7 @@ def _attempt(lease: Lease):
                         dependencies=deps,
                         journal=state.journal,
                         knowledge=task.knowledge,
+                        world=world_lines(task.world) if task.world else None,
                     ),
                     context={
                         "deps": deps,
@@ -264,6 +268,9 @@ def _attempt(lease: Lease):
                         "input": run.input,
                         "task": task.key,
                         "known": {entry["key"]: entry["value"] for entry in task.knowledge},
+                        "world": {"tasks": {t["key"]: t for t in task.world["tasks"]}, **task.world}
+                        if task.world
+                        else {},
                     },
                     tool_names=list(task.allowed_tools),
                     cache_seconds=agent.cache_seconds,
@@ -317,10 +324,12 @@ def _final(lease: Lease, run: Run, task: Task, agent: Agent, state: _LoopState, 
         if task.depth + 1 > settings.WARDEN["MAX_PLANNING_DEPTH"]:
             raise StepFailure(f"planning depth {task.depth + 1} is over the cap", "policy")
         try:
+            existing = dict(Task.objects.filter(run_id=run.id).values_list("key", "status"))
             planned = plan_validate(
                 response.final,
                 max_tasks=run.max_tasks or settings.WARDEN["MAX_TASKS_PER_RUN"],
-                existing_keys=frozenset(Task.objects.filter(run_id=run.id).values_list("key", flat=True)),
+                existing_keys=frozenset(existing),
+                dead_keys=frozenset(k for k, status in existing.items() if status in DEAD),
             )
         except InvalidInput as exc:
             details = "; ".join(f"{e['field']}: {e['message']}" for e in exc.errors)

@@ -268,6 +268,11 @@ def task_retry_locked(*, run: Run, task: Task, reason: str, now) -> None:
     if run.status in (Run.Status.CANCELLING, Run.Status.COMPENSATING):
         # No worker claims a task of such a run: it would sit ready for good.
         raise Conflict(f"run {run.id} is {run.status}; its tasks cannot be retried now")
+    if task.plan_version < run.plan_version and task.status == Task.Status.FAILED:
+        raise Conflict(
+            f"task {task.key} belongs to plan {task.plan_version}, which plan {run.plan_version} replaced; "
+            "retry a task of the current plan"
+        )
     check_task_transition(task.status, Task.Status.READY)
     task.max_attempts = max(task.max_attempts, task.attempts + 1)
     task.failure_class = ""

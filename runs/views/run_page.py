@@ -184,7 +184,9 @@ _SUMMARY = """
 SELECT t.tasks, t.done, t.busy, o.ambiguous, a.pending, s.out_tokens, s.biggest_in, s.cost, s.in_tokens,
        s.spans, s.last_span, ar.last_artifact, s.errors
 FROM
-  (SELECT COUNT(*) AS tasks, SUM(CASE WHEN status = 'completed' THEN 1 ELSE 0 END) AS done,
+  (SELECT SUM(CASE WHEN status = 'superseded' OR (status = 'failed' AND plan_version < (
+                SELECT plan_version FROM runs_run WHERE id = %(run)s)) THEN 0 ELSE 1 END) AS tasks,
+          SUM(CASE WHEN status = 'completed' THEN 1 ELSE 0 END) AS done,
           SUM(CASE WHEN started_at IS NOT NULL THEN {busy} END) AS busy
      FROM runs_task WHERE run_id = %(run)s) t,
   (SELECT COUNT(*) AS ambiguous FROM tools_tooloperation WHERE run_id = %(run)s AND status = 'ambiguous') o,
@@ -224,7 +226,8 @@ def header_context(run: Run, now, summary: dict | None = None) -> dict:
     failed = [
         {"id": i, "key": key}
         for i, key in sql.fetchall(
-            "SELECT id, key FROM runs_task WHERE run_id = %s AND status = 'failed' ORDER BY id", [run.id]
+            "SELECT id, key FROM runs_task WHERE run_id = %s AND status = 'failed' AND plan_version = %s ORDER BY id",
+            [run.id, run.plan_version],
         )
     ]
     names = getattr(run, "names", None) or (

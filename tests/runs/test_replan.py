@@ -1,0 +1,174 @@
+"""Re-planning after a task's quality failure: a new plan version that sees the world as it now is
+(ledger and artifacts), old unstarted tasks superseded, tasks at work left to finish."""
+
+import re
+
+import pytest
+
+from agents.models import Agent, Workflow
+from runs.errors import Conflict
+from runs.models import Artifact, Run, Span, Task
+from runs.services import run_start, task_retry
+from tests.runs.test_engine import effects, finished
+from tools.models import ToolOperation
+
+DONE = {"type": "object", "required": ["summary"], "properties": {"summary": {"type": "string"}}}
+# worker-3's third call (crm.update) fails for good, after its ticket was created by call 2.
+FAIL_AFTER_TICKET = {"faults": [{"task": "worker-3", "call": 3, "mode": "error"}]}
+
+
+def _plan(*tasks):
+    return {"final": {"tasks": list(tasks)}}
+
+
+def _task(key, agent, depends_on=(), objective=None):
+    return {"key": key, "agent": agent, "objective": objective or f"Do {key}", "depends_on": list(depends_on)}
+
+
+def _workflow(*, replan_turns, max_replans=1, worker_delay=None, slug="replanned"):
+    """incident-worker tasks worker-1..3 and a summary; the planner's re-plan turns as given."""
+    worker = "incident-worker"
+    if worker_delay:  # worker-1 takes its time on its first turn: still at work when worker-3 fails
+        slow = Agent.objects.get(slug=worker)
+        slow.pk, slow.slug = None, "slow-worker"
+        slow.script = [{**slow.script[0], "delay": worker_delay}, *slow.script[1:]]
+        slow.save()
+        worker = "slow-worker"
+    Agent.objects.create(
+        slug="rp-finisher",
+        name="Finisher",
+        output_schema=DONE,
+        allowed_tools=["crm.update", "email.send"],
+        script=[
+            {"tool": "crm.update", "arguments": {"customer_id": "cust-worker-3", "fields": {"incident": "open"}}},
+            {
+                "tool": "email.send",
+                "arguments": {"to": "worker-3@customers.example", "subject": "Incident", "body": "On it."},
+            },
+            {"final": {"summary": "customer 3 finished"}},
+        ],
+    )
+    Agent.objects.create(
+        slug="rp-summarizer", name="Summary", output_schema=DONE, script=[{"final": {"summary": "all done"}}]
+    )
+    planner = Agent.objects.create(
+        slug="rp-planner",
+        name="Planner",
+        is_planner=True,
+        max_attempts=1,
+        script=[
+            {
+                "tasks": ["plan"],
+                **_plan(
+                    _task("worker-1", worker),
+                    _task("worker-2", "incident-worker"),
+                    _task("worker-3", "incident-worker"),
+                    _task("summary", "rp-summarizer", ["worker-1", "worker-2", "worker-3"]),
+                ),
+            },
+            *replan_turns,
+        ],
+    )
+    return Workflow.objects.create(
+        slug=slug, name=slug, planner="agent", planner_agent=planner, max_replans=max_replans
+    )
+
+
+RECOVERY_PLAN = {
+    "tasks": ["replan-2"],
+    **_plan(
+        _task("finish-3", "rp-finisher", objective="Customer 3 has its ticket already: update the record, e-mail"),
+        _task("summary-2", "rp-summarizer", ["worker-1", "worker-2", "finish-3"]),
+    ),
+}
+
+
+def test_a_failed_worker_sends_the_run_back_to_its_planner_which_sees_the_ledger(demo_tx, worker):
+    _workflow(replan_turns=[RECOVERY_PLAN])
+    run = finished(run_start(workflow="replanned", input=FAIL_AFTER_TICKET))
+    assert run.status == Run.Status.COMPLETED, run.status_reason
+    assert run.plan_version == 2
+    tasks = {t.key: t for t in run.tasks.all()}
+    assert tasks["worker-3"].status == Task.Status.FAILED
+    # The old summary had not started: superseded, never run. The new plan's tasks ran.
+    assert tasks["summary"].status == Task.Status.SUPERSEDED and tasks["summary"].attempts == 0
+    assert "superseded by plan 2" in tasks["summary"].status_reason
+    assert {tasks[k].status for k in ("replan-2", "finish-3", "summary-2")} == {Task.Status.COMPLETED}
+    assert tasks["finish-3"].plan_version == tasks["summary-2"].plan_version == 2
+    assert not Artifact.objects.filter(run=run, key="summary").exists()
+    # worker-3's ticket exists once: the new plan finished customer 3 without opening another.
+    assert effects("tickets.create").filter(arguments__customer_id="cust-worker-3").count() == 1
+    assert effects("email.send").count() == 3
+
+    # The re-planner's prompt (kept on its model-call span) carried the world as it was: the failure,
+    # the committed ticket with its external id, and the other workers' artifacts.
+    ticket = ToolOperation.objects.get(run=run, task=tasks["worker-3"], tool="tickets.create")
+    assert ticket.status == ToolOperation.Status.COMMITTED and ticket.external_id
+    call = Span.objects.get(task=tasks["replan-2"], kind=Span.Kind.MODEL_CALL)
+    prompt = call.body["request"]["user"]
+    assert "Task worker-3 failed (permanent)" in prompt
+    assert f"side effect {ticket.id}: tickets.create by worker-3 (action): committed, external id {ticket.external_id}" in (
+        prompt
+    )
+    for other in ("worker-1", "worker-2"):  # done (with its artifact) or still at work, as it was then
+        assert re.search(rf"task {other} \(incident-worker, plan 1\): (running|completed; artifact \{{)", prompt)
+    assert "task worker-3 (incident-worker, plan 1): failed (permanent): crm.update" in prompt
+    assert "task summary (rp-summarizer, plan 1): superseded" in prompt
+    # The trace says what happened, and the header counts the new plan's work only.
+    replanned = Span.objects.get(run=run, kind=Span.Kind.PLAN, name="re-plan 2")
+    assert replanned.attributes["superseded"] == ["summary"]
+    assert replanned.attributes["failed_task"] == "worker-3"
+
+
+def test_a_task_still_at_work_when_the_plan_changes_finishes_and_the_new_plan_waits_for_it(demo_tx, worker):
+    _workflow(replan_turns=[RECOVERY_PLAN], worker_delay=2.0)
+    run = finished(run_start(workflow="replanned", input=FAIL_AFTER_TICKET))
+    assert run.status == Run.Status.COMPLETED, run.status_reason
+    tasks = {t.key: t for t in run.tasks.all()}
+    # worker-1 was at work (its first, slow turn) when the re-plan came: it went on, and counted.
+    assert tasks["worker-1"].plan_version == 1 and tasks["worker-1"].status == Task.Status.COMPLETED
+    assert tasks["replan-2"].finished_at < tasks["worker-1"].finished_at
+    assert Artifact.objects.filter(run=run, key="worker-1").count() == 1
+    # summary-2 depended on it and started only after it finished.
+    assert tasks["summary-2"].started_at >= tasks["worker-1"].finished_at
+
+
+def test_a_new_plan_that_waits_for_a_failed_task_is_refused_with_the_reason(demo_tx, worker):
+    bad = {"tasks": ["replan-2"], **_plan(_task("summary-2", "rp-summarizer", ["worker-3"]))}
+    _workflow(replan_turns=[bad])
+    run = finished(run_start(workflow="replanned", input=FAIL_AFTER_TICKET))
+    assert run.status == Run.Status.NEEDS_ATTENTION
+    assert "task replan-2 failed (validation)" in run.status_reason
+    assert "'worker-3' will never complete" in run.status_reason
+    assert not run.tasks.filter(key="summary-2").exists()
+
+
+def test_re_plans_stop_at_the_workflow_limit_and_a_human_is_asked(demo_tx, worker):
+    # The new plan sends worker-3's customer to a task that fails the same way: no third plan.
+    again = {"tasks": ["replan-2"], **_plan(_task("worker-3b", "incident-worker", objective="Try customer 3 again"))}
+    _workflow(replan_turns=[again])
+    faults = {"faults": [*FAIL_AFTER_TICKET["faults"], {"task": "worker-3b", "call": 1, "mode": "error"}]}
+    run = finished(run_start(workflow="replanned", input=faults))
+    assert run.status == Run.Status.NEEDS_ATTENTION
+    assert run.plan_version == 2
+    assert "task worker-3b failed (permanent)" in run.status_reason
+    assert "not re-planned: the workflow allows 1 re-plan(s) and they are used" in run.status_reason
+    # The old plan's failed task cannot be retried any more: the plan it belonged to was replaced.
+    with pytest.raises(Conflict, match="plan 2 replaced"):
+        task_retry(task_id=run.tasks.get(key="worker-3").id)
+
+
+def test_without_re_plans_a_failure_goes_to_a_human_as_before(demo_tx, worker):
+    _workflow(replan_turns=[RECOVERY_PLAN], max_replans=0)
+    run = finished(run_start(workflow="replanned", input=FAIL_AFTER_TICKET))
+    assert run.status == Run.Status.NEEDS_ATTENTION
+    assert run.plan_version == 1
+    assert run.tasks.get(key="summary").status == Task.Status.PENDING
+    assert "not re-planned" not in run.status_reason
+
+
+def test_a_budget_failure_is_not_re_planned(demo_tx, worker):
+    _workflow(replan_turns=[RECOVERY_PLAN])
+    run = finished(run_start(workflow="replanned", budget={"max_tool_calls": 2}))
+    assert run.status == Run.Status.NEEDS_ATTENTION
+    assert run.plan_version == 1
