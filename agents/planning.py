@@ -44,7 +44,10 @@ def plan_validate(
         if d not in known
     ]
     errors += [
-        {"field": f"plan.tasks.{t.key}.depends_on", "message": f"task {d!r} will never complete (it failed or was dropped)"}
+        {
+            "field": f"plan.tasks.{t.key}.depends_on",
+            "message": f"task {d!r} will never complete (it failed or was dropped)",
+        }
         for t in plan.tasks
         for d in t.depends_on
         if d in dead_keys

@@ -83,7 +83,7 @@ RECOVERY_PLAN = {
 }
 
 
-def test_a_failed_worker_sends_the_run_back_to_its_planner_which_sees_the_ledger(demo_tx, worker):
+def test_a_failed_worker_sends_the_run_back_to_its_planner_which_sees_the_ledger(demo_tx, worker, operator, client):
     _workflow(replan_turns=[RECOVERY_PLAN])
     run = finished(run_start(workflow="replanned", input=FAIL_AFTER_TICKET))
     assert run.status == Run.Status.COMPLETED, run.status_reason
@@ -107,9 +107,8 @@ def test_a_failed_worker_sends_the_run_back_to_its_planner_which_sees_the_ledger
     call = Span.objects.get(task=tasks["replan-2"], kind=Span.Kind.MODEL_CALL)
     prompt = call.body["request"]["user"]
     assert "Task worker-3 failed (permanent)" in prompt
-    assert f"side effect {ticket.id}: tickets.create by worker-3 (action): committed, external id {ticket.external_id}" in (
-        prompt
-    )
+    ledger_line = f"side effect {ticket.id}: tickets.create by worker-3 (action): committed, external id "
+    assert ledger_line + ticket.external_id in prompt
     for other in ("worker-1", "worker-2"):  # done (with its artifact) or still at work, as it was then
         assert re.search(rf"task {other} \(incident-worker, plan 1\): (running|completed; artifact \{{)", prompt)
     assert "task worker-3 (incident-worker, plan 1): failed (permanent): crm.update" in prompt
@@ -118,6 +117,13 @@ def test_a_failed_worker_sends_the_run_back_to_its_planner_which_sees_the_ledger
     replanned = Span.objects.get(run=run, kind=Span.Kind.PLAN, name="re-plan 2")
     assert replanned.attributes["superseded"] == ["summary"]
     assert replanned.attributes["failed_task"] == "worker-3"
+    client.force_login(operator)
+    page = client.get(f"/runs/{run.id}/").content.decode()
+    assert "re-plan 2" in page
+    # Progress counts the current plan's work: summary (superseded) and worker-3 (replaced) are out.
+    assert re.search(r"</progress> 6/6", page)
+    assert f"/tasks/{tasks['worker-3'].id}/retry" not in page
+    assert '<progress max="6" value="6">6 of 6</progress>' in client.get("/runs/").content.decode()
 
 
 def test_a_task_still_at_work_when_the_plan_changes_finishes_and_the_new_plan_waits_for_it(demo_tx, worker):
