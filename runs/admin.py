@@ -427,3 +427,22 @@ class BlackboardEntryAdmin(ProjectScoped, ReadOnlyAdmin):
     list_display = ["run", "key", "version", "kind", "verification", "verified_by", "expires_at", "created_at"]
     list_filter = ["verification", "kind"]
     search_fields = ["key", "=run__id"]
+    actions = ["verify_entries", "reject_entries"]
+
+    @admin.action(description="Verify: the run's tasks are given these entries from their next attempt")
+    def verify_entries(self, request, queryset):
+        self._decide(request, queryset, BlackboardEntry.Verification.VERIFIED)
+
+    @admin.action(description="Reject: the run's tasks are no longer given these entries")
+    def reject_entries(self, request, queryset):
+        self._decide(request, queryset, BlackboardEntry.Verification.REJECTED)
+
+    def _decide(self, request, queryset, verdict):
+        from .blackboard import entry_decide
+
+        by = f"{request.user.get_username()} (operator)"
+
+        def blackboard_decide(*, entry_id):
+            entry_decide(entry_id=entry_id, verdict=verdict, note=f"{verdict} in the admin by {by}", by=by)
+
+        _apply(self, request, queryset, blackboard_decide, id_arg="entry_id")

@@ -17,6 +17,8 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from . import events
+from .errors import InvalidInput, NotFound
 from .models import Artifact, BlackboardEntry, Run, Task
 
 WRITE, VERIFY = "blackboard.write", "blackboard.verify"
@@ -150,3 +152,24 @@ def knowledge(run_id: int) -> list[dict]:
             }
         )
     return found
+
+
+def entry_decide(*, entry_id: int, verdict: str, note: str = "", by: str = "an operator") -> BlackboardEntry:
+    """A person's verdict on one version of an entry (the dashboard or the admin; both audit it). It may
+    overrule a verifier task's verdict either way: from the next attempt on, prompts carry the entry
+    only if it is verified."""
+    if verdict not in (BlackboardEntry.Verification.VERIFIED, BlackboardEntry.Verification.REJECTED):
+        raise InvalidInput("the verdict is verified or rejected", [{"field": "verdict", "message": "required"}])
+    note = note.strip()
+    if verdict == BlackboardEntry.Verification.REJECTED and not note:
+        raise InvalidInput("say why the entry is wrong", [{"field": "note", "message": "required to reject"}])
+    if len(note) > 1000:
+        raise InvalidInput("the note is too long", [{"field": "note", "message": "at most 1000 characters"}])
+    with transaction.atomic():
+        entry = BlackboardEntry.objects.select_for_update().filter(id=entry_id).first()
+        if entry is None:
+            raise NotFound(f"blackboard entry {entry_id} does not exist")
+        entry.verification, entry.verified_by, entry.note = verdict, by[:100], note
+        entry.save(update_fields=["verification", "verified_by", "note"])
+        events.run_changed(entry.run_id)
+    return entry

@@ -23,6 +23,11 @@ urlpatterns = [
         run_actions.operation_resolve,
         name="operation-resolve",
     ),
+    path(
+        "runs/<int:run_id>/blackboard/<int:entry_id>/decide",
+        run_actions.blackboard_decide,
+        name="blackboard-decide",
+    ),
     path("insight/", insight.insight, name="insight"),
     path("evals/", evals.eval_list, name="evals"),
     path("evals/<int:suite_id>/", evals.eval_suite, name="eval-suite"),

@@ -1,5 +1,5 @@
 """An operator's actions on a run: cancel, resume, compensate, retry a task (from a step), resolve an
-ambiguous operation.
+ambiguous operation, verify or reject a blackboard entry.
 
 GET shows what the action would do and asks to confirm; it changes nothing. POST does it through the same
 services as the API and the admin, writes the audit row in the same transaction, and sends the browser
@@ -21,9 +21,9 @@ from django.views.decorators.http import require_http_methods
 
 from approvals.audit import audit
 from approvals.models import ApprovalRequest
-from runs import services
+from runs import blackboard, services
 from runs.errors import Conflict, Forbidden, InvalidInput, NotFound, WardenError
-from runs.models import Run, Task
+from runs.models import Artifact, BlackboardEntry, Run, Task
 from runs.transitions import RUN_TRANSITIONS, TransitionNotAllowed
 from tools import saga
 from tools.models import ToolOperation
@@ -335,4 +335,40 @@ def operation_resolve(request, run_id: int, operation_id: int):
     target = f"operation {op.id}"
     return _confirm(
         request, run, "runs/operation_resolve.html", context, act, action="operation_resolve", target=target
+    )
+
+
+# --- verify or reject a blackboard entry ------------------------------------------------------------------
+
+
+@login_required
+@_get_or_post
+def blackboard_decide(request, run_id: int, entry_id: int):
+    run = run_for_view(request, run_id, "operate")
+    entry = BlackboardEntry.objects.filter(id=entry_id, run=run).select_related("author_task").first()
+    if entry is None:
+        raise Http404(f"run {run.id} has no blackboard entry {entry_id}")
+
+    def context():
+        entry.refresh_from_db()
+        latest = BlackboardEntry.objects.filter(run=run, key=entry.key).order_by("-version").first()
+        sources = dict(Artifact.objects.filter(run=run, id__in=entry.sources).values_list("id", "key"))
+        return {
+            "entry": entry,
+            "value": json.dumps(entry.value, indent=1, sort_keys=True, default=str),
+            "sources": [(i, sources.get(i, "")) for i in entry.sources],
+            "latest": latest.version if latest else entry.version,
+        }
+
+    def act():
+        verdict = request.POST.get("verdict", "")
+        note = request.POST.get("note", "")
+        by = f"{request.user.get_username()} (operator)"
+        blackboard.entry_decide(entry_id=entry.id, verdict=verdict, note=note, by=by)
+        message = f"Blackboard entry {entry.key} v{entry.version} is {verdict}."
+        return _Done(message, {"verdict": verdict, "note": note.strip(), "key": entry.key, "version": entry.version})
+
+    target = f"blackboard entry {entry.id} ({entry.key} v{entry.version})"
+    return _confirm(
+        request, run, "runs/blackboard_decide.html", context, act, action="blackboard_decide", target=target
     )

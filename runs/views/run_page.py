@@ -21,7 +21,7 @@ from django.utils.safestring import mark_safe
 from django.views.decorators.http import require_GET
 
 from runs import events
-from runs.models import Artifact, Run, Span, Task
+from runs.models import Artifact, BlackboardEntry, Run, Span, Task
 from runs.services import sql
 from runs.trace import (
     CONTAINERS,
@@ -284,6 +284,8 @@ def run_context(run: Run, *, q: str = "", only: str = "") -> dict:
     by_id = {t.id: t for t in tasks}
     artifacts_total = Artifact.objects.filter(run=run).count()
     artifacts = list(Artifact.objects.filter(run=run).select_related("task").order_by("-id")[:ARTIFACTS_SHOWN])
+    entries = BlackboardEntry.objects.filter(run=run)
+    blackboard = list(entries.select_related("author_task").order_by("-id")[:ARTIFACTS_SHOWN])
     return {
         **header_context(run, now, summary),
         "tree": tree_html(roots, run.id, total=total, keep=keep),
@@ -299,6 +301,8 @@ def run_context(run: Run, *, q: str = "", only: str = "") -> dict:
         "attribution": _attribution(run),
         "artifacts": artifacts[::-1],
         "artifacts_total": artifacts_total,
+        "blackboard": blackboard[::-1],
+        "blackboard_total": len(blackboard) if len(blackboard) < ARTIFACTS_SHOWN else entries.count(),
         "seq": seq,
     }
 

@@ -9,7 +9,7 @@ from approvals.access import default_project, membership_grant
 from approvals.models import ApprovalRequest, AuditEvent, Membership, Project
 from approvals.tokens import api_token_create
 from config.api import api as ninja_api
-from runs.models import Artifact, Run
+from runs.models import Artifact, BlackboardEntry, Run
 from runs.services import run_start
 from tools.models import ToolOperation
 
@@ -120,8 +120,9 @@ def scene(demo, django_user_model):
         "task_key": "risk",
     }
     artifact = Artifact.objects.create(run=run, task=run.tasks.get(key="inventory"), key="inventory", content={})
+    entry = BlackboardEntry.objects.create(run=run, key="pods", version=1, kind="number", value=4)
     scene = {"run": run, "people": people, "ids": ids, "approval": approval, "op": op, "rule": rule}
-    return {**scene, "artifact": artifact}
+    return {**scene, "artifact": artifact, "entry": entry}
 
 
 def _call(client, token, method, path, ids):
@@ -142,6 +143,7 @@ def _state(scene):
     approval.refresh_from_db()
     rules = list(AllowRule.objects.values_list("id", "revoked_at"))
     verdicts = list(Artifact.objects.values_list("id", "verification"))
+    verdicts += list(BlackboardEntry.objects.values_list("id", "verification"))
     return run.status, op.status, approval.status, Run.objects.count(), rules, verdicts
 
 
@@ -321,6 +323,8 @@ ADMIN_ACTIONS = {
     ("runs", "run", "compensate_runs"): "operate",
     ("runs", "task", "retry_tasks"): "operate",
     ("runs", "artifact", "reject_artifacts"): "operate",
+    ("runs", "blackboardentry", "verify_entries"): "operate",
+    ("runs", "blackboardentry", "reject_entries"): "operate",
     ("tools", "tooloperation", "resolve_committed"): "operate",
     ("tools", "tooloperation", "resolve_not_committed"): "operate",
     ("approvals", "approvalrequest", "approve"): "decide",
@@ -369,6 +373,7 @@ def test_an_admin_action_beyond_the_role_changes_nothing_and_is_audited(scene, c
         "allowrule": scene["rule"].id,
         "workflow": scene["run"].workflow_id,
         "artifact": scene["artifact"].id,
+        "blackboardentry": scene["entry"].id,
     }
     before = _state(scene), list(AllowRule.objects.values_list("revoked_at", flat=True)), Run.objects.count()
     client.post(reverse(f"admin:{app}_{model}_changelist"), {"action": action, "_selected_action": [rows[model]]})
@@ -399,6 +404,7 @@ PAGES = {
     "runs/<int:run_id>/compensate": "operate",
     "runs/<int:run_id>/tasks/<int:task_id>/retry": "operate",
     "runs/<int:run_id>/operations/<int:operation_id>/resolve": "operate",
+    "runs/<int:run_id>/blackboard/<int:entry_id>/decide": "operate",
     "insight/": "member (their projects' figures)",
     "evals/": "member (their projects' suites)",
     "evals/<int:suite_id>/": "view, in the suite's project",

@@ -13,8 +13,9 @@ from django.urls import reverse
 
 from approvals.access import default_project, membership_grant
 from approvals.models import AuditEvent, Project
+from runs.blackboard import knowledge
 from runs.heartbeat import lease_keeper
-from runs.models import Run, Span, Task
+from runs.models import BlackboardEntry, Run, Span, Task
 from runs.services import run_cancel, run_start, task_execute
 from tools import registry
 from tools.models import ToolOperation
@@ -45,7 +46,11 @@ def stopped_run(demo, monkeypatch):
         assert run.status == Run.Status.NEEDS_ATTENTION, run.status_reason
         w3 = Task.objects.get(run=run, key="worker-3")
         ops = {op.tool: op for op in ToolOperation.objects.filter(task=w3)}
-        return SimpleNamespace(run=run, w3=w3, ops=ops)
+        # What worker-3 wrote on the blackboard before it failed (a model's claim, not yet verified).
+        entry = BlackboardEntry.objects.create(
+            run=run, key="affected-customers", version=1, kind="number", value=5, author_task=w3, author_step=1
+        )
+        return SimpleNamespace(run=run, w3=w3, ops=ops, entry=entry)
 
     return start
 
@@ -81,6 +86,7 @@ def state(run: Run) -> tuple:
         list(run.tasks.order_by("id").values_list("status", "journal_epoch", "max_attempts")),
         list(ToolOperation.objects.filter(run=run).order_by("id").values_list("status", "status_reason")),
         list(Span.objects.filter(run=run).order_by("id").values_list("step", flat=True)),
+        list(BlackboardEntry.objects.filter(run=run).values_list("verification", "verified_by", "note")),
         AuditEvent.objects.filter(run_id=run.id, outcome="done").count(),
     )
 
@@ -114,6 +120,10 @@ ACTIONS = {
     "operation resolve": (
         lambda s: reverse("runs:operation-resolve", args=[s.run.id, s.ops["email.send"].id]),
         {"committed": "no", "note": "checked"},
+    ),
+    "blackboard decide": (
+        lambda s: reverse("runs:blackboard-decide", args=[s.run.id, s.entry.id]),
+        {"verdict": "rejected", "note": "only four customers were affected"},
     ),
 }
 
@@ -433,3 +443,53 @@ def test_cancel_of_a_run_that_is_cancelling_is_refused(demo, people):
     client = as_user(people["operator"])
     page = client.get(reverse("runs:cancel", args=[run.id])).content.decode()
     assert "it cannot be cancelled" in page and "Cancel the run</button>" not in page
+
+
+# --- blackboard entries -----------------------------------------------------------------------------------
+
+
+def test_an_operator_verifies_a_blackboard_entry_and_the_tasks_are_given_it(scene, people):
+    client = as_user(people["operator"])
+    url = reverse("runs:blackboard-decide", args=[scene.run.id, scene.entry.id])
+    assert (
+        reverse("runs:blackboard-decide", args=[scene.run.id, scene.entry.id])
+        in client.get(detail(scene.run)).content.decode()
+    )
+    assert knowledge(scene.run.id) == []  # unverified: no task is given it
+    page = client.get(url).content.decode()
+    assert "affected-customers" in page and "written by</dt><dd>task worker-3 · step 1" in page
+    response = client.post(url, {"verdict": "verified", "note": ""})
+    assert response.status_code == 303
+    given = knowledge(scene.run.id)
+    assert [(e["key"], e["value"], e["verified_by"]) for e in given] == [("affected-customers", 5, "olivia (operator)")]
+    event = done(scene.run, "blackboard_decide")
+    assert event.actor == people["operator"] and event.detail["verdict"] == "verified"
+    assert "affected-customers v1 is verified" in [str(m) for m in get_messages(response.wsgi_request)][0]
+
+
+def test_rejecting_a_blackboard_entry_needs_a_note_and_withdraws_it_from_the_tasks(scene, people):
+    client = as_user(people["operator"])
+    url = reverse("runs:blackboard-decide", args=[scene.run.id, scene.entry.id])
+    client.post(url, {"verdict": "verified"})
+    before = state(scene.run)
+    response = client.post(url, {"verdict": "rejected", "note": "  "})
+    assert response.status_code == 400 and "say why the entry is wrong" in response.content.decode()
+    assert client.post(url, {"verdict": "maybe", "note": "x"}).status_code == 400
+    assert state(scene.run) == before
+    client.post(url, {"verdict": "rejected", "note": "only four customers were affected"})
+    scene.entry.refresh_from_db()
+    assert scene.entry.verification == "rejected" and scene.entry.note == "only four customers were affected"
+    assert knowledge(scene.run.id) == []
+
+
+def test_a_blackboard_entry_of_another_run_is_404(scene, people):
+    other = run_start(workflow="deploy-review")
+    client = as_user(people["operator"])
+    before = state(scene.run)
+    assert (
+        client.post(
+            reverse("runs:blackboard-decide", args=[other.id, scene.entry.id]), {"verdict": "verified"}
+        ).status_code
+        == 404
+    )
+    assert state(scene.run) == before
