@@ -23,13 +23,19 @@ def plan_validate(
     max_tasks: int,
     existing_keys: frozenset[str] = frozenset(),
     dead_keys: frozenset[str] = frozenset(),
+    max_fanout: int | None = None,
 ) -> tuple[list[PlannedTaskIn], dict[str, Agent]]:
     """``existing_keys``: the run's tasks so far (a new plan adds to them); ``dead_keys``: those of them
-    that failed, were cancelled or superseded, which no new task may wait for (it would wait for good)."""
+    that failed, were cancelled or superseded, which no new task may wait for (it would wait for good).
+    ``max_fanout``: for a planner agent's plan, how many tasks it may add at once."""
     try:
         plan = PlanIn.model_validate(raw if isinstance(raw, dict) else {"tasks": raw})
     except ValidationError as exc:
         raise InvalidInput("the plan is malformed", pydantic_errors(exc, "plan")) from exc
+    if max_fanout is not None and len(plan.tasks) > max_fanout:
+        raise InvalidInput(
+            f"the plan fans out to {len(plan.tasks)} tasks; a planner may add at most {max_fanout} at once"
+        )
     if len(plan.tasks) + len(existing_keys) > max_tasks:
         raise InvalidInput(f"the plan has {len(plan.tasks)} tasks; this run allows at most {max_tasks}")
     keys = [t.key for t in plan.tasks]

@@ -199,6 +199,8 @@ WARDEN = {
     "MAX_TASKS_PER_RUN": int(os.environ.get("WARDEN_MAX_TASKS_PER_RUN", 200)),
     "MAX_CONCURRENT_TASKS_PER_RUN": int(os.environ.get("WARDEN_MAX_CONCURRENT_TASKS_PER_RUN", 8)),
     "MAX_PLANNING_DEPTH": int(os.environ.get("WARDEN_MAX_PLANNING_DEPTH", 2)),
+    # How many tasks one plan of a planner agent may add at once (static plans are trusted configuration).
+    "MAX_PLAN_FANOUT": int(os.environ.get("WARDEN_MAX_PLAN_FANOUT", 50)),
     # A worker that has run one attempt this long hands the rest to a fresh message between steps.
     "SLICE_SECONDS": _env_float("WARDEN_SLICE_SECONDS", 20),
     # Dramatiq's time limit for an actor; defaults to 90% of the lease (see runs/actors.py).

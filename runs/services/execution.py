@@ -330,6 +330,7 @@ def _final(lease: Lease, run: Run, task: Task, agent: Agent, state: _LoopState, 
                 max_tasks=run.max_tasks or settings.WARDEN["MAX_TASKS_PER_RUN"],
                 existing_keys=frozenset(existing),
                 dead_keys=frozenset(k for k, status in existing.items() if status in DEAD),
+                max_fanout=settings.WARDEN["MAX_PLAN_FANOUT"],
             )
         except InvalidInput as exc:
             details = "; ".join(f"{e['field']}: {e['message']}" for e in exc.errors)

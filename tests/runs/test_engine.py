@@ -3,6 +3,7 @@ cancellation, recovery. Embedded mode runs exactly this way."""
 
 import time
 
+import pytest
 from django.test import override_settings
 
 from agents.models import Agent, Workflow
@@ -227,29 +228,37 @@ def test_operator_retry_of_a_failed_task_resumes_the_run(demo_tx, worker):
     assert finished(run).status == Run.Status.COMPLETED
 
 
-def test_planner_output_with_a_cycle_is_refused(transactional_db, worker):
+def _task(key, agent="w", depends_on=()):
+    return {"key": key, "agent": agent, "objective": key, "depends_on": list(depends_on)}
+
+
+BAD_PLANS = {
+    "a cycle": ([_task("a", depends_on=["b"]), _task("b", depends_on=["a"])], "the plan has a dependency cycle: "),
+    "a fan-out over the cap": (
+        [_task(f"t{i}") for i in range(51)],
+        "the plan fans out to 51 tasks; a planner may add at most 50 at once",
+    ),
+    "an unknown agent": (
+        [_task("a"), _task("b", agent="ghost")],
+        "plan.tasks.b.agent: unknown agent 'ghost'",
+    ),
+    "an unknown task": ([_task("a", depends_on=["nowhere"])], "plan.tasks.a.depends_on: unknown task 'nowhere'"),
+}
+
+
+@pytest.mark.parametrize("bad", BAD_PLANS)
+def test_a_planner_proposing_a_bad_plan_is_refused_with_a_clear_reason(transactional_db, worker, bad):
+    tasks, reason = BAD_PLANS[bad]
     Agent.objects.create(slug="w", name="w", script=[{"final": {}}])
     planner = Agent.objects.create(
-        slug="cyclic-planner",
-        name="p",
-        is_planner=True,
-        max_attempts=1,
-        script=[
-            {
-                "final": {
-                    "tasks": [
-                        {"key": "a", "agent": "w", "objective": "a", "depends_on": ["b"]},
-                        {"key": "b", "agent": "w", "objective": "b", "depends_on": ["a"]},
-                    ]
-                }
-            }
-        ],
+        slug="bad-planner", name="p", is_planner=True, max_attempts=1, script=[{"final": {"tasks": tasks}}]
     )
-    Workflow.objects.create(slug="cyclic", name="c", planner="agent", planner_agent=planner)
-    run = finished(run_start(workflow="cyclic"))
+    Workflow.objects.create(slug="bad-plan", name="b", planner="agent", planner_agent=planner)
+    run = finished(run_start(workflow="bad-plan"))
     assert run.status == Run.Status.NEEDS_ATTENTION
-    assert "dependency cycle" in run.status_reason
-    assert list(run.tasks.values_list("key", flat=True)) == ["plan"]
+    assert run.status_reason.startswith("task plan failed (validation): invalid plan: ")
+    assert reason in run.status_reason
+    assert list(run.tasks.values_list("key", flat=True)) == ["plan"]  # nothing of the plan was created
 
 
 @override_settings()
