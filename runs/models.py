@@ -421,6 +421,14 @@ class EvalCase(models.Model):
     suite = models.ForeignKey(EvalSuite, on_delete=models.CASCADE, related_name="cases")
     name = models.CharField(max_length=200)
     workflow = models.ForeignKey("agents.Workflow", on_delete=models.PROTECT, related_name="+")
+    baseline_workflow = models.ForeignKey(
+        "agents.Workflow",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="+",
+        help_text="A single-agent workflow doing the same task: the baseline a multi-agent workflow must beat",
+    )
     goal = models.TextField(blank=True)
     input = models.JSONField(default=dict, blank=True)
     checks = models.JSONField(
@@ -442,6 +450,7 @@ class EvalRun(models.Model):
 
     suite = models.ForeignKey(EvalSuite, on_delete=models.CASCADE, related_name="eval_runs")
     version = models.ForeignKey("agents.ModelVersion", null=True, blank=True, on_delete=models.PROTECT)
+    baseline = models.BooleanField(default=False, help_text="The cases ran on their single-agent baseline workflows")
     started_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -450,7 +459,8 @@ class EvalRun(models.Model):
 
     @property
     def label(self) -> str:
-        return self.version.slug if self.version_id else "current agents"
+        agents = self.version.slug if self.version_id else "current agents"
+        return f"single-agent baseline ({agents})" if self.baseline else agents
 
 
 class EvalResult(models.Model):

@@ -49,6 +49,10 @@ def run_transition(*, run: Run, to: str, reason: str = "", now=None) -> Run:
         f"UPDATE runs_run SET {', '.join(f'{column} = %s' for column in changes)} WHERE id = %s",
         [sql.ts(v) if column.endswith("_at") else v for column, v in changes.items()] + [run.id],
     )
+    if to in Run.TERMINAL or to == Run.Status.NEEDS_ATTENTION:
+        from runs.evals import eval_judge_run  # evaluations build on runs
+
+        eval_judge_run(run.id)
     return run
 
 

@@ -1,5 +1,6 @@
 """Reference evaluations: the suites of my projects, and per suite its latest evaluation runs side by side
-(success, cost, steps, duration, and each case's verdict), with a form to run it again for a version."""
+(success, cost, steps, duration, and each case's verdict), each beside the latest single-agent baseline,
+with a form to run it again for a version or on the baseline workflows. GET only reads."""
 
 from django import forms
 from django.contrib.auth.decorators import login_required
@@ -22,6 +23,11 @@ class EvalStartForm(forms.Form):
     version = forms.ModelChoiceField(
         queryset=ModelVersion.objects.all(), required=False, empty_label="current agents", label="Version"
     )
+    baseline = forms.BooleanField(required=False, label="on the single-agent baseline workflows")
+
+
+def _times(value: float | None) -> str:
+    return "—" if value is None else f"×{value:.2f}"
 
 
 def _suite(request, suite_id: int, action: str) -> EvalSuite:
@@ -42,8 +48,11 @@ def eval_suite(request, suite_id: int):
     suite = _suite(request, suite_id, "view")
     cases, columns = comparison(suite)
     rows = [{"case": case, "cells": [column.cells.get(case.id) for column in columns]} for case in cases]
+    # Each version beside the latest single-agent baseline shown (seed 003: did the fan-out pay?).
+    base = next((column for column in reversed(columns) if column.eval_run.baseline), None)
     summary = []
     for column in columns:
+        against = column.against(base) if base is not None and not column.eval_run.baseline else None
         summary.append(
             {
                 "column": column,
@@ -51,12 +60,21 @@ def eval_suite(request, suite_id: int):
                 "cost": fmt_usd(column.mean(column.cost_micros)) if column.judged else "—",
                 "steps": f"{column.mean(column.steps):.1f}" if column.judged else "—",
                 "duration": fmt_duration(column.mean(column.seconds)) if column.judged else "—",
+                "against": against
+                and {
+                    "cost": _times(against["cost"]),
+                    "steps": _times(against["steps"]),
+                    "duration": _times(against["duration"]),
+                    "success": f"{against['success']:+d} points",
+                },
             }
         )
     context = {
         "suite": suite,
         "rows": rows,
         "summary": summary,
+        "base": base,
+        "has_baseline": suite.cases.filter(baseline_workflow__isnull=False).exists(),
         "going": sum(column.going for column in columns),
         "form": EvalStartForm(),
     }
@@ -70,9 +88,9 @@ def eval_run(request, suite_id: int):
     form = EvalStartForm(request.POST)
     if not form.is_valid():
         return redirect("runs:eval-suite", suite_id=suite.id)
-    version = form.cleaned_data["version"]
+    version, baseline = form.cleaned_data["version"], form.cleaned_data["baseline"]
     try:
-        eval_run = eval_start(suite=suite, version=version, user=request.user)
+        eval_run = eval_start(suite=suite, version=version, user=request.user, baseline=baseline)
     except WardenError as exc:  # a case that cannot start (its workflow changed): nothing started
         return HttpResponseBadRequest(f"the evaluation could not start: {exc}")
     audit(

@@ -24,6 +24,9 @@ def test_two_versions_of_the_agents_compared_on_three_reference_tasks(suite, ope
     wait_for(lambda: all(r.is_terminal for r in Run.objects.all()) and Run.objects.count() == 6, timeout=90,
              message="six runs")  # fmt: skip
 
+    # Judged when each run ended, before anyone looked; looking changes nothing.
+    verdicts = list(EvalResult.objects.order_by("id").values_list("passed", "failures"))
+    assert None not in [passed for passed, _ in verdicts]
     cases, (current, strict) = comparison(suite)
     assert (current.eval_run.label, strict.eval_run.label) == ("current agents", "strict-verifier")
     assert (current.passed, current.judged, strict.passed, strict.judged) == (3, 3, 2, 3)
@@ -36,6 +39,38 @@ def test_two_versions_of_the_agents_compared_on_three_reference_tasks(suite, ope
     assert "3/3 (100%)" in page and "2/3 (67%)" in page
     assert "does not say &#x27;APPROVE&#x27;" in page and f'href="/runs/{failed.run_id}/"' in page
     assert AuditEvent.objects.filter(action="evaluate").count() == 2
+    assert list(EvalResult.objects.order_by("id").values_list("passed", "failures")) == verdicts
+
+
+def test_the_multi_agent_workflow_is_compared_with_its_single_agent_baseline(suite, operator, client, worker):
+    client.force_login(operator)
+    assert "on the single-agent baseline workflows" in client.get(f"/evals/{suite.id}/").content.decode()
+    client.post(f"/evals/{suite.id}/run", {"version": "", "baseline": "on"})
+    client.post(f"/evals/{suite.id}/run", {"version": ""})
+    wait_for(lambda: all(r.is_terminal for r in Run.objects.all()) and Run.objects.count() == 6, timeout=90,
+             message="six runs")  # fmt: skip
+    baseline_runs = Run.objects.filter(workflow__slug="deploy-review-solo")
+    assert baseline_runs.count() == 3 and {r.status for r in baseline_runs} == {"completed"}
+
+    cases, (base, multi) = comparison(suite)
+    assert base.eval_run.label == "single-agent baseline (current agents)" and multi.eval_run.label == "current agents"
+    assert (base.passed, multi.passed) == (3, 3)
+    against = multi.against(base)
+    # Three agents take more steps and cost more than one for the same verdicts: no gain in success.
+    assert against["success"] == 0 and against["steps"] > 1 and against["cost"] > 1
+    page = client.get(f"/evals/{suite.id}/").content.decode()
+    assert "Beside the baseline" in page
+    assert f"steps ×{against['steps']:.2f}" in page and "success +0 points" in page
+
+
+def test_a_baseline_evaluation_of_a_suite_without_baselines_is_refused(suite, operator):
+    from runs.errors import InvalidInput
+    from runs.evals import eval_start
+
+    suite.cases.update(baseline_workflow=None)
+    with pytest.raises(InvalidInput, match="names a single-agent baseline"):
+        eval_start(suite=suite, baseline=True, user=operator)
+    assert not Run.objects.exists() and not suite.eval_runs.exists()
 
 
 def test_an_outsider_sees_no_suite_and_a_viewer_cannot_run_one(suite, client, django_user_model):
