@@ -8,7 +8,7 @@ changed since the preview); a refusal or a domain error of one run is reported, 
 from collections import Counter
 from dataclasses import dataclass, field
 
-from django.db.models import Count
+from django.db.models import Count, F
 
 from approvals.access import authorize, project_ids
 from approvals.audit import audit
@@ -79,10 +79,15 @@ def bulk_preview(*, user, action: str, run_ids: list[int]) -> Preview:
     """What ``action`` would do to the runs ``run_ids`` (already limited to what ``user`` may view)."""
     if len(run_ids) > MAX_RUNS:
         raise Refused(f"a bulk action acts on at most {MAX_RUNS} runs")
-    runs = list(Run.objects.filter(id__in=run_ids).only("id", "status", "project_id").order_by("-id"))
+    runs = list(Run.objects.filter(id__in=run_ids).only("id", "status", "project_id", "plan_version").order_by("-id"))
     tasks: dict[int, Counter] = {run.id: Counter() for run in runs}
     for run_id, status, n in (
-        Task.objects.filter(run_id__in=run_ids).values_list("run_id", "status").annotate(n=Count("id")).order_by()
+        # Failed tasks of a plan a re-plan replaced are not retried (runs/services/replan.py).
+        Task.objects.filter(run_id__in=run_ids)
+        .exclude(status=Task.Status.FAILED, plan_version__lt=F("run__plan_version"))
+        .values_list("run_id", "status")
+        .annotate(n=Count("id"))
+        .order_by()
     ):
         tasks[run_id][status] = n
     preview = Preview(action=action)
@@ -150,7 +155,11 @@ def _act(*, user, action: str, run: Run, reason: str, request) -> str:
         run_compensate(run_id=run.id, reason=reason)
         audit(actor=user, action="run_compensate", run=run, target=f"run {run.id}", detail=detail, request=request)
         return "compensation started"
-    failed = list(Task.objects.filter(run_id=run.id, status=Task.Status.FAILED).values_list("id", flat=True))
+    failed = list(
+        Task.objects.filter(run_id=run.id, status=Task.Status.FAILED, plan_version=run.plan_version).values_list(
+            "id", flat=True
+        )
+    )
     if not failed:
         raise _Skip("no failed task")
     done = 0
@@ -168,7 +177,7 @@ def bulk_apply(*, user, action: str, run_ids: list[int], reason: str, request=No
     """Do ``action`` to each run of ``run_ids`` (the ids previewed, not a filter evaluated again)."""
     if len(run_ids) > MAX_RUNS:
         raise Refused(f"a bulk action acts on at most {MAX_RUNS} runs")
-    runs = Run.objects.only("id", "status", "project_id").in_bulk(run_ids)
+    runs = Run.objects.only("id", "status", "project_id", "plan_version").in_bulk(run_ids)
     outcomes = []
     for run_id in run_ids:
         run = runs.get(run_id)

@@ -6,6 +6,7 @@ import re
 import pytest
 
 from agents.models import Agent, Workflow
+from runs.bulk import bulk_apply, bulk_preview
 from runs.errors import Conflict
 from runs.models import Artifact, Run, Span, Task
 from runs.services import run_start, task_retry
@@ -149,7 +150,7 @@ def test_a_new_plan_that_waits_for_a_failed_task_is_refused_with_the_reason(demo
     assert not run.tasks.filter(key="summary-2").exists()
 
 
-def test_re_plans_stop_at_the_workflow_limit_and_a_human_is_asked(demo_tx, worker):
+def test_re_plans_stop_at_the_workflow_limit_and_a_human_is_asked(demo_tx, worker, operator):
     # The new plan sends worker-3's customer to a task that fails the same way: no third plan.
     again = {"tasks": ["replan-2"], **_plan(_task("worker-3b", "incident-worker", objective="Try customer 3 again"))}
     _workflow(replan_turns=[again])
@@ -162,6 +163,12 @@ def test_re_plans_stop_at_the_workflow_limit_and_a_human_is_asked(demo_tx, worke
     # The old plan's failed task cannot be retried any more: the plan it belonged to was replaced.
     with pytest.raises(Conflict, match="plan 2 replaced"):
         task_retry(task_id=run.tasks.get(key="worker-3").id)
+    # A bulk retry previews and retries the current plan's failed task only.
+    assert bulk_preview(user=operator, action="retry", run_ids=[run.id]).effects == [(1, "failed tasks retried")]
+    [outcome] = bulk_apply(user=operator, action="retry", run_ids=[run.id], reason="try again")
+    assert outcome.message == "1 failed task retried"
+    assert run.tasks.get(key="worker-3").status == Task.Status.FAILED
+    assert run.tasks.get(key="worker-3b").attempts >= 1
 
 
 def test_without_re_plans_a_failure_goes_to_a_human_as_before(demo_tx, worker):
