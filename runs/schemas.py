@@ -62,7 +62,7 @@ class FaultIn(BaseModel):
     task: str = Field(min_length=1, max_length=64, pattern=r"^[-a-zA-Z0-9_]+$")
     at: Literal["call", "start"] = "call"
     call: Whole(ge=1, le=10_000) | None = None
-    mode: Literal["error", "transient", "timeout_after_commit", "slow", "crash"]
+    mode: Literal["error", "transient", "timeout_after_commit", "timeout_no_lookup", "slow", "crash"]
     # Where a crash happens around a tool call (default: after the intent is committed, before the call).
     point: Literal["", "after_intent", "after_call", "after_receipt", "after_advance", "after_enqueue"] = ""
 

@@ -130,19 +130,26 @@ class Faults:
     call: int
     system: str | None = None
     crash_points: tuple = ()
+    no_lookup: bool = False  # the system's status lookup is unavailable for this call: only a person can tell
 
     @classmethod
     def at(cls, run_input: dict, *, run_id: int, task_key: str, call: int) -> "Faults":
-        system, points = None, []
+        system, points, no_lookup = None, [], False
         for mode, point in faults_at(run_input, task_key, call=call, with_points=True):
             point_name = f"call:{call}" if point in ("", "after_intent") else f"call:{call}:{point}"
             if mode == "crash":
                 points.append((point or "after_intent", point_name))
             elif mode in ("error", "slow"):
                 system = mode  # every time: the system keeps refusing, or keeps being slow
+            elif mode == "timeout_no_lookup":
+                no_lookup = True  # on every attempt: nobody can ask the system what happened
+                if fault_fire_once(run_id=run_id, task_key=task_key, point=point_name, mode=mode):
+                    system = "timeout_after_commit"
             elif fault_fire_once(run_id=run_id, task_key=task_key, point=point_name, mode=mode):
                 system = mode  # once: a retry succeeds
-        return cls(run_id=run_id, task_key=task_key, call=call, system=system, crash_points=tuple(points))
+        return cls(
+            run_id=run_id, task_key=task_key, call=call, system=system, crash_points=tuple(points), no_lookup=no_lookup
+        )
 
     def crash(self, point: str) -> None:
         for name, point_name in self.crash_points:
@@ -375,7 +382,7 @@ def _resume_operation(op: ToolOperation, spec: ToolSpec, args: dict, faults: Fau
         if refused:
             return refused
     if op.status in (OS.EXECUTING, OS.AMBIGUOUS):
-        found = reconcile(op, spec)
+        found = reconcile(op, spec, faults)
         if found is not None:
             return found
     return operation_execute(op, spec, args, faults)
@@ -393,10 +400,10 @@ def approval_recheck(op: ToolOperation) -> ToolOutcome | None:
     return _refuse("rejected", f"{op.tool} was not done: {why}")
 
 
-def reconcile(op: ToolOperation, spec: ToolSpec) -> ToolOutcome | None:
+def reconcile(op: ToolOperation, spec: ToolSpec, faults: Faults | None = None) -> ToolOutcome | None:
     """An intent without a receipt: ask the system by key. Committed → its answer (recorded as the
     receipt); not committed → None, and the caller may call again with the same key."""
-    if spec.lookup is None:
+    if spec.lookup is None or (faults is not None and faults.no_lookup):
         _set(op, status=OS.AMBIGUOUS, status_reason="no receipt, and the tool has no status lookup: a human must check")
         raise StepFailure(
             f"{op.tool} ({op.idempotency_key}) may or may not have happened: a human must check", "ambiguous"
@@ -464,7 +471,7 @@ def _call_and_receipt(op: ToolOperation, spec: ToolSpec, args: dict, faults: Fau
         result = _external(spec, args, key=op.idempotency_key, fault=faults.system)
     except sandbox.SystemTimeout as exc:
         _set(op, status=OS.AMBIGUOUS, status_reason=str(exc))
-        found = reconcile(op, spec)
+        found = reconcile(op, spec, faults)
         if found is not None:
             return found
         raise TransientFailure(f"{op.tool} timed out and did not take effect; it will be tried again") from exc

@@ -274,7 +274,7 @@ def _execute_supervised(run: Run, op: ToolOperation) -> bool:
     for attempt in range(1, INLINE_RETRIES + 1):
         try:
             if op.status in (OS.EXECUTING, OS.AMBIGUOUS):
-                outcome = reconcile(op, spec)
+                outcome = reconcile(op, spec, faults)
                 if outcome is None:
                     op.refresh_from_db()
                     outcome = operation_execute(op, spec, arguments, faults)

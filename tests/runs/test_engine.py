@@ -398,6 +398,19 @@ def test_a_resumed_write_without_a_lookup_goes_to_a_human(demo_tx, worker, monke
     assert op.status == ToolOperation.Status.AMBIGUOUS and op.attempts == 1
 
 
+def test_a_timeout_on_a_system_whose_lookup_is_down_goes_to_a_human_and_is_never_retried(demo_tx, worker):
+    fault = {"task": "worker-3", "call": 2, "mode": "timeout_no_lookup"}
+    run = finished(run_start(workflow="incident-fanout", input={"faults": [fault]}))
+    assert run.status == Run.Status.NEEDS_ATTENTION
+    w3 = Task.objects.get(run=run, key="worker-3")
+    assert w3.failure_class == "ambiguous" and "a human must check" in run.status_reason
+    op = ToolOperation.objects.get(task=w3, tool="tickets.create")
+    assert op.status == ToolOperation.Status.AMBIGUOUS
+    # The ticket was made once; nobody could ask, so nobody made another.
+    assert effects("tickets.create").filter(idempotency_key=op.idempotency_key).count() == 1
+    assert not ToolOperation.objects.filter(task=w3, tool="crm.update").exists()
+
+
 def test_a_rejected_input_stops_the_task_that_joins_it(demo_tx, monkeypatch):
     """Driven step by step (no worker): inventory finishes, an operator rejects its artifact, then risk
     finishes (and its worker goes straight on to verify), and verify stops at the join instead of
