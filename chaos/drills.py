@@ -373,11 +373,12 @@ def invariants(run_ids: list[int], reviewer: Reviewer) -> dict:
     duplicates = effects.values("system", "idempotency_key").annotate(n=Count("id")).filter(n__gt=1).count()
     intents = set(ToolOperation.objects.filter(run_id__in=run_ids).values_list("idempotency_key", flat=True))
     orphans = sum(1 for key in effects.values_list("idempotency_key", flat=True) if key not in intents)
-    decided = set(
-        Decision.objects.filter(request_id__in=list(reviewer.recorded), verdict="approve").values_list(
-            "request_id", flat=True
-        )
-    )
+    # A bundle's approval is recorded on each of its items.
+    approvals = Decision.objects.filter(verdict="approve")
+    items = ApprovalRequest.objects.filter(parent_id__in=list(reviewer.recorded))
+    undecided_items = items.exclude(id__in=approvals.values("request_id")).values_list("parent_id", flat=True)
+    decided = set(approvals.filter(request_id__in=list(reviewer.recorded)).values_list("request_id", flat=True))
+    decided |= set(items.values_list("parent_id", flat=True)) - set(undecided_items)
     finished = [r["id"] for r in runs if r["status"] == "completed"]
     lost = (
         len(set(reviewer.recorded) - decided)
@@ -487,7 +488,7 @@ def drill_run(drill: str, tokens: dict, args, log_root: Path) -> dict:
         deadline = fault_over + args.settle_timeout
         while time.monotonic() < deadline and not read(settled, run_ids):
             time.sleep(0.5)
-        converge = time.monotonic() - fault_over
+        converge, wall = time.monotonic() - fault_over, time.monotonic() - started
         stop_supervising.set()
         reviewer.stop.set()
         reviewer.join(timeout=5)
@@ -498,7 +499,7 @@ def drill_run(drill: str, tokens: dict, args, log_root: Path) -> dict:
         cluster.stop()
         if not redis_ready():
             redis_start()
-    row = {"drill": drill, "runs": len(run_ids), **figures, "converge_s": round(converge, 1)}
+    row = {"drill": drill, "runs": len(run_ids), **figures, "converge_s": round(converge, 1), "wall_s": round(wall)}
     row["ok"] = (
         row["converged"] == row["runs"]
         and not row["duplicates"]
@@ -521,7 +522,8 @@ def table(rows: list[dict]) -> str:
     columns = [
         ("drill", "drill"), ("runs", "runs"), ("converged", "converged"), ("completed", "completed"),
         ("needs_attention", "needs attention"), ("duplicates", "duplicates"), ("orphans", "orphan effects"),
-        ("lost", "lost decisions"), ("unreconciled", "unreconciled"), ("converge_s", "converged in (s)"),
+        ("lost", "lost decisions"), ("unreconciled", "unreconciled"), ("converge_s", "settled after the fault (s)"),
+        ("wall_s", "drill (s)"),
     ]  # fmt: skip
     widths = [max(len(title), *(len(str(r[key])) for r in rows)) for key, title in columns]
     lines = [" | ".join(title.ljust(w) for (_, title), w in zip(columns, widths, strict=True))]
