@@ -30,6 +30,7 @@ from django.core.cache import cache
 
 from runs.circuit import Breaker, rate_wait
 from runs.errors import StepFailure, TransientFailure
+from runs.shared import tolerant
 
 log = logging.getLogger("warden.gateway")
 
@@ -200,11 +201,11 @@ def _cached_or_called(impl, model: str, request: ModelRequest) -> ModelResponse:
     if not request.cache_seconds:
         return _call_with_retries(impl, model, request)
     key = _cache_key(impl.name, model, request)
-    hit = cache.get(key)
+    hit = tolerant(lambda: cache.get(key), None)  # no cache while Redis is away: the call is made
     if hit is not None:
         return ModelResponse(**{**hit, "cached": True, "retries": 0, "cost_micros": 0})
     response = _call_with_retries(impl, model, request)
-    cache.set(key, dataclasses.asdict(response), timeout=request.cache_seconds)
+    tolerant(lambda: cache.set(key, dataclasses.asdict(response), timeout=request.cache_seconds), None)
     return response
 
 

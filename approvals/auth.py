@@ -1,12 +1,16 @@
 """Login throttling: after LOGIN_FAILURES_LIMIT failed logins for one username from one address within
 LOGIN_LOCKOUT_SECONDS, further attempts are refused — even with the right password — until the window
-passes. Counted in the cache (Redis in scaled mode, so every server process shares the count)."""
+passes. Counted in the cache (Redis in scaled mode, so every server process shares the count). While
+that cache is unreachable logins are not counted (a warning is logged; runs/shared.py): operators must
+still be able to log in to a dashboard whose Redis is down, and the password is checked as always."""
 
 from django.conf import settings
 from django.contrib.auth.backends import ModelBackend
 from django.contrib.auth.signals import user_logged_in, user_login_failed
 from django.core.cache import cache
 from django.dispatch import receiver
+
+from runs.shared import tolerant
 
 
 def _key(username: str, request) -> str:
@@ -15,7 +19,8 @@ def _key(username: str, request) -> str:
 
 
 def login_throttled(username: str, request) -> bool:
-    return (cache.get(_key(username or "", request)) or 0) >= settings.WARDEN["LOGIN_FAILURES_LIMIT"]
+    failures = tolerant(lambda: cache.get(_key(username or "", request)), None) or 0
+    return failures >= settings.WARDEN["LOGIN_FAILURES_LIMIT"]
 
 
 class ThrottledModelBackend(ModelBackend):
@@ -27,7 +32,10 @@ class ThrottledModelBackend(ModelBackend):
 
 @receiver(user_login_failed)
 def _count_failure(sender, credentials, request=None, **kwargs):
-    key = _key(str(credentials.get("username", "")), request)
+    tolerant(lambda: _count(_key(str(credentials.get("username", "")), request)), None)
+
+
+def _count(key: str) -> None:
     cache.add(key, 0, timeout=int(settings.WARDEN["LOGIN_LOCKOUT_SECONDS"]))
     try:
         cache.incr(key)
@@ -37,4 +45,4 @@ def _count_failure(sender, credentials, request=None, **kwargs):
 
 @receiver(user_logged_in)
 def _reset(sender, request, user, **kwargs):
-    cache.delete(_key(user.get_username(), request))
+    tolerant(lambda: cache.delete(_key(user.get_username(), request)), None)

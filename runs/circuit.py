@@ -8,6 +8,8 @@ import time
 from django.conf import settings
 from django.core.cache import cache
 
+from .shared import tolerant
+
 log = logging.getLogger("warden.circuit")
 
 
@@ -22,11 +24,14 @@ class Breaker:
         cache.delete_many([self._key(name) for name in names])
 
     def open_for(self, name: str) -> float:
-        """Seconds the breaker stays open, or 0."""
-        state = cache.get(self._key(name)) or {}
+        """Seconds the breaker stays open, or 0 (also while the shared cache is unreachable)."""
+        state = tolerant(lambda: cache.get(self._key(name)), None) or {}
         return max(0.0, state.get("open_until", 0) - time.time())
 
     def record(self, name: str, ok: bool) -> None:
+        tolerant(lambda: self._record(name, ok), None)
+
+    def _record(self, name: str, ok: bool) -> None:
         key = self._key(name)
         if ok:
             if cache.get(key):
@@ -42,9 +47,14 @@ class Breaker:
 
 
 def rate_wait(name: str, per_minute: int | None) -> float:
-    """Count one call of ``name``: 0 if it may go now, else the seconds until the window turns."""
+    """Count one call of ``name``: 0 if it may go now (or the shared cache is unreachable), else the
+    seconds until the window turns."""
     if not per_minute:
         return 0.0
+    return tolerant(lambda: _rate_count(name, per_minute), 0.0)
+
+
+def _rate_count(name: str, per_minute: int) -> float:
     key = f"warden:rate:{name}:{int(time.time() // 60)}"
     cache.add(key, 0, timeout=120)
     try:

@@ -25,6 +25,8 @@ from django.conf import settings
 from django.core.cache import cache
 from django.db import close_old_connections, connection, transaction
 
+from .shared import tolerant
+
 log = logging.getLogger("warden.events")
 
 PRESENCE_SECONDS = 60
@@ -52,7 +54,7 @@ def list_seq_name(project_id: int) -> str:
 
 
 def seq_current(name: str) -> int:
-    return cache.get(f"seq:{name}", 0)
+    return tolerant(lambda: cache.get(f"seq:{name}", 0), 0)
 
 
 def seq_next(name: str) -> int:
@@ -71,13 +73,13 @@ def list_seqs(project_ids: list[int] | None) -> dict[str, int]:
 
         project_ids = list(Project.objects.values_list("id", flat=True))
     keys = {f"seq:{list_seq_name(p)}": str(p) for p in project_ids}
-    found = cache.get_many(list(keys))
+    found = tolerant(lambda: cache.get_many(list(keys)), {})
     return {p: found.get(k, 0) for k, p in keys.items()}
 
 
 def watching(*keys: str) -> None:
     """Announce a viewer (a page being rendered, an open socket) so changes are published."""
-    cache.set_many(dict.fromkeys(keys, 1), timeout=PRESENCE_SECONDS)
+    tolerant(lambda: cache.set_many(dict.fromkeys(keys, 1), timeout=PRESENCE_SECONDS), None)
 
 
 def run_changed(run_id: int) -> None:
