@@ -1,5 +1,7 @@
-"""Logins, logouts and failed logins go to the audit log (the username tried, never the password)."""
+"""Logins, logouts and failed logins go to the audit log (the username tried, never the password); a
+logout or a deactivation closes the user's open dashboard sockets at once."""
 
+from django.conf import settings
 from django.contrib.admin.models import ADDITION, CHANGE, DELETION, LogEntry
 from django.contrib.auth.signals import user_logged_in, user_logged_out, user_login_failed
 from django.db.models.signals import post_save
@@ -41,3 +43,14 @@ def _admin_change(sender, instance: LogEntry, created, **kwargs):
             via="admin",
             detail={"object": instance.object_repr[:200], "change": instance.get_change_message()[:1000]},
         )
+
+
+@receiver(post_save, sender=settings.AUTH_USER_MODEL)
+def _user_saved(sender, instance, created, **kwargs):
+    """A deactivated user (admin, or any code path) loses their open sockets now, not at the next
+    heartbeat; their sessions no longer authenticate (Django refuses inactive users) and their API
+    tokens stop working (approvals/tokens.py)."""
+    if not created and not instance.is_active:
+        from runs.events import access_changed
+
+        access_changed(instance.id)
