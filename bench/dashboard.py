@@ -9,7 +9,7 @@ Prints each figure next to a reference measured in the same run:
   (4) the runs list (first page, a status filter, a deep keyset page) over 100,000 runs;
 and the resident memory of the ASGI server and the worker processes.
 
-    .venv/bin/python bench/dashboard.py [--viewers 50] [--events 200] [--runs-list 100000] [--quick]
+    .venv/bin/python bench/dashboard.py [--viewers 50] [--events 200] [--runs-list 100000] [--quick] [--json]
 
 It creates its own database (`warden_bench_dash` by default; dropped at the end unless --keep), starts
 its own ASGI server (`manage.py serve`, scaled mode) and `rundramatiq` workers, and stops them itself.
@@ -30,6 +30,7 @@ import statistics
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -138,9 +139,10 @@ class Viewers:
             start_new_session=True,
         )
         self._buf = b""
-        line = self._line(90)
-        if not line.startswith("ready"):
-            raise SystemExit(f"viewers did not connect: {line!r}")
+        with stopped_on_failure(self.proc):
+            line = self._line(90)
+            if not line.startswith("ready"):
+                raise SystemExit(f"viewers did not connect: {line!r}")
         self.count = int(line.split()[1])
 
     def _line(self, timeout: float) -> str:
@@ -240,26 +242,53 @@ def server_start(port: int, log_path: Path) -> subprocess.Popen:
     proc = manage(["serve", "--port", str(port)], log_path)
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"the ASGI server exited; see {log_path}")
-        try:
-            opener.open(f"http://127.0.0.1:{port}/login/", timeout=2).read()
-            return proc
-        except OSError:
-            time.sleep(0.2)
-    raise SystemExit(f"the ASGI server did not answer; see {log_path}")
+    with stopped_on_failure(proc):
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise SystemExit(f"the ASGI server exited; see {log_path}")
+            try:
+                opener.open(f"http://127.0.0.1:{port}/login/", timeout=2).read()
+                return proc
+            except OSError:
+                time.sleep(0.2)
+        raise SystemExit(f"the ASGI server did not answer; see {log_path}")
 
 
 def workers_start(processes: int, threads: int, log_path: Path) -> subprocess.Popen:
     proc = manage(["rundramatiq", "--processes", str(processes), "--threads", str(threads)], log_path)
     deadline = time.monotonic() + 30
-    while len(children(proc.pid)) < processes and time.monotonic() < deadline:
-        time.sleep(0.1)
-    time.sleep(1.5)  # let the workers declare their queues and boot
-    if proc.poll() is not None:
-        raise SystemExit(f"the workers exited; see {log_path}")
+    with stopped_on_failure(proc):
+        while len(children(proc.pid)) < processes and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(1.5)  # let the workers declare their queues and boot
+        if proc.poll() is not None:
+            raise SystemExit(f"the workers exited; see {log_path}")
     return proc
+
+
+def best_effort(what: str, cleanup, *args, attempts: int = 5) -> None:
+    """A clean-up step that must not stop the next one: PostgreSQL or Redis may be restarting (a drill,
+    or the reason the benchmark failed). Tried a few times, then reported."""
+    for attempt in range(attempts):
+        try:
+            cleanup(*args)
+            return
+        except Exception as exc:
+            if attempt == attempts - 1:
+                print(f"could not {what}: {exc!r:.300}", file=sys.stderr, flush=True)
+            else:
+                time.sleep(2)
+
+
+@contextmanager
+def stopped_on_failure(proc: subprocess.Popen):
+    """A process being started is stopped if starting it fails or is interrupted (SIGTERM, Ctrl-C):
+    the caller never got it, so nobody else would."""
+    try:
+        yield
+    except BaseException:
+        kill_group(proc)
+        raise
 
 
 # --- database ------------------------------------------------------------------------------------------------
@@ -894,6 +923,7 @@ def main():
     parser.add_argument("--database-url", default=os.environ.get("WARDEN_BENCH_DASH_DATABASE_URL", DEFAULT_DB))
     parser.add_argument("--redis-url", default=os.environ.get("WARDEN_BENCH_REDIS_URL", DEFAULT_REDIS))
     parser.add_argument("--keep", action="store_true", help="keep the database afterwards")
+    parser.add_argument("--json", action="store_true", help="end with one JSON line of the figures (bench/run.py)")
     parser.add_argument("--viewer-child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--targets", help=argparse.SUPPRESS)
@@ -927,7 +957,7 @@ def main():
     db_create(args.database_url)
     server = None
     load_start = Path("/proc/loadavg").read_text().split()[:3]
-    rows, notes = [], []
+    rows, notes, figures = [], [], {}
     try:
         import django
 
@@ -960,6 +990,15 @@ def main():
         p = push_latency(args, port, sessionid, fixtures, server)
         pairs = p["events"] * p["sockets"]
         dash, bare = p["dash"], p["bare"]
+        figures.update(
+            viewers=p["sockets"],
+            push_p50_ms=dash[0],
+            push_p99_ms=dash[1],
+            bare_group_send_p50_ms=bare[0],
+            bare_group_send_p99_ms=bare[1],
+            pushes_lost=p["dash_lost"],
+            pushes_expected=pairs,
+        )
         rows.append(
             (
                 f"(1) push latency p50 / p99, {p['sockets']} viewers",
@@ -997,6 +1036,7 @@ def main():
             f"(2) {runs_n} runs × {steps_n} steps, {threads}, unwatched and watched, {args.repeat}× each …", flush=True
         )
         e = engine_with_viewers(args, port, sessionid, log_dir)
+        figures.update(steps_per_s_watched=e["viewers"], steps_per_s_unwatched=e["none"])
         rows.append(
             (
                 f"(2) {runs_n} runs × {steps_n} steps, {args.viewers} viewers over them",
@@ -1023,6 +1063,7 @@ def main():
         big, spans, ops = build_big_run(args.page_tasks, args.calls_per_task, args.page_ops, fixtures)
         print(f"    built in {time.perf_counter() - t:.1f} s; rendering /runs/{big.id}/ …", flush=True)
         ms, queries, size = timed_get(client, f"/runs/{big.id}/", args.samples)
+        figures.update(run_page_tasks=args.page_tasks, run_page_ms=ms, run_page_queries=queries)
         rows.append(
             (
                 f"(3) run page, {args.page_tasks:,} tasks / {spans:,} spans / {ops:,} ops",
@@ -1047,6 +1088,7 @@ def main():
             ("deep keyset page", f"/runs/?after={first_id + 75}"),
         ):
             ms, queries, size = timed_get(client, path, args.samples)
+            figures[f"runs_list_ms ({label})"] = ms
             if ms != ms:  # NaN: the view answered something else than 200
                 value = f"n/a (list not ready: HTTP {queries})"
             else:
@@ -1055,6 +1097,9 @@ def main():
 
         server_rss = rss_mb(server.pid)
         workers_rss = " + ".join(f"{mb:.0f}" for _, mb in e["memory"]["workers"])
+        figures.update(
+            runs_listed=total, server_rss_mb=server_rss, worker_rss_mb=[mb for _, mb in e["memory"]["workers"]]
+        )
         rows.append(("ASGI server RSS (end)", f"{server_rss:.0f} MB", "—", "—", "—"))
         rows.append(("worker processes RSS (end of (2))", f"{workers_rss} MB", "—", "—", "—"))
     finally:
@@ -1062,10 +1107,10 @@ def main():
             kill_group(server)
         from django.db import connections
 
-        connections.close_all()
-        redis_cleanup(args.redis_url, namespace, id_base)
+        best_effort("close the database connections", connections.close_all, attempts=1)
+        best_effort(f"forget the Redis keys of {namespace}", redis_cleanup, args.redis_url, namespace, id_base)
         if not args.keep:
-            db_drop(args.database_url)
+            best_effort(f"drop the database {db_name}", db_drop, args.database_url)
     shutil.rmtree(log_dir, ignore_errors=True)  # kept when something failed: the processes' logs are there
 
     header = ("figure", "value", "reference", "ratio", "goal")
@@ -1081,6 +1126,8 @@ def main():
     print()
     for note in notes:
         print(note)
+    if args.json:
+        print(json.dumps({"bench": "dashboard", "rows": rows, "notes": notes, "figures": figures}, ensure_ascii=False))
 
 
 def redis_cleanup(url: str, namespace: str, id_base: int) -> None:

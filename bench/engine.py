@@ -8,12 +8,16 @@ number of clients (pgbench), as a ratio:
 and the workers' CPU per step (user + system time of the worker processes).
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/warden_bench REDIS_URL=redis://127.0.0.1:6379/0 \
-        .venv/bin/python bench/engine.py [--steps 1000] [--runs 100] [--chain 100]
+        .venv/bin/python bench/engine.py [--steps 1000] [--runs 100] [--chain 100] [--quick] [--json]
+
+The database is dropped and recreated, and dropped again at the end unless --keep.
 """
 
 import argparse
+import json
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -29,8 +33,11 @@ os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/0")
 os.environ.setdefault("WARDEN_QUEUE_NAMESPACE", f"warden-bench-{os.getpid()}")
 os.environ["DJANGO_SETTINGS_MODULE"] = "config.settings.base"
 
+from dashboard import best_effort  # noqa: E402  (bench/dashboard.py)
 
-def ensure_database(url: str) -> None:
+
+def ensure_database(url: str, create: bool = True) -> None:
+    """Drop the database and (unless ``create`` is False) create it empty."""
     import psycopg
 
     parts = urlparse(url)
@@ -43,7 +50,8 @@ def ensure_database(url: str) -> None:
         autocommit=True,
     )
     admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    admin.execute(f'CREATE DATABASE "{name}"')
+    if create:
+        admin.execute(f'CREATE DATABASE "{name}"')
     admin.close()
 
 
@@ -57,12 +65,20 @@ def pg_commit_floor(url: str, clients: int, seconds: int = 5) -> float:
     conn.close()
     with tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False) as script:
         script.write("INSERT INTO bench_commit (v) VALUES (1);\n")
-    out = subprocess.run(
+    try:
+        out = _pgbench(script.name, parts, clients, seconds)
+    finally:
+        os.unlink(script.name)
+    return float(re.search(r"tps = ([\d.]+)", out).group(1))
+
+
+def _pgbench(script: str, parts, clients: int, seconds: int) -> str:
+    return subprocess.run(
         [
             "pgbench",
             "-n",
             "-f",
-            script.name,
+            script,
             "-c",
             str(clients),
             "-j",
@@ -81,7 +97,6 @@ def pg_commit_floor(url: str, clients: int, seconds: int = 5) -> float:
         text=True,
         check=True,
     ).stdout
-    return float(re.search(r"tps = ([\d.]+)", out).group(1))
 
 
 def cpu_seconds(pids) -> float:
@@ -106,10 +121,16 @@ class Workers:
             stderr=subprocess.DEVNULL,
             start_new_session=True,
         )
-        deadline = time.monotonic() + 30
-        while len(self.children()) < processes and time.monotonic() < deadline:
-            time.sleep(0.1)
-        time.sleep(1.0)  # let the workers declare their queues and boot
+        try:
+            deadline = time.monotonic() + 30
+            while len(self.children()) < processes and time.monotonic() < deadline:
+                time.sleep(0.1)
+            time.sleep(1.0)  # let the workers declare their queues and boot
+            if self.proc.poll() is not None:
+                raise SystemExit(f"the workers exited (code {self.proc.returncode}); run manage.py rundramatiq")
+        except BaseException:  # interrupted while starting: the caller has no handle to stop them with
+            self.stop()
+            raise
 
     def children(self):
         out = subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True, text=True).stdout
@@ -119,13 +140,14 @@ class Workers:
         return cpu_seconds(self.children())
 
     def stop(self):
-        import signal
-
+        if self.proc.poll() is not None:
+            return
         os.killpg(self.proc.pid, signal.SIGTERM)
         try:
             self.proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
 
 
 def setup_workflows(steps: int, run_steps: int, chain: int):
@@ -201,27 +223,8 @@ def _throughput_row(label: str, rate: float, floor: float, clients: int, goal: s
     )
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=1000)
-    parser.add_argument("--runs", type=int, default=100)
-    parser.add_argument("--run-steps", type=int, default=10)
-    parser.add_argument("--chain", type=int, default=100)
-    parser.add_argument(
-        "--processes",
-        type=int,
-        default=2,
-        choices=[1, 2, 4],
-        help="worker processes for (2); the 4 worker threads are spread over them",
-    )
-    parser.add_argument("--repeat", type=int, default=3, help="repetitions of each scenario (medians are printed)")
-    args = parser.parse_args()
-
-    url = os.environ["DATABASE_URL"]
-    ensure_database(url)
-    import django
-
-    django.setup()
+def measure(args, url: str) -> tuple[list, list, dict]:
+    """The three scenarios on a migrated, empty database: the table's rows, notes and raw figures."""
     from django.core.management import call_command
 
     call_command("migrate", verbosity=0)
@@ -230,8 +233,8 @@ def main():
     from runs.services import run_start
 
     print(f"measuring the PostgreSQL single-row-commit floor ({url.rsplit('@', 1)[-1]}) …", flush=True)
-    floor1 = pg_commit_floor(url, 1)
-    floor4 = pg_commit_floor(url, 4)
+    floor1 = pg_commit_floor(url, 1, args.floor_seconds)
+    floor4 = pg_commit_floor(url, 4, args.floor_seconds)
 
     rows = []
     reps = args.repeat
@@ -279,12 +282,82 @@ def main():
     rows.append(("worker CPU per step (1)", f"{cpu1:.3f} ms", "—", "—", "≤ 0.5 ms"))
     rows.append(("worker CPU per step (2)", f"{cpu2:.3f} ms", "—", "—", "≤ 0.5 ms"))
     rows.append(("worker CPU per task hop (3)", f"{statistics.median(cpu3):.3f} ms", "—", "—", "—"))
-    print(f"\nmedians of {reps} repetitions; hops pooled over {len(hops)} hand-offs")
+    notes = [f"medians of {reps} repetitions; hops pooled over {len(hops)} hand-offs"]
+    figures = {
+        "steps_per_s_1": rate1,
+        "floor_1_client_commits_per_s": floor1,
+        "steps_per_s_2": rate2,
+        "floor_4_clients_commits_per_s": floor4,
+        "hop_p50_ms": p50,
+        "hop_p99_ms": p99,
+        "cpu_ms_per_step_1": cpu1,
+        "cpu_ms_per_step_2": cpu2,
+        "cpu_ms_per_hop_3": statistics.median(cpu3),
+    }
+    return rows, notes, figures
 
-    widths = [max(len(r[i]) for r in rows + [("figure", "value", "reference", "ratio", "goal")]) for i in range(5)]
+
+def redis_forget(url: str, namespace: str) -> None:
+    """The queues and cache keys of this benchmark's namespace (never those of a namespace given to it)."""
+    import redis
+
+    if not namespace.startswith("warden-bench-"):
+        return
+    client = redis.Redis.from_url(url)
+    for key in client.scan_iter(f"{namespace}:*"):
+        client.delete(key)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--runs", type=int, default=100)
+    parser.add_argument("--run-steps", type=int, default=10)
+    parser.add_argument("--chain", type=int, default=100)
+    parser.add_argument(
+        "--processes",
+        type=int,
+        default=2,
+        choices=[1, 2, 4],
+        help="worker processes for (2); the 4 worker threads are spread over them",
+    )
+    parser.add_argument("--repeat", type=int, default=3, help="repetitions of each scenario (medians are printed)")
+    parser.add_argument("--floor-seconds", type=int, default=5, help="duration of each pgbench measurement")
+    parser.add_argument("--quick", action="store_true", help="a small version of everything (a smoke check)")
+    parser.add_argument("--keep", action="store_true", help="keep the database afterwards")
+    parser.add_argument("--json", action="store_true", help="end with one JSON line of the figures (bench/run.py)")
+    args = parser.parse_args()
+    if args.quick:
+        args.steps, args.runs, args.chain, args.repeat, args.floor_seconds = 300, 20, 20, 1, 2
+
+    url = os.environ["DATABASE_URL"]
+    # A SIGTERM unwinds like Ctrl-C, so the workers are stopped and the database dropped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    ensure_database(url)
+    try:
+        import django
+
+        django.setup()
+        rows, notes, figures = measure(args, url)
+    finally:
+        from django.db import connections
+
+        namespace = os.environ["WARDEN_QUEUE_NAMESPACE"]
+        best_effort("close the database connections", connections.close_all, attempts=1)
+        best_effort(f"forget the Redis keys of {namespace}", redis_forget, os.environ["REDIS_URL"], namespace)
+        if not args.keep:
+            best_effort(f"drop the database {url.rsplit('/', 1)[-1]}", ensure_database, url, False)
+
     print()
-    for row in [("figure", "value", "reference", "ratio", "goal"), tuple("-" * w for w in widths), *rows]:
+    for note in notes:
+        print(note)
+    header = ("figure", "value", "reference", "ratio", "goal")
+    widths = [max(len(r[i]) for r in rows + [header]) for i in range(5)]
+    print()
+    for row in [header, tuple("-" * w for w in widths), *rows]:
         print(" | ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)))
+    if args.json:
+        print(json.dumps({"bench": "engine", "rows": rows, "notes": notes, "figures": figures}, ensure_ascii=False))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,262 @@
+"""All of Warden's benchmarks in one command, and one table of their figures.
+
+    .venv/bin/python bench/run.py [--quick] [--only engine,approvals,dashboard] [--json]
+
+Runs bench/engine.py, bench/approval_resume.py and bench/dashboard.py one after the other, each in its own
+process with its own database (warden_bench_run_engine, warden_bench_run_appr, warden_bench_run_dash:
+dropped and recreated, dropped at the end) and its own queue namespace on Redis db 13. Each benchmark
+starts and stops its own workers (and the dashboard its ASGI server). Their output is shown as it comes,
+prefixed with their name; each ends with one JSON line of its figures (--json), read here into one table:
+figure | value | reference measured in the same run | ratio | goal.
+
+Only 127.0.0.1 is contacted: PostgreSQL and Redis must listen there. --quick runs small versions of
+everything, a smoke check of a few minutes; without it, the figures of docs/benchmarks.md.
+"""
+
+import argparse
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from urllib.parse import urlparse
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+BENCHES = ("engine", "approvals", "dashboard")
+# Not bench/approval_resume.py: a script of that name would shadow the approvals app on sys.path.
+SCRIPTS = {"engine": "engine.py", "approvals": "approval_resume.py", "dashboard": "dashboard.py"}
+DATABASES = {
+    "engine": "warden_bench_run_engine",
+    "approvals": "warden_bench_run_appr",
+    "dashboard": "warden_bench_run_dash",
+}
+NAMESPACES = {"engine": "warden-bench", "approvals": "warden-bench-appr", "dashboard": "warden-bench-dash"}
+# Whatever the calling shell says, the benchmarks get their addresses from here only.
+SCRUBBED = (
+    "DATABASE_URL",
+    "REDIS_URL",
+    "WARDEN_QUEUE_NAMESPACE",
+    "WARDEN_BENCH_DASH_DATABASE_URL",
+    "WARDEN_BENCH_APPR_DATABASE_URL",
+    "WARDEN_BENCH_REDIS_URL",
+    "WARDEN_APPROVAL_WEBHOOK_URL",
+)
+
+
+class Interrupted(Exception):
+    pass
+
+
+def command(name: str, args) -> tuple[list[str], dict]:
+    db = f"{args.postgres.rstrip('/')}/{DATABASES[name]}"
+    cmd = [sys.executable, str(HERE / SCRIPTS[name]), "--json"] + (["--quick"] if args.quick else [])
+    env = {k: v for k, v in os.environ.items() if k not in SCRUBBED}
+    env["PYTHONUNBUFFERED"] = "1"
+    if name == "engine":
+        env.update(DATABASE_URL=db, REDIS_URL=args.redis_url)
+    else:
+        cmd += ["--database-url", db, "--redis-url", args.redis_url]
+    return cmd, env
+
+
+def run_one(name: str, args, timeout: float) -> tuple[dict | None, int, float]:
+    """Run one benchmark, echoing its output; returns its JSON figures (None if it failed), its exit code
+    and its duration. An interruption or the timeout stops it with SIGTERM: it stops its own processes
+    and drops its database on the way out."""
+    cmd, env = command(name, args)
+    started = time.monotonic()
+    # Its own session: a Ctrl-C reaches this process only, which then asks the benchmark to stop, once.
+    proc = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        errors="replace",
+        bufsize=1,
+        start_new_session=True,
+    )
+
+    def over_time():
+        print(f"[run] {name} is over its time limit ({timeout:.0f} s): stopping it", flush=True)
+        proc.send_signal(signal.SIGTERM)
+
+    watchdog = threading.Timer(timeout, over_time)
+    watchdog.start()
+    result = None
+    try:
+        for line in proc.stdout:
+            if line.startswith('{"bench"'):
+                result = json.loads(line)
+                continue
+            print(f"[{name}] {line}", end="", flush=True)
+        code = stop(proc)
+    except BaseException:
+        stop(proc)
+        raise
+    finally:
+        watchdog.cancel()
+        cleanup(name, args, proc.pid)
+    return (result if code == 0 else None), code, time.monotonic() - started
+
+
+def cleanup(name: str, args, pid: int) -> None:
+    """What the benchmark should have cleaned up itself, in case it was killed."""
+    from dashboard import best_effort
+
+    reap_leftovers()
+    best_effort(f"drop the database {DATABASES[name]}", drop_database, args.postgres, DATABASES[name])
+    namespace = f"{NAMESPACES[name]}-{pid}"
+    best_effort(f"forget the Redis keys of {namespace}", forget_namespace, args.redis_url, namespace)
+
+
+def stop(proc: subprocess.Popen) -> int:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=120)  # it stops a server, workers and viewers, then drops its database
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    return proc.wait()
+
+
+def become_subreaper() -> None:
+    """Processes a benchmark leaves behind (its workers run in sessions of their own) become children of
+    this process instead of init's, so that reap_leftovers can find them. Linux only; elsewhere a no-op."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        pass
+
+
+def reap_leftovers() -> None:
+    """Stop what a benchmark that was killed left behind: descendants re-parented to this process."""
+    out = subprocess.run(["pgrep", "-P", str(os.getpid())], capture_output=True, text=True).stdout
+    pids = [int(p) for p in out.split() if int(p) != os.getpid()]
+    for pid in pids:
+        print(f"[run] stopping process {pid}, left behind by a benchmark", flush=True)
+        try:
+            # The benchmarks start their servers and workers as the leaders of process groups.
+            kill = os.killpg if os.getpgid(pid) == pid else os.kill
+            for sig in (signal.SIGCONT, signal.SIGTERM):
+                kill(pid, sig)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + 20
+    for pid in pids:
+        while time.monotonic() < deadline:
+            try:
+                if os.waitpid(pid, os.WNOHANG)[0]:
+                    break
+            except ChildProcessError:
+                break
+            time.sleep(0.1)
+        else:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass
+
+
+def drop_database(postgres: str, name: str) -> None:
+    import psycopg
+
+    parts = urlparse(postgres)
+    with psycopg.connect(
+        host=parts.hostname, port=parts.port or 5432, user=parts.username or "postgres", dbname="postgres"
+    ) as admin:
+        admin.autocommit = True
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def forget_namespace(redis_url: str, namespace: str) -> None:
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    for key in client.scan_iter(f"{namespace}:*"):
+        client.delete(key)
+
+
+def loopback_only(url: str, what: str) -> None:
+    host = urlparse(url).hostname
+    if host not in LOOPBACK:
+        raise SystemExit(f"{what} must be on this machine (127.0.0.1), not {host!r}")
+
+
+def table(results: dict, codes: dict) -> list[tuple]:
+    rows = []
+    for name in results:
+        found = results[name]
+        if found is None:
+            rows.append((f"{name}: failed", f"exit code {codes[name]}", "see its output above", "—", "—"))
+            continue
+        rows += [(f"{name}: {row[0]}", *row[1:]) for row in found["rows"]]
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="small versions of everything: a smoke check")
+    parser.add_argument("--only", default=",".join(BENCHES), help="a comma-separated subset of " + ", ".join(BENCHES))
+    parser.add_argument("--postgres", default="postgres://postgres@127.0.0.1:5432", help="server; no database name")
+    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/13")
+    parser.add_argument("--timeout", type=float, help="seconds per benchmark (default 600 with --quick, else 3600)")
+    parser.add_argument("--json", action="store_true", help="end with one JSON line of every figure")
+    args = parser.parse_args()
+    names = [n.strip() for n in args.only.split(",") if n.strip()]
+    unknown = set(names) - set(BENCHES)
+    if unknown:
+        raise SystemExit(f"unknown benchmarks: {', '.join(sorted(unknown))}")
+    loopback_only(args.postgres, "PostgreSQL")
+    loopback_only(args.redis_url, "Redis")
+    timeout = args.timeout or (600 if args.quick else 3600)
+
+    become_subreaper()
+
+    def interrupted(*_):
+        raise Interrupted()
+
+    signal.signal(signal.SIGTERM, interrupted)
+    started, load_start = time.monotonic(), Path("/proc/loadavg").read_text().split()[:3]
+    results, codes, durations = {}, {}, {}
+    try:
+        for n, name in enumerate(names, 1):
+            print(f"\n[run] {n}/{len(names)} {name}{' (quick)' if args.quick else ''} …", flush=True)
+            results[name], codes[name], durations[name] = run_one(name, args, timeout)
+            print(f"[run] {name}: {'done' if codes[name] == 0 else 'FAILED'} in {durations[name]:.0f} s", flush=True)
+    except (KeyboardInterrupt, Interrupted):
+        print("\n[run] interrupted: the benchmark was stopped and its database dropped", flush=True)
+        sys.exit(130)
+
+    rows = table(results, codes)
+    header = ("figure", "value", "reference", "ratio", "goal")
+    widths = [max(len(r[i]) for r in rows + [header]) for i in range(5)]
+    print()
+    for row in [header, tuple("-" * w for w in widths), *rows]:
+        print(" | ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    print()
+    for name, found in results.items():
+        for note in (found or {}).get("notes", []):
+            print(f"{name}: {note}")
+    load_end = Path("/proc/loadavg").read_text().split()[:3]
+    took = ", ".join(f"{name} {durations[name]:.0f} s" for name in names)
+    print(
+        f"{'quick sizes; ' if args.quick else ''}took {time.monotonic() - started:.0f} s ({took}); load average "
+        f"(1, 5, 15 min) {' '.join(load_start)} at the start, {' '.join(load_end)} at the end; {os.cpu_count()} cores"
+    )
+    if args.json:
+        print(json.dumps({"quick": args.quick, "benches": results}, ensure_ascii=False))
+    if any(code != 0 for code in codes.values()):
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
