@@ -105,7 +105,7 @@ class RunAdmin(ProjectScoped, admin.ModelAdmin):
         "started_by",
         "created_at",
     ]
-    list_filter = ["status", "workflow", "created_at"]
+    list_filter = ["status", "workflow", "created_at", ("pruned_at", admin.EmptyFieldListFilter)]
     search_fields = ["=id", "goal", "status_reason", "started_by__username"]
     date_hierarchy = "created_at"
     list_select_related = ["workflow", "started_by"]
@@ -123,6 +123,7 @@ class RunAdmin(ProjectScoped, admin.ModelAdmin):
         "created_at",
         "started_at",
         "finished_at",
+        "pruned_at",
         "cancel_requested_at",
         "ops_lease_owner",
         "ops_lease_expires_at",

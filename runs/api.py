@@ -121,6 +121,7 @@ RUN_EXAMPLE = {
     "created_at": "2026-03-14T09:12:03.412Z",
     "started_at": "2026-03-14T09:12:03.412Z",
     "finished_at": None,
+    "pruned_at": None,
 }
 
 
@@ -143,6 +144,9 @@ class RunOut(Schema):
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
+    pruned_at: datetime | None = Field(
+        description="When retention removed the run's step bodies and payloads; ledger, decisions and figures stay"
+    )
 
 
 def run_out(run: Run) -> dict:
@@ -185,6 +189,7 @@ def run_out(run: Run) -> dict:
         "created_at": run.created_at,
         "started_at": run.started_at,
         "finished_at": run.finished_at,
+        "pruned_at": run.pruned_at,
     }
 
 

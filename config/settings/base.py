@@ -11,6 +11,7 @@ from pathlib import Path
 
 import dj_database_url
 from csp.constants import NONCE
+from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 VAR_DIR = Path(os.environ.get("WARDEN_VAR_DIR", BASE_DIR / "var"))
@@ -140,6 +141,8 @@ _dramatiq_middleware = [
     "django_dramatiq.middleware.DbConnectionsMiddleware",
     "runs.middleware.RecoverySweeperMiddleware",
 ]
+if os.environ.get("WARDEN_CHAOS_DUPLICATE_DELIVERY") == "1":  # fault drills only: docs/operations.md
+    _dramatiq_middleware.append("runs.middleware.DuplicateDelivery")
 if REDIS_URL:
     DRAMATIQ_BROKER = {
         "BROKER": "dramatiq.brokers.redis.RedisBroker",
@@ -254,7 +257,23 @@ WARDEN = {
     "APPROVAL_WEBHOOK_SLACK": os.environ.get("WARDEN_APPROVAL_WEBHOOK_SLACK", "") == "1",
     # The sandbox systems' effects listing (GET /api/v1/sandbox/effects); off where real tools run.
     "SANDBOX_TOOLS": os.environ.get("WARDEN_SANDBOX_TOOLS", "1") == "1",
+    # Retention (runs/retention.py): bodies and payloads of runs finished this many days ago are pruned
+    # (0: kept for good); the sweeper looks for such runs once per interval.
+    "RETENTION_DAYS": int(os.environ.get("WARDEN_RETENTION_DAYS", 30)),
+    "RETENTION_INTERVAL_SECONDS": _env_float("WARDEN_RETENTION_INTERVAL_SECONDS", 3600),
 }
+
+# Refused rather than clamped: every process (server, workers, commands) reads these, and a client that
+# retries a POST within three days is promised the first response (docs/api.md).
+if WARDEN["IDEMPOTENCY_KEEP_HOURS"] < 72:
+    raise ImproperlyConfigured(
+        f"WARDEN_IDEMPOTENCY_KEEP_HOURS is {WARDEN['IDEMPOTENCY_KEEP_HOURS']:g}; Idempotency-Key records are "
+        "kept at least 72 hours"
+    )
+if WARDEN["RETENTION_DAYS"] < 0:
+    raise ImproperlyConfigured("WARDEN_RETENTION_DAYS must be 0 (keep everything) or a number of days")
+if WARDEN["RETENTION_INTERVAL_SECONDS"] <= 0:
+    raise ImproperlyConfigured("WARDEN_RETENTION_INTERVAL_SECONDS must be above 0")
 
 # --- E-mail (approval notifications) ---------------------------------------------------------------
 # Embedded mode prints e-mails to the console; set DJANGO_EMAIL_BACKEND / EMAIL_HOST for real delivery.

@@ -1,7 +1,8 @@
 """The recovery sweeper: always on, in every worker process and in the embedded server.
 
 Each pass expires dead leases, re-sends what the outbox still holds, re-drives ready tasks whose
-message was lost, forces cancellations past their grace period and stops runs past their deadline.
+message was lost, forces cancellations past their grace period and stops runs past their deadline;
+now and then it prunes the journals of old finished runs (runs/retention.py).
 Every change is a compare-and-set or happens under a row lock, so several sweepers may run at once.
 """
 
@@ -195,6 +196,7 @@ def _ledger_sweep(now) -> dict:
     from approvals.expiry import approvals_sweep  # tools and approvals build on the engine
     from approvals.notify import notifications_send
     from runs.idempotency import idempotency_keys_prune
+    from runs.retention import retention_sweep
     from runs.webhooks import webhooks_redrive
     from tools.saga import compensate_by_policy, redrive_operations
 
@@ -205,6 +207,7 @@ def _ledger_sweep(now) -> dict:
         "notifications_sent": notifications_send(),
         "idempotency_keys_pruned": idempotency_keys_prune(now),
         "webhooks_redriven": webhooks_redrive(now),
+        "runs_pruned": retention_sweep(now),  # once an hour at most while there is no backlog
     }
 
 

@@ -22,6 +22,7 @@ from django.views.decorators.http import require_GET
 
 from runs import events
 from runs.models import Artifact, BlackboardEntry, Run, Span, Task
+from runs.retention import stored_bytes_sql
 from runs.services import sql
 from runs.trace import (
     CONTAINERS,
@@ -182,7 +183,8 @@ def _span_row(values) -> dict:
 # One pass over each table: a run of 10,000 spans is read once per page or push, not once per figure.
 _SUMMARY = """
 SELECT t.tasks, t.done, t.busy, o.ambiguous, a.pending, s.out_tokens, s.biggest_in, s.cost, s.in_tokens,
-       s.spans, s.last_span, ar.last_artifact, s.errors
+       s.spans, s.last_span, ar.last_artifact, s.errors,
+       COALESCE(s.body_bytes, 0) + COALESCE(s.payload_bytes, 0) + COALESCE(ar.artifact_bytes, 0) AS stored
 FROM
   (SELECT SUM(CASE WHEN status = 'superseded' OR (status = 'failed' AND plan_version < (
                 SELECT plan_version FROM runs_run WHERE id = %(run)s)) THEN 0 ELSE 1 END) AS tasks,
@@ -196,9 +198,13 @@ FROM
           SUM(CASE WHEN kind = 'model_call' THEN tokens_out ELSE 0 END) AS out_tokens,
           MAX(CASE WHEN kind = 'model_call' THEN tokens_in END) AS biggest_in,
           SUM(CASE WHEN kind = 'model_call' THEN cost_micros ELSE 0 END) AS cost,
-          SUM(CASE WHEN kind = 'model_call' THEN tokens_in ELSE 0 END) AS in_tokens
+          SUM(CASE WHEN kind = 'model_call' THEN tokens_in ELSE 0 END) AS in_tokens,
+          SUM({body_size}) AS body_bytes,
+          SUM(CASE WHEN payload_id IS NOT NULL THEN (
+                SELECT {payload_size} FROM runs_payload p WHERE p.id = runs_span.payload_id) END) AS payload_bytes
      FROM runs_span WHERE run_id = %(run)s) s,
-  (SELECT MAX(id) AS last_artifact FROM runs_artifact WHERE run_id = %(run)s) ar
+  (SELECT MAX(id) AS last_artifact, SUM({artifact_size}) AS artifact_bytes
+     FROM runs_artifact WHERE run_id = %(run)s) ar
 """
 _BUSY = {  # seconds a task has been at work, in each database's own date arithmetic
     "postgresql": "EXTRACT(EPOCH FROM (COALESCE(finished_at, %(now)s) - started_at))",
@@ -208,10 +214,15 @@ _BUSY = {  # seconds a task has been at work, in each database's own date arithm
 
 def run_summary(run_id: int, now) -> dict:
     """The header's figures in one statement (pages and pushes call it; a push must stay cheap)."""
-    statement = _SUMMARY.format(busy=_BUSY[connection.vendor])
+    statement = _SUMMARY.format(
+        busy=_BUSY[connection.vendor],
+        body_size=stored_bytes_sql("body"),
+        payload_size=stored_bytes_sql("p.body"),
+        artifact_size=stored_bytes_sql("content"),
+    )
     row = sql.fetchone(statement, {"run": run_id, "now": now if connection.vendor == "postgresql" else sql.ts(now)})
     keys = ("tasks", "done", "busy", "ambiguous", "pending", "out", "biggest_in", "cost", "tokens_in", "spans")
-    keys += ("last_span", "last_artifact", "errors")  # in the order of _SUMMARY's columns
+    keys += ("last_span", "last_artifact", "errors", "stored")  # in the order of _SUMMARY's columns
     return dict(zip(keys, row, strict=True))
 
 
@@ -251,6 +262,7 @@ def header_context(run: Run, now, summary: dict | None = None) -> dict:
         "speedup": f"{speedup:.2f}×" if speedup else "—",
         "multiple": f"{multiple:.2f}×" if multiple else "—",
         "estimate": money(estimate) if estimate else "—",
+        "stored": int(summary["stored"] or 0),  # bytes of span bodies, payloads and artifacts
         "can_cancel": run.status in ("pending", "running", "waiting_for_approval", "needs_attention"),
         "can_resume": run.status == "needs_attention",
         "can_compensate": run.status in ("needs_attention", "failed", "cancelled"),
