@@ -67,9 +67,11 @@ def check_failures(case: EvalCase, run: Run) -> list[str]:
 def eval_judge_run(run_id: int) -> None:
     """The run of an evaluation case ended or stopped for a human: judge it (again, if it stopped
     before and was resumed). Called by run_transition, in its transaction."""
+    from .services import sql
+
+    if not sql.fetchone("SELECT EXISTS (SELECT 1 FROM runs_evalresult WHERE run_id = %s)", [run_id])[0]:
+        return  # the common case, at the end of every run: one cheap statement
     results = list(EvalResult.objects.filter(run_id=run_id).select_related("case"))
-    if not results:
-        return
     run = Run.objects.get(id=run_id)  # as the transition left it
     for result in results:
         failures = check_failures(result.case, run)

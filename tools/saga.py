@@ -20,6 +20,7 @@ from approvals.services import approval_request_for_operations, approvals_withdr
 from runs import events
 from runs.errors import Conflict, NotFound, StepFailure, TransientFailure
 from runs.models import Run, Task
+from runs.services import sql
 from runs.services.leases import worker_id
 from runs.services.runs import run_transition
 
@@ -37,9 +38,17 @@ INLINE_RETRIES = 3
 # --- propose mode ------------------------------------------------------------------------------------
 
 
+def _has_proposals(run_id: int) -> bool:
+    return sql.fetchone(
+        "SELECT EXISTS (SELECT 1 FROM tools_tooloperation WHERE run_id = %s AND status = %s)", [run_id, OS.PROPOSED]
+    )[0]
+
+
 def proposals_bundle_if_any(run: Run, now) -> bool:
     """All tasks are done: if workers proposed operations, ask for one approval of all of them instead of
     completing the run. Reversible work is ordered first, irreversible last. Call with the run locked."""
+    if not _has_proposals(run.id):  # most runs propose nothing: one cheap statement at the end of each
+        return False
     proposals = list(
         ToolOperation.objects.filter(run=run, status=OS.PROPOSED).select_related("task").order_by("task__key", "step")
     )
@@ -61,6 +70,8 @@ def proposals_bundle_if_any(run: Run, now) -> bool:
 def proposals_drop(run: Run, *, reason: str) -> int:
     """The run ends without its supervisor's execution (it needed attention when its last task
     finished): its proposals are recorded as not done, never left pending. Call with the run locked."""
+    if not _has_proposals(run.id):
+        return 0
     return ToolOperation.objects.filter(run=run, status=OS.PROPOSED).update(
         status=OS.REJECTED, status_reason=f"not executed: {reason}"[:1000], ended_at=timezone.now()
     )

@@ -108,7 +108,9 @@ _CONTEXT_SQL = (
     "a.slug, a.instructions, a.provider, a.model, a.script, a.is_planner, a.cache_seconds, a.fallback_provider, "
     "a.fallback_model, a.routing, "
     "r.input, r.status, r.steps_used, r.tokens_used, r.tool_calls_used, r.cost_micros, r.max_steps, r.max_tokens, "
-    "r.max_tool_calls, r.max_cost_micros, r.plan_version, w.max_tasks, t.journal_epoch "
+    "r.max_tool_calls, r.max_cost_micros, r.plan_version, w.max_tasks, t.journal_epoch, "
+    # Whether the blackboard has anything a prompt may carry: most runs have none, and skip the query.
+    "EXISTS (SELECT 1 FROM runs_blackboardentry b WHERE b.run_id = r.id AND b.verification = 'verified') "
     "FROM runs_task t JOIN agents_agent a ON a.id = t.agent_id JOIN runs_run r ON r.id = t.run_id "
     "JOIN agents_workflow w ON w.id = r.workflow_id WHERE t.id = %s"
 )
@@ -121,7 +123,7 @@ def _load_context(lease: Lease) -> tuple[Run, Task, Agent, dict]:
     t_usage, (max_seconds, started_at), rest = rest[:8], rest[8:10], rest[10:]
     (slug, instructions, provider, model, script, is_planner, cache_seconds, fallback, fallback_model) = rest[:9]
     routing, rest = sql.loads(rest[9]), rest[10:]
-    run_input, r_status, *r_usage, r_plan, max_tasks, journal_epoch = rest
+    run_input, r_status, *r_usage, r_plan, max_tasks, journal_epoch, has_knowledge = rest
     agent = Agent(
         id=agent_id,
         slug=slug,
@@ -178,7 +180,7 @@ def _load_context(lease: Lease) -> tuple[Run, Task, Agent, dict]:
             latest[dep_key] = (artifact_id, sql.loads(content), sql.loads(schema), verification)
         deps = {key: content for key, (_, content, _, _) in latest.items()}
         task.join_problems = _join_check(latest)
-    task.knowledge = knowledge(lease.run_id)  # as of this attempt's start
+    task.knowledge = knowledge(lease.run_id) if has_knowledge else []  # as of this attempt's start
     # A re-planner sees the world as it is now, not as it was when the run began (seed 000).
     task.world = world_state(run.id, exclude_task=task.id) if agent.is_planner and plan_version > 1 else None
     return run, task, agent, deps
@@ -200,9 +202,11 @@ def _join_check(latest: dict) -> list[str]:
             continue
         if verification == Artifact.Verification.UNVERIFIED:
             passed.append(artifact_id)
-    if passed and not problems:
-        Artifact.objects.filter(id__in=passed, verification=Artifact.Verification.UNVERIFIED).update(
-            verification=Artifact.Verification.VERIFIED
+    if passed and not problems:  # hand-written: it runs at every hop of a DAG
+        where, ids = sql.in_list("id", passed)
+        sql.execute(
+            f"UPDATE runs_artifact SET verification = %s WHERE {where} AND verification = %s",
+            [Artifact.Verification.VERIFIED, *ids, Artifact.Verification.UNVERIFIED],
         )
     return problems
 
