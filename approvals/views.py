@@ -10,7 +10,7 @@ from django.http import HttpResponseNotAllowed
 from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
-from runs.errors import WardenError
+from runs.errors import NotFound, WardenError
 from runs.models import Span
 from tools.models import ToolOperation
 
@@ -96,7 +96,7 @@ def decide(request, request_id: int):
     error = ""
     try:
         if approval is None:
-            raise WardenError("this request does not exist")
+            raise NotFound("this request does not exist")
         authorize(
             request.user, approval.run.project_id, "decide", what=f"approval request {request_id}", request=request
         )
@@ -117,12 +117,13 @@ def decide(request, request_id: int):
             edited_arguments=edited,
             request=request,
         )
+    except NotFound as exc:
+        # Someone outside the request's project learns nothing of it, not even that it exists.
+        return render(request, "approvals/_gone.html", {"error": str(exc)}, status=404)
     except WardenError as exc:
         error = str(exc)
         for detail in getattr(exc, "errors", []) or []:
             error += f" — {detail['field']}: {detail['message']}"
-    if approval is None:
-        return render(request, "approvals/_gone.html", {"error": error}, status=404)
     approval.refresh_from_db()
     context = {"card": _card(approval, _deciding(request.user)), "error": error}
     return render(request, "approvals/_card.html", context)

@@ -438,7 +438,8 @@ def test_member_pages_need_a_login_and_show_an_outsider_nothing(scene, client):
     decided = client.post(
         f"/approvals/{scene['approval'].id}/decide", {"decision": "approve", "arguments_hash": "a" * 64}
     )
-    assert "does not exist" in decided.content.decode()
+    assert decided.status_code == 404 and "does not exist" in decided.content.decode()
+    assert scene["approval"].summary not in decided.content.decode()  # not even what it was about
     assert ApprovalRequest.objects.get(id=scene["approval"].id).status == "pending"
     assert client.get(f"/approvals/{scene['approval'].id}/decide").status_code == 405
     client.logout()

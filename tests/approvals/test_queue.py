@@ -59,7 +59,10 @@ def test_a_member_of_another_project_sees_nothing(waiting, client, django_user_m
     request = ApprovalRequest.objects.first()
     body = {"decision": "approve", "arguments_hash": request.arguments_hash}
     response = client.post(reverse("approvals-decide", args=[request.id]), body)
-    assert "does not exist" in response.content.decode()
+    assert response.status_code == 404 and "does not exist" in response.content.decode()
+    # Nothing of the request: not its tool, its arguments, its run or the agent's reason.
+    text = response.content.decode()
+    assert "email.send" not in text and f"/runs/{request.run_id}/" not in text and request.summary not in text
     assert ApprovalRequest.objects.get(id=request.id).status == "pending"
 
 
