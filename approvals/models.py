@@ -100,6 +100,9 @@ class ApprovalRequest(models.Model):
     expires_at = models.DateTimeField(null=True, blank=True, db_index=True)
     reminded_at = models.DateTimeField(null=True, blank=True)
     escalated_at = models.DateTimeField(null=True, blank=True)
+    # The strictest of every policy that matched, whichever rule set the expiry (the `policy` below).
+    admins_only = models.BooleanField(default=False, help_text="A matching policy reserves the decision for admins")
+    fail_on_reject = models.BooleanField(default=False, help_text="A matching policy fails the task on rejection")
     policy = models.ForeignKey(
         "ApprovalPolicy", null=True, blank=True, on_delete=models.SET_NULL, related_name="requests"
     )

@@ -52,6 +52,8 @@ def approval_request_for_operation(op, *, parent: ApprovalRequest | None = None,
         arguments_hash=op.arguments_hash,
         quorum=max(1, int(policy.get("quorum", 1))),
         policy=rule,
+        admins_only=bool(policy.get("admins_only")) or (rule is not None and rule.decided_by_role == "admin"),
+        fail_on_reject=bool(policy.get("fail_on_reject")) or (rule is not None and rule.on_reject == "fail_task"),
         expires_at=timezone.now() + timezone.timedelta(seconds=expires_after) if expires_after else None,
     )
     type(op).objects.filter(id=op.id).update(approval=request)
@@ -183,11 +185,12 @@ def _check(approval, run, user, approve, note, seen_hash, edited) -> None:
     if not approve and not note.strip():
         raise InvalidInput("a rejection needs a comment", [{"field": "note", "message": "required to reject"}])
     policy = approval.policy or (approval.parent.policy if approval.parent_id else None)
-    if policy is not None and policy.decided_by_role == "admin":
+    admins_only = approval.admins_only or (approval.parent_id is not None and approval.parent.admins_only)
+    if admins_only or (policy is not None and policy.decided_by_role == "admin"):
         from .access import role_of
 
         if role_of(user, run.project_id) != "admin":
-            raise Forbidden(f"policy {policy.name!r}: only a project admin may decide this")
+            raise Forbidden("a matching approval policy says only a project admin may decide this")
     if approval.decisions.filter(reviewer=user).exists():
         raise Conflict(f"you have already decided approval request {approval.id}")
     if edited is not None:

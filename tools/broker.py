@@ -264,7 +264,8 @@ class _Call:
 def _policy(run, tool: str, args: dict) -> dict:
     """The approval policy of this call: the workflow's trusted per-tool policy (e.g. {"email.send":
     {"approval": "always", "quorum": 2}}) and the admin's ApprovalPolicy rules that match; the
-    strictest wins (the largest quorum, the shortest expiry)."""
+    strictest wins on each point: the largest quorum, the shortest expiry, admins only if any rule says
+    so, the task failed on rejection if any rule says so."""
     from agents.models import Workflow
     from approvals.models import ApprovalPolicy
 
@@ -281,6 +282,10 @@ def _policy(run, tool: str, args: dict) -> dict:
         if rule.expires_after_seconds and rule.expires_after_seconds < policy.get("expires_after", 10**9):
             policy.update(expires_after=rule.expires_after_seconds, rule=rule.id)
         policy.setdefault("rule", rule.id)
+        if rule.decided_by_role == "admin":
+            policy["admins_only"] = True
+        if rule.on_reject == ApprovalPolicy.OnReject.FAIL_TASK:
+            policy["fail_on_reject"] = True
     return policy
 
 
@@ -372,7 +377,9 @@ def _resume_operation(op: ToolOperation, spec: ToolSpec, args: dict, faults: Fau
         return _proposed(op)
     if op.status == OS.REJECTED:
         message = f"{op.tool} was not done: {op.status_reason or 'a reviewer rejected it'}"
-        if op.approval_id and op.approval.policy_id and op.approval.policy.on_reject == "fail_task":
+        if op.approval_id and (
+            op.approval.fail_on_reject or (op.approval.policy_id and op.approval.policy.on_reject == "fail_task")
+        ):
             raise StepFailure(message, "policy")  # the policy says a rejection fails the task
         return _refuse("rejected", message)
     if op.status == OS.AWAITING_APPROVAL:

@@ -235,3 +235,25 @@ def test_a_policy_can_reserve_the_decision_for_admins(demo_tx, worker, reviewer)
     assert ApprovalRequest.objects.get(id=request.id).status == "pending"
     approval_decide(request_id=request.id, user=reviewer.__class__.objects.get(username="ada"), approve=True)
     assert completed(run).status == Run.Status.COMPLETED and sent_subjects() == ["Refund issued"]
+
+
+def test_with_several_matching_policies_the_strictest_applies_on_each_point(demo_tx, worker, reviewer):
+    from runs.errors import Forbidden
+
+    # One rule sets the shortest expiry; others, without one, reserve the decision for admins and fail
+    # the task on rejection. Neither may be lost to the rule that set the expiry.
+    ApprovalPolicy.objects.create(name="answer within the hour", tool="email.send", expires_after_seconds=3600)
+    ApprovalPolicy.objects.create(name="admins decide", tool="email.send", decided_by_role="admin")
+    ApprovalPolicy.objects.create(name="no silent skips", tool="email.send", on_reject="fail_task")
+    script = [{"tool": "email.send", "arguments": REFUND}, {"final": {"outcome": "{last}"}}]
+    run = run_start(workflow=scripted_workflow("strict-mail", script, tools=["email.send"]).slug)
+    wait_for(lambda: ApprovalRequest.objects.filter(run=run).exists(), message="the request")
+    request = ApprovalRequest.objects.get(run=run)
+    assert request.policy.name == "answer within the hour" and request.expires_at is not None
+    with pytest.raises(Forbidden, match="only a project admin"):
+        approval_decide(request_id=request.id, user=reviewer, approve=True)
+    admin = reviewer.__class__.objects.get(username="ada")
+    approval_decide(request_id=request.id, user=admin, approve=False, note="not this one")
+    run = completed(run)
+    assert run.status == Run.Status.NEEDS_ATTENTION and "policy" in run.status_reason
+    assert sent_subjects() == []
