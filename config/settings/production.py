@@ -19,7 +19,7 @@ if not os.environ.get("DJANGO_SECRET_KEY", "").strip():
     )
 
 from .base import *  # noqa: E402,F401,F403
-from .base import ALLOWED_HOSTS  # noqa: E402
+from .base import ALLOWED_HOSTS, WARDEN  # noqa: E402
 
 
 def _env_flag(name: str, default: bool) -> bool:
@@ -52,3 +52,7 @@ SECURE_REFERRER_POLICY = "same-origin"
 SECURE_CROSS_ORIGIN_OPENER_POLICY = "same-origin"
 X_FRAME_OPTIONS = "DENY"
 # CONTENT_SECURITY_POLICY (with frame-ancestors 'none') and its middleware come from base unchanged.
+
+# The sandbox systems' effects listing shows every project's effects to any token with the read scope: a
+# drill and demo aid, off in production unless asked for.
+WARDEN["SANDBOX_TOOLS"] = os.environ.get("WARDEN_SANDBOX_TOOLS", "0") == "1"

@@ -38,7 +38,9 @@ import json, django
 django.setup()
 from django.conf import settings
 names = {SECURITY_SETTINGS!r} + ["MIDDLEWARE", "CONTENT_SECURITY_POLICY"]
-print(json.dumps({{name: getattr(settings, name) for name in names}}, default=str))
+dump = {{name: getattr(settings, name) for name in names}}
+dump["SANDBOX_TOOLS"] = settings.WARDEN["SANDBOX_TOOLS"]
+print(json.dumps(dump, default=str))
 """
 
 
@@ -94,6 +96,8 @@ def test_production_keeps_the_pages_csp_and_middleware(production, settings):
         json.dumps(settings.CONTENT_SECURITY_POLICY, default=str)
     )
     assert production["CONTENT_SECURITY_POLICY"]["DIRECTIVES"]["frame-ancestors"] == ["'none'"]
+    # The sandbox effects listing shows every project's effects: not in production unless asked for.
+    assert production["SANDBOX_TOOLS"] is False
 
 
 def test_responses_under_production_settings_carry_the_security_headers(production, settings, operator):
