@@ -315,6 +315,13 @@ def test_a_token_made_by_the_command_has_only_the_scopes_asked_for(db, django_us
     ]
 
 
+# For each action, the roles of the project that lack it (each is tried on each admin action below).
+ROLES_BELOW = {
+    action: tuple(role for role, actions in ALLOWED.items() if action not in actions)
+    for action in ("operate", "decide", "start", "view")
+}
+
+
 # Every admin action, and the role action it needs in the row's project (None: any staff user on rows
 # they can see — their own tokens). A new admin action without a row fails the first test below.
 ADMIN_ACTIONS = {
@@ -352,15 +359,19 @@ def test_every_admin_action_has_a_row_in_the_policy_table(db, rf, django_user_mo
     assert set(_admin_actions(rf, root)) == set(ADMIN_ACTIONS)
 
 
-@pytest.mark.parametrize("app,model,action", [k for k, v in ADMIN_ACTIONS.items() if v])
-def test_an_admin_action_beyond_the_role_changes_nothing_and_is_audited(scene, client, app, model, action):
-    """A viewer with every Django permission on the model still may not act: the role decides."""
+@pytest.mark.parametrize(
+    "app,model,action,who",
+    [(*k, who) for k, v in ADMIN_ACTIONS.items() if v for who in ROLES_BELOW.get(v, ("viewer",))],
+)
+def test_an_admin_action_beyond_the_role_changes_nothing_and_is_audited(scene, client, app, model, action, who):
+    """A member whose role lacks the action, with every Django permission on the model, still may not
+    act: the role decides."""
     from django.apps import apps
     from django.contrib.auth.models import Permission
 
     from approvals.models import AllowRule
 
-    viewer = scene["people"]["viewer"]
+    viewer = scene["people"][who]
     viewer.is_staff = True
     viewer.save()
     viewer.user_permissions.add(*Permission.objects.filter(content_type__app_label=app))
@@ -472,3 +483,67 @@ def test_a_token_used_by_an_agent_never_decides(scene, client):
     response = _call(client, raw, "POST", "/api/v1/approvals/{approval_id}/decision", scene["ids"])
     assert response.status_code == 403 and "agent" in response.json()["message"]
     assert ApprovalRequest.objects.get(id=scene["approval"].id).status == "pending"
+
+
+def _page_rule(rule: str) -> tuple[str, str | None]:
+    """A PAGES row as (method, action): action None = any logged-in member, "public" = anyone."""
+    method = "POST" if "(POST)" in rule else "GET"
+    if rule.startswith("public"):
+        return method, "public"
+    if rule.startswith("member"):
+        return method, None
+    return method, rule.split()[0].rstrip(",")
+
+
+def _page_url(route: str, ids: dict) -> str:
+    import re
+
+    return "/" + re.sub(r"<int:(\w+)>", lambda m: str(ids[m.group(1)]), route)
+
+
+@pytest.mark.parametrize("who", ["anonymous", "outsider", "viewer", "operator", "reviewer", "admin"])
+def test_every_page_answers_each_role_as_its_row_says(scene, client, who):
+    """Each GET page of the table, opened by each principal with ids of a run of the default project:
+    anonymous is sent to log in, a member of another project gets 404 (as if it did not exist), a role
+    without the row's action gets 403, and the others get the page. A POST row's GET is at most a form
+    (what its POST needs is checked by the tests of each action)."""
+    from runs.models import EvalSuite, Span
+
+    run = scene["run"]
+    suite = EvalSuite.objects.create(slug="s", name="s", project=run.project)
+    ids = {
+        "run_id": run.id,
+        "task_id": run.tasks.first().id,
+        "span_id": Span.objects.filter(run=run).first().id,
+        "artifact_id": scene["artifact"].id,
+        "operation_id": scene["op"].id,
+        "entry_id": scene["entry"].id,
+        "suite_id": suite.id,
+        "request_id": scene["approval"].id,
+    }
+    if who != "anonymous":
+        client.force_login(scene["people"][who])
+    checked = 0
+    for route, rule in PAGES.items():
+        method, action = _page_rule(rule)
+        url = _page_url(route, ids)
+        if method == "POST":  # its GET is a form at most (the GET sweep shows no GET changes anything)
+            status = client.get(url).status_code
+            anonymous_ok = {302, 405} if action == "public" else {302}
+            assert status in (anonymous_ok if who == "anonymous" else {200, 302, 405}), (url, who, status)
+            continue
+        status = client.get(url).status_code
+        scoped = "<int:" in route
+        if action == "public":
+            expected = {200, 302}
+        elif who == "anonymous":
+            expected = {302}
+        elif scoped and who == "outsider":
+            expected = {404}
+        elif action is None or action in ALLOWED.get(who, ()) or who == "outsider":
+            expected = {200}
+        else:
+            expected = {403}
+        assert status in expected, (url, who, status, rule)
+        checked += 1
+    assert checked >= 15
