@@ -153,6 +153,8 @@ def test_self_approval_is_refused(demo_tx, worker, reviewers):
     with pytest.raises(Forbidden, match="separation of duties"):
         approval_decide(request_id=request.id, user=rita, approve=True)
     assert ApprovalRequest.objects.get(id=request.id).status == "pending"
+    denied = AuditEvent.objects.get(actor=rita, action="decide", outcome="denied")
+    assert "separation of duties" in denied.detail["why"] and denied.run_id == run.id
 
 
 @pytest.mark.services

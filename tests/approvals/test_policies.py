@@ -9,7 +9,7 @@ import pytest
 from django.core import mail
 
 from approvals.access import default_project, membership_grant
-from approvals.models import ApprovalPolicy, ApprovalRequest, Notification
+from approvals.models import ApprovalPolicy, ApprovalRequest, AuditEvent, Notification
 from approvals.notify import signature
 from approvals.services import approval_decide
 from runs.models import Artifact, Run, Task
@@ -252,6 +252,7 @@ def test_with_several_matching_policies_the_strictest_applies_on_each_point(demo
     assert request.policy.name == "answer within the hour" and request.expires_at is not None
     with pytest.raises(Forbidden, match="only a project admin"):
         approval_decide(request_id=request.id, user=reviewer, approve=True)
+    assert AuditEvent.objects.filter(actor=reviewer, action="decide", outcome="denied", run=run).count() == 1
     admin = reviewer.__class__.objects.get(username="ada")
     approval_decide(request_id=request.id, user=admin, approve=False, note="not this one")
     run = completed(run)
