@@ -196,6 +196,12 @@ def _check(approval, run, user, approve, note, seen_hash, edited) -> None:
     if edited is not None:
         if not approve:
             raise InvalidInput("only an approval can carry edited arguments")
+        if approval.decisions.filter(verdict="approve").exists():
+            # Those reviewers approved other arguments: an edit now would count them for what they never saw.
+            raise Conflict(
+                f"approval request {approval.id} already has approvals of its current arguments; approve as "
+                "they are, or reject with a comment and let the agent ask again"
+            )
         if not note.strip():
             raise InvalidInput("edited arguments need a comment", [{"field": "note", "message": "required"}])
         if approval.kind != ApprovalRequest.Kind.OPERATION:
@@ -238,7 +244,8 @@ def _decide(approval, run, user, approve, note, edited, now) -> str:
 def _settle_item(item, run, user, approve, note, now) -> None:
     from tools.broker import operations_decided
 
-    approvals = item.decisions.filter(verdict="approve").count()
+    # Only approvals of the arguments as they now are count (what approval_still_valid checks again).
+    approvals = item.decisions.filter(verdict="approve", arguments_hash=item.arguments_hash).count()
     if approve and approvals < item.quorum:
         return  # waits for more reviewers
     verdict = "approved" if approve else "rejected"

@@ -88,6 +88,28 @@ def test_edited_arguments_execute_as_edited_and_both_versions_are_kept(demo_tx, 
     assert Decision.objects.get().edited_arguments == {"subject": "About your refund"}
 
 
+def test_under_a_quorum_an_edit_counts_only_approvals_of_the_edited_arguments(demo_tx, worker, reviewers):
+    rita, sam = reviewers(2)
+    run = run_start(workflow=gated_workflow(quorum=2).slug)
+    request = parked(run)
+    approval_decide(request_id=request.id, user=rita, approve=True)
+    # Rita approved the arguments as they were: Sam may not change them under her approval.
+    edit = {"subject": "About your refund"}
+    with pytest.raises(Conflict, match="already has approvals"):
+        approval_decide(request_id=request.id, user=sam, approve=True, note="softer", edited_arguments=edit)
+    assert ToolOperation.objects.get(tool="email.send").arguments["subject"] == "Refund issued"
+    assert ApprovalRequest.objects.get(id=request.id).status == "pending"
+
+    # Edited first, the edited arguments are what the quorum approves, and what is sent.
+    other = run_start(workflow=gated_workflow(quorum=2, slug="gated-2").slug)
+    second = parked(other)
+    approval_decide(request_id=second.id, user=sam, approve=True, note="softer", edited_arguments=edit)
+    second.refresh_from_db()
+    approval_decide(request_id=second.id, user=rita, approve=True, seen_hash=second.arguments_hash)
+    assert finished(other).status == Run.Status.COMPLETED, other.status_reason
+    assert SandboxEmail.objects.get(idempotency_key__startswith=f"warden:{other.id}:").subject == "About your refund"
+
+
 def test_a_quorum_needs_distinct_reviewers_and_one_rejection_with_a_comment_rejects(demo_tx, worker, reviewers):
     rita, sam, tom = reviewers(3)
     run = run_start(workflow=gated_workflow(quorum=2).slug)
