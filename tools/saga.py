@@ -332,6 +332,12 @@ def _supervised_failed(run: Run, op: ToolOperation, message: str) -> bool:
     return False
 
 
+def _open_tasks(run: Run) -> bool:
+    """Tasks that keep the run from completing: not those a re-plan superseded or replaced."""
+    tasks = run.tasks.exclude(status__in=[Task.Status.COMPLETED, Task.Status.SUPERSEDED])
+    return tasks.exclude(status=Task.Status.FAILED, plan_version__lt=run.plan_version).exists()
+
+
 def _settle(run_id: int) -> None:
     now = timezone.now()
     with transaction.atomic():
@@ -348,10 +354,15 @@ def _settle(run_id: int) -> None:
                     status=OS.COMMITTED, status_reason=f"correction not sent: {correction.status_reason}"[:4000]
                 )
             undone = ops.filter(status=OS.COMPENSATED).count()
-            run_transition(
-                run=run, to=Run.Status.COMPENSATED, reason=f"compensated: {undone} effects undone or corrected", now=now
-            )
-        elif run.status == Run.Status.RUNNING and not run.tasks.exclude(status=Task.Status.COMPLETED).exists():
+            reason = f"compensated: {undone} effects undone or corrected"
+            # What still stands is said, not left for the ledger to reveal: no undo known, a correction refused.
+            standing = [f"{item['operation']} ({item['tool']})" for item in compensation_plan(run.id)["cannot_undo"]]
+            refused = ops.filter(kind=Kind.ACTION, status=OS.COMMITTED, status_reason__startswith="correction not sent")
+            standing += [f"{op_id} ({tool})" for op_id, tool in refused.values_list("id", "tool")]
+            if standing:
+                reason += f"; {len(standing)} still stand (not undone): operations {', '.join(standing)}"
+            run_transition(run=run, to=Run.Status.COMPENSATED, reason=reason[:4000], now=now)
+        elif run.status == Run.Status.RUNNING and not _open_tasks(run):
             done = ops.filter(proposed=True, status=OS.COMMITTED).count()
             rejected = ops.filter(proposed=True, status=OS.REJECTED).count()
             run_transition(

@@ -326,3 +326,25 @@ def test_proposals_of_a_run_that_ends_over_budget_are_recorded_as_not_executed(d
     op = ops(run, tool="email.send").get()
     assert op.status == OS.REJECTED and op.status_reason.startswith("not executed: run budget exceeded")
     assert not ApprovalRequest.objects.filter(run=run).exists() and not effects("email").exists()
+
+
+def test_a_compensated_run_says_which_effects_still_stand(demo_tx, worker):
+    from tools.saga import operation_resolve
+
+    script = [
+        {"tool": "tickets.create", "arguments": {"customer_id": "c1", "title": "t"}},
+        {"tool": "crm.update", "arguments": {"customer_id": "c1", "fields": {"status": "escalated"}}},
+        {"final": {}},
+    ]
+    wf = scripted_workflow("ticket-then-crm", script, tools=["tickets.create", "crm.update"])
+    run = finished(run_start(workflow=wf.slug, input=fault("timeout_no_lookup", call=2, task="only")))
+    assert run.status == Run.Status.NEEDS_ATTENTION
+    update = ops(run, tool="crm.update").get()
+    # The operator found the change in the CRM; what it replaced is not known, so nothing can undo it.
+    operation_resolve(operation_id=update.id, committed=True, note="seen in the CRM's history")
+    assert [item["operation"] for item in compensation_plan(run.id)["cannot_undo"]] == [update.id]
+    run_compensate(run_id=run.id)
+    run = stopped(run, {Run.Status.COMPENSATED})
+    assert SandboxTicket.objects.get(customer_id="c1").status == "closed"
+    assert "1 effects undone or corrected" in run.status_reason
+    assert f"1 still stand (not undone): operations {update.id} (crm.update)" in run.status_reason
