@@ -185,3 +185,18 @@ def test_a_budget_failure_is_not_re_planned(demo_tx, worker):
     run = finished(run_start(workflow="replanned", budget={"max_tool_calls": 2}))
     assert run.status == Run.Status.NEEDS_ATTENTION
     assert run.plan_version == 1
+
+
+def test_a_re_planned_run_in_propose_mode_completes_after_its_one_approval(demo_tx, worker, operator):
+    from approvals.models import ApprovalRequest
+    from approvals.services import approval_decide
+    from tests.conftest import wait_for
+
+    _workflow(replan_turns=[RECOVERY_PLAN])
+    run = run_start(workflow="replanned", input={**FAIL_AFTER_TICKET, "propose_tools": ["email.send"]})
+    wait_for(lambda: ApprovalRequest.objects.filter(run=run, parent=None).exists(), message="the bundle")
+    bundle = ApprovalRequest.objects.get(run=run, parent=None)
+    approval_decide(request_id=bundle.id, user=operator, approve=True)
+    run = finished(run)
+    assert run.status == Run.Status.COMPLETED, run.status_reason
+    assert run.plan_version == 2 and effects("email.send").count() == 3
