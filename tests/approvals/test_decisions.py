@@ -210,3 +210,19 @@ def test_twenty_reviewers_at_once_make_exactly_one_outcome_one_resume_and_one_ex
     assert emails() == (1 if request.status == "approved" else 0)
     assert AuditEvent.objects.filter(action__startswith="decide:").count() == 1
     assert AuditEvent.objects.filter(action="decide", outcome="denied").count() == 19
+
+
+def test_an_approved_call_whose_arguments_changed_after_the_approval_is_not_executed(demo_tx, worker, reviewers):
+    rita, sam = reviewers(2)
+    run = run_start(workflow=gated_workflow(quorum=2).slug)
+    request = parked(run)
+    approval_decide(request_id=request.id, user=rita, approve=True)
+    # A data fix (or a bug) changes what the ledger would send, after the reviewers saw it.
+    ToolOperation.objects.filter(approval=request).update(arguments_hash="f" * 64)
+    approval_decide(request_id=request.id, user=sam, approve=True)
+    run = finished(run)
+    # The broker compares the call with its ledger row before anything else: nothing is sent, and a human
+    # is told why.
+    assert run.status == Run.Status.NEEDS_ATTENTION and "used before with other arguments" in run.status_reason
+    assert ToolOperation.objects.get(approval=request).status != ToolOperation.Status.COMMITTED
+    assert emails() == 0

@@ -258,3 +258,15 @@ def test_with_several_matching_policies_the_strictest_applies_on_each_point(demo
     run = completed(run)
     assert run.status == Run.Status.NEEDS_ATTENTION and "policy" in run.status_reason
     assert sent_subjects() == []
+
+
+def test_an_expired_request_of_a_policy_that_fails_the_task_fails_it(demo_tx, worker, reviewer):
+    ApprovalPolicy.objects.create(
+        name="quick and strict", tool="email.send", expires_after_seconds=1, on_reject="fail_task"
+    )
+    run = completed(run_start(workflow=two_mails().slug))
+    assert run.status == Run.Status.NEEDS_ATTENTION
+    assert ApprovalRequest.objects.get(run=run).status == "expired"
+    task = Task.objects.get(run=run)
+    assert task.failure_class == "policy" and "expired" in task.status_reason
+    assert sent_subjects() == []
