@@ -24,7 +24,7 @@ from pydantic import ValidationError
 
 from runs import events
 from runs.circuit import Breaker, rate_wait
-from runs.errors import StepFailure, TransientFailure
+from runs.errors import LeaseLost, StepFailure, TransientFailure
 from runs.faults import crash_now, fault_fire_once, faults_at
 
 from . import sandbox
@@ -171,9 +171,12 @@ def crash_point(run_input: dict, *, run_id: int, task_key: str, call: int | None
 # --- the agent's path --------------------------------------------------------------------------------
 
 
-def tool_call(*, run, task, step: int, call_number: int, name: str, arguments, resumed: bool = False) -> ToolOutcome:
+def tool_call(
+    *, run, task, step: int, call_number: int, name: str, arguments, resumed: bool = False, fence=None
+) -> ToolOutcome:
     """One tool call asked for by a task's model. ``resumed``: the model asked for it in an earlier
-    attempt (replayed from the journal); the ledger row of that attempt, if any, is found by key."""
+    attempt (replayed from the journal); the ledger row of that attempt, if any, is found by key.
+    ``fence``: (task id, fencing token) of the attempt's lease, checked just before a write leaves."""
     spec = TOOLS.get(name)
     if spec is None or spec.internal:
         return _refuse("unknown_tool", f"there is no tool named {name!r}", available=sorted(task.allowed_tools))
@@ -208,7 +211,7 @@ def tool_call(*, run, task, step: int, call_number: int, name: str, arguments, r
 
     faults = Faults.at(run.input, run_id=run.id, task_key=task.key, call=call_number)
     if existing is not None:
-        return _resume_operation(existing, spec, args, faults, task_id=task.id)
+        return _resume_operation(existing, spec, args, faults, fence=fence)
     call = _Call(run=run, task=task, step=step, call_number=call_number, spec=spec, args=args, key=key, digest=digest)
     if not spec.is_write:
         return _read(call, faults)
@@ -244,7 +247,24 @@ def tool_call(*, run, task, step: int, call_number: int, name: str, arguments, r
     if status == OS.AWAITING_APPROVAL:
         raise TaskParked(op.id, f"{name} waits for a reviewer's approval")
     faults.crash("after_intent")
+    _fenced(fence)
     return _call_and_receipt(op, spec, args, faults)
+
+
+def _fenced(fence: tuple[int, int] | None) -> None:
+    """Just before a call leaves, this worker must still hold its task's lease. A worker frozen after it
+    wrote the intent may wake after another worker took the task over and reconciled or made the call;
+    it must not make the call a second time (a system that does not dedupe by key would do it twice)."""
+    if fence is None:
+        return
+    from runs.services import sql
+
+    task_id, token = fence
+    if not sql.fetchone(
+        "SELECT EXISTS (SELECT 1 FROM runs_task WHERE id = %s AND fencing_token = %s AND status = 'running')",
+        [task_id, token],
+    )[0]:
+        raise LeaseLost(f"task {task_id}: token {token} no longer holds the lease; the call is not made")
 
 
 @dataclass
@@ -367,7 +387,9 @@ def _operation_create(call: _Call, **fields) -> ToolOperation:
     )
 
 
-def _resume_operation(op: ToolOperation, spec: ToolSpec, args: dict, faults: Faults, *, task_id: int) -> ToolOutcome:
+def _resume_operation(
+    op: ToolOperation, spec: ToolSpec, args: dict, faults: Faults, *, fence: tuple[int, int] | None
+) -> ToolOutcome:
     """The step's call has a ledger row already: a retry, a resumed attempt or a duplicate delivery."""
     if op.status in (OS.COMMITTED, OS.COMPENSATING, OS.COMPENSATED, OS.COMPENSATION_FAILED):
         if op.result is None:  # an operator resolved it as committed: the system's answer was never seen
@@ -392,6 +414,7 @@ def _resume_operation(op: ToolOperation, spec: ToolSpec, args: dict, faults: Fau
         found = reconcile(op, spec, faults)
         if found is not None:
             return found
+    _fenced(fence)
     return operation_execute(op, spec, args, faults)
 
 

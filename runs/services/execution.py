@@ -403,6 +403,7 @@ def _tool_step(lease: Lease, run: Run, task: Task, state: _LoopState):
                 name=str(call.get("name")),
                 arguments=call.get("arguments") or {},
                 resumed=state.pending_replayed,
+                fence=(task.id, lease.token),
             )
             break
         except TaskParked as parked:

@@ -148,3 +148,26 @@ def test_a_slow_system_past_the_deadline_is_reconciled_then_called_again_with_th
     monkeypatch.setitem(registry.TOOLS, "tickets.create", spec)
     assert call("tickets.create", {"customer_id": "c2", "title": "t"}, faults=["slow"]).result["status"] == "open"
     assert SandboxCall.objects.filter(tool="tickets.create", is_effect=True).count() == 2
+
+
+def test_a_worker_that_lost_its_lease_after_writing_the_intent_does_not_make_the_call(call):
+    """A worker frozen between its intent and its call wakes after another took the task over: the
+    call must not leave a second time (the e-mail service would send it twice)."""
+    from runs.errors import LeaseLost
+
+    task = Task.objects.get(run=call.run, key="plan")
+    task.allowed_tools = ["email.send"]
+    Task.objects.filter(id=task.id).update(status=Task.Status.RUNNING, fencing_token=7)
+    mail = {"to": "a@x.example", "subject": "s", "body": "b"}
+    with pytest.raises(LeaseLost, match="no longer holds the lease"):
+        tool_call(
+            run=call.run, task=task, step=40, call_number=1, name="email.send", arguments=mail, fence=(task.id, 6)
+        )
+    op = ToolOperation.objects.get(tool="email.send")
+    assert op.status == ToolOperation.Status.EXECUTING  # the intent stays: the new holder reconciles it
+    assert not SandboxCall.objects.filter(tool="email.send").exists()
+    # The holder of token 7 goes on: asked by key, the system has nothing, so it makes the call, once.
+    outcome = tool_call(
+        run=call.run, task=task, step=40, call_number=1, name="email.send", arguments=mail, fence=(task.id, 7)
+    )
+    assert outcome.error is None and SandboxCall.objects.filter(tool="email.send", is_effect=True).count() == 1
