@@ -257,6 +257,8 @@ WARDEN = {
     "APPROVAL_WEBHOOK_SLACK": os.environ.get("WARDEN_APPROVAL_WEBHOOK_SLACK", "") == "1",
     # The sandbox systems' effects listing (GET /api/v1/sandbox/effects); off where real tools run.
     "SANDBOX_TOOLS": os.environ.get("WARDEN_SANDBOX_TOOLS", "1") == "1",
+    # Drill faults in a run's input (SCENARIOS.md); they can kill a worker on purpose (off in production).
+    "DRILL_FAULTS": os.environ.get("WARDEN_DRILL_FAULTS", "1") == "1",
     # Retention (runs/retention.py): bodies and payloads of runs finished this many days ago are pruned
     # (0: kept for good); the sweeper looks for such runs once per interval.
     "RETENTION_DAYS": int(os.environ.get("WARDEN_RETENTION_DAYS", 30)),

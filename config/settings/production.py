@@ -56,3 +56,5 @@ X_FRAME_OPTIONS = "DENY"
 # The sandbox systems' effects listing shows every project's effects to any token with the read scope: a
 # drill and demo aid, off in production unless asked for.
 WARDEN["SANDBOX_TOOLS"] = os.environ.get("WARDEN_SANDBOX_TOOLS", "0") == "1"
+# Drill faults (a run's input can ask a worker to crash, a tool to time out): for rehearsals, not here.
+WARDEN["DRILL_FAULTS"] = os.environ.get("WARDEN_DRILL_FAULTS", "0") == "1"

@@ -153,6 +153,12 @@ def run_start(
         run_input = RunInputIn.model_validate(input or {})
     except ValidationError as exc:
         raise InvalidInput("the run's input is invalid", pydantic_errors(exc, "input")) from exc
+    if run_input.faults and not settings.WARDEN["DRILL_FAULTS"]:
+        # A fault can kill a worker on purpose: where drills are off, starting a run cannot ask for one.
+        raise InvalidInput(
+            "drill faults are turned off here (WARDEN_DRILL_FAULTS=0)",
+            [{"field": "input.faults", "message": "not accepted here"}],
+        )
     if run_input.model_version is not None:
         from agents.models import ModelVersion
 

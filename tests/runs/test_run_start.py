@@ -1,5 +1,7 @@
 """Starting a run from the dashboard: the workflow's project, the starter's role, the drill input."""
 
+import pytest
+
 from approvals.access import default_project, membership_grant
 from approvals.models import AuditEvent
 from runs.models import Run
@@ -39,3 +41,15 @@ def test_a_viewer_cannot_start_runs(demo, client, django_user_model):
     assert response.status_code == 400 and not Run.objects.exists()
     client.logout()
     assert client.get("/runs/start").status_code == 302
+
+
+def test_where_drill_faults_are_off_a_run_asking_for_one_is_refused(demo, settings):
+    from runs.errors import InvalidInput
+    from runs.services import run_start
+
+    settings.WARDEN = {**settings.WARDEN, "DRILL_FAULTS": False}
+    crash = {"faults": [{"task": "verify", "at": "start", "mode": "crash"}]}
+    with pytest.raises(InvalidInput, match="drill faults are turned off here"):
+        run_start(workflow="deploy-review", input=crash)
+    assert not Run.objects.exists()
+    assert run_start(workflow="deploy-review").status == Run.Status.RUNNING  # without faults, as ever

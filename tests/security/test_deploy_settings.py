@@ -40,6 +40,7 @@ from django.conf import settings
 names = {SECURITY_SETTINGS!r} + ["MIDDLEWARE", "CONTENT_SECURITY_POLICY"]
 dump = {{name: getattr(settings, name) for name in names}}
 dump["SANDBOX_TOOLS"] = settings.WARDEN["SANDBOX_TOOLS"]
+dump["DRILL_FAULTS"] = settings.WARDEN["DRILL_FAULTS"]
 print(json.dumps(dump, default=str))
 """
 
@@ -98,6 +99,7 @@ def test_production_keeps_the_pages_csp_and_middleware(production, settings):
     assert production["CONTENT_SECURITY_POLICY"]["DIRECTIVES"]["frame-ancestors"] == ["'none'"]
     # The sandbox effects listing shows every project's effects: not in production unless asked for.
     assert production["SANDBOX_TOOLS"] is False
+    assert production["DRILL_FAULTS"] is False  # no run's input may crash a worker there
 
 
 def test_responses_under_production_settings_carry_the_security_headers(production, settings, operator):
