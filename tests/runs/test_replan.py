@@ -27,14 +27,21 @@ def _task(key, agent, depends_on=(), objective=None):
 
 
 def _workflow(*, replan_turns, max_replans=1, worker_delay=None, slug="replanned"):
-    """incident-worker tasks worker-1..3 and a summary; the planner's re-plan turns as given."""
+    """incident-worker tasks worker-1..3 and a summary; the planner's re-plan turns as given. worker-3
+    (the one the drill faults fail) starts with a second's thought, so that its siblings have started by
+    the time it fails: a sibling still queued would be superseded, and the scripted plan names them."""
+
+    def delayed(slug, seconds):
+        agent = Agent.objects.get(slug="incident-worker")
+        agent.pk, agent.slug = None, slug
+        agent.script = [{**agent.script[0], "delay": seconds}, *agent.script[1:]]
+        agent.save()
+        return slug
+
     worker = "incident-worker"
+    late = delayed("late-worker", 1.0)
     if worker_delay:  # worker-1 takes its time on its first turn: still at work when worker-3 fails
-        slow = Agent.objects.get(slug=worker)
-        slow.pk, slow.slug = None, "slow-worker"
-        slow.script = [{**slow.script[0], "delay": worker_delay}, *slow.script[1:]]
-        slow.save()
-        worker = "slow-worker"
+        worker = delayed("slow-worker", worker_delay)
     Agent.objects.create(
         slug="rp-finisher",
         name="Finisher",
@@ -63,7 +70,7 @@ def _workflow(*, replan_turns, max_replans=1, worker_delay=None, slug="replanned
                 **_plan(
                     _task("worker-1", worker),
                     _task("worker-2", "incident-worker"),
-                    _task("worker-3", "incident-worker"),
+                    _task("worker-3", late),
                     _task("summary", "rp-summarizer", ["worker-1", "worker-2", "worker-3"]),
                 ),
             },
@@ -112,7 +119,7 @@ def test_a_failed_worker_sends_the_run_back_to_its_planner_which_sees_the_ledger
     assert ledger_line + ticket.external_id in prompt
     for other in ("worker-1", "worker-2"):  # done (with its artifact) or still at work, as it was then
         assert re.search(rf"task {other} \(incident-worker, plan 1\): (running|completed; artifact \{{)", prompt)
-    assert "task worker-3 (incident-worker, plan 1): failed (permanent): crm.update" in prompt
+    assert "task worker-3 (late-worker, plan 1): failed (permanent): crm.update" in prompt
     assert "task summary (rp-summarizer, plan 1): superseded" in prompt
     # The trace says what happened, and the header counts the new plan's work only.
     replanned = Span.objects.get(run=run, kind=Span.Kind.PLAN, name="re-plan 2")
@@ -128,7 +135,7 @@ def test_a_failed_worker_sends_the_run_back_to_its_planner_which_sees_the_ledger
 
 
 def test_a_task_still_at_work_when_the_plan_changes_finishes_and_the_new_plan_waits_for_it(demo_tx, worker):
-    _workflow(replan_turns=[RECOVERY_PLAN], worker_delay=2.0)
+    _workflow(replan_turns=[RECOVERY_PLAN], worker_delay=3.0)
     run = finished(run_start(workflow="replanned", input=FAIL_AFTER_TICKET))
     assert run.status == Run.Status.COMPLETED, run.status_reason
     tasks = {t.key: t for t in run.tasks.all()}
