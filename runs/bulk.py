@@ -17,6 +17,7 @@ from tools.saga import COMPENSABLE_FROM, compensation_plan, run_compensate
 
 from .errors import Forbidden, NotFound, WardenError
 from .models import Run, Task
+from .selectors import set_aside_by_replan
 from .services import run_cancel, task_retry
 from .transitions import RUN_TRANSITIONS, TransitionNotAllowed
 
@@ -82,9 +83,9 @@ def bulk_preview(*, user, action: str, run_ids: list[int]) -> Preview:
     runs = list(Run.objects.filter(id__in=run_ids).only("id", "status", "project_id", "plan_version").order_by("-id"))
     tasks: dict[int, Counter] = {run.id: Counter() for run in runs}
     for run_id, status, n in (
-        # Failed tasks of a plan a re-plan replaced are not retried (runs/services/replan.py).
+        # Failed tasks of a plan a re-plan replaced are not retried.
         Task.objects.filter(run_id__in=run_ids)
-        .exclude(status=Task.Status.FAILED, plan_version__lt=F("run__plan_version"))
+        .exclude(set_aside_by_replan(F("run__plan_version")))
         .values_list("run_id", "status")
         .annotate(n=Count("id"))
         .order_by()

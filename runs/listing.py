@@ -22,6 +22,7 @@ from approvals.models import ApprovalRequest, Project
 
 from .errors import NotFound
 from .models import Run, Task
+from .selectors import set_aside_by_replan
 
 PAGE_SIZE = 50
 SEARCH_MAX_LENGTH = 200
@@ -181,12 +182,7 @@ def runs_annotated(runs: QuerySet) -> QuerySet:
         runs.select_related("workflow", "project", "started_by")
         .only(*ROW_FIELDS, "workflow_id", "project_id", "started_by_id")
         .annotate(
-            # Tasks a re-plan superseded or replaced (failed under an older plan) are not the run's work.
-            tasks_total=_count(
-                tasks.exclude(status=Task.Status.SUPERSEDED).exclude(
-                    status=Task.Status.FAILED, plan_version__lt=OuterRef("plan_version")
-                )
-            ),
+            tasks_total=_count(tasks.exclude(set_aside_by_replan(OuterRef("plan_version")))),
             tasks_done=_count(tasks.filter(status=Task.Status.COMPLETED)),
             approvals_pending=_count(pending),
         )

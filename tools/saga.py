@@ -20,6 +20,7 @@ from approvals.services import approval_request_for_operations, approvals_withdr
 from runs import events
 from runs.errors import Conflict, NotFound, StepFailure, TransientFailure
 from runs.models import Run, Task
+from runs.selectors import set_aside_by_replan
 from runs.services import sql
 from runs.services.leases import worker_id
 from runs.services.runs import run_transition
@@ -334,8 +335,7 @@ def _supervised_failed(run: Run, op: ToolOperation, message: str) -> bool:
 
 def _open_tasks(run: Run) -> bool:
     """Tasks that keep the run from completing: not those a re-plan superseded or replaced."""
-    tasks = run.tasks.exclude(status__in=[Task.Status.COMPLETED, Task.Status.SUPERSEDED])
-    return tasks.exclude(status=Task.Status.FAILED, plan_version__lt=run.plan_version).exists()
+    return run.tasks.exclude(status=Task.Status.COMPLETED).exclude(set_aside_by_replan(run.plan_version)).exists()
 
 
 def _settle(run_id: int) -> None:

@@ -361,14 +361,14 @@ def fail_task(*, task: Task, run: Run, failure_class: str, reason: str, now) -> 
         ended_at=now, status=Span.Status.ERROR, attributes={"error": reason[:2000]}
     )
     if run.status in (Run.Status.RUNNING, Run.Status.WAITING_FOR_APPROVAL):
-        from .replan import replan, replan_refusal
+        from .replan import NO_REPLANNING, replan
 
-        if replan(run=run, task=task, failure_class=failure_class, reason=reason, now=now):
+        why_not = replan(run=run, task=task, failure_class=failure_class, reason=reason, now=now)
+        if not why_not:
             return
         what = reason if failure_class == "budget" else f"task {task.key} failed ({failure_class}): {reason}"
-        refusal = replan_refusal(run, task, failure_class)
-        if refusal != "no re-planning":
-            what += f" (not re-planned: {refusal})"
+        if why_not != NO_REPLANNING:
+            what += f" (not re-planned: {why_not})"
         run_transition(run=run, to=Run.Status.NEEDS_ATTENTION, reason=what, now=now)
 
 

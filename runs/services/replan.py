@@ -16,8 +16,6 @@ writes, an open provider breaker, crashes. A failing planner is never re-planned
 
 import json
 
-from django.db.models import F
-
 from agents.models import Agent, Workflow
 
 from .. import events
@@ -37,11 +35,13 @@ def replan_key(version: int) -> str:
     return f"replan-{version}"
 
 
-def replan_refusal(run: Run, task: Task, failure_class: str) -> str:
+NO_REPLANNING = "the workflow does not re-plan"
+
+
+def _refusal(run: Run, task: Task, failure_class: str, wf: dict | None) -> str:
     """Why this failure does not go back to the planner ('' when it does)."""
-    wf = Workflow.objects.filter(id=run.workflow_id).values("planner", "planner_agent_id", "max_replans").first()
     if not wf or wf["planner"] != Workflow.Planner.AGENT or not wf["planner_agent_id"] or not wf["max_replans"]:
-        return "no re-planning"  # the workflow does not re-plan: the usual reason is enough
+        return NO_REPLANNING
     if failure_class not in REPLANNABLE:
         return f"a {failure_class} failure is for a human, not a new plan"
     if Agent.objects.filter(id=task.agent_id, is_planner=True).exists():
@@ -51,18 +51,19 @@ def replan_refusal(run: Run, task: Task, failure_class: str) -> str:
     return ""
 
 
-def replan(*, run: Run, task: Task, failure_class: str, reason: str, now) -> bool:
-    """Send the run back to its planner after ``task`` failed for good. True when it did. Call with
-    the run (and task) locked, after the task is marked failed."""
-    if run.status not in (Run.Status.RUNNING, Run.Status.WAITING_FOR_APPROVAL):
-        return False
-    if replan_refusal(run, task, failure_class):
-        return False
+def replan(*, run: Run, task: Task, failure_class: str, reason: str, now) -> str:
+    """Send the run back to its planner after ``task`` failed for good. Returns '' when it did, else
+    why not (NO_REPLANNING when the workflow never re-plans). Call with the run (and task) locked,
+    after the task is marked failed."""
+    wf = Workflow.objects.filter(id=run.workflow_id).values("planner", "planner_agent_id", "max_replans").first()
+    why_not = _refusal(run, task, failure_class, wf)
+    if why_not:
+        return why_not
     from .runs import run_transition, tasks_create  # runs.py imports this module
 
-    planner = Workflow.objects.select_related("planner_agent").get(id=run.workflow_id).planner_agent
-    Run.objects.filter(id=run.id).update(plan_version=F("plan_version") + 1)
-    run.plan_version = Run.objects.values_list("plan_version", flat=True).get(id=run.id)
+    planner = Agent.objects.get(id=wf["planner_agent_id"])
+    run.plan_version += 1  # the run is locked: its row is current
+    Run.objects.filter(id=run.id).update(plan_version=run.plan_version)
     why = f"superseded by plan {run.plan_version}: task {task.key} failed"
     superseded = list(
         Task.objects.filter(run_id=run.id, status__in=NOT_STARTED, attempts=0).values_list("key", flat=True)
@@ -110,7 +111,7 @@ def replan(*, run: Run, task: Task, failure_class: str, reason: str, now) -> boo
         Run.objects.filter(id=run.id).update(status_reason=note)
         run.status_reason = note
     events.run_changed(run.id)
-    return True
+    return ""
 
 
 def _preview(value) -> str:
