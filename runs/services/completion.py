@@ -201,13 +201,15 @@ def _finish_generic(lease: Lease, run: Run, task: Task, *, step, response, start
     run_usage = Usage(*usage)
     if run_usage.status == Run.Status.CANCELLING:
         raise LeaseLost("run cancelled")
-    completed = sql.execute(
+    # Its dependents as they are now, under the run's lock: a re-plan may have added some since this
+    # attempt started.
+    completed = sql.fetchone(
         "UPDATE runs_task SET status = %s, finished_at = %s, lease_owner = '', lease_expires_at = NULL, "
         "status_reason = '', steps_used = steps_used + 1, tokens_used = tokens_used + %s, "
-        "cost_micros = cost_micros + %s WHERE id = %s AND fencing_token = %s AND status = %s",
+        "cost_micros = cost_micros + %s WHERE id = %s AND fencing_token = %s AND status = %s RETURNING dependents",
         [Task.Status.COMPLETED, sql.ts(now), tokens, cost, task.id, lease.token, Task.Status.RUNNING],
     )
-    if completed != 1:
+    if completed is None:
         raise LeaseLost(f"task {task.id}: token {lease.token} no longer holds the lease")
     sql.insert_span(
         run_id=run.id,
@@ -241,8 +243,7 @@ def _finish_generic(lease: Lease, run: Run, task: Task, *, step, response, start
     )
     sql.end_spans([lease.span_id, lease.task_span_id], now=now, status=Span.Status.OK)
     events.run_changed(run.id)
-    # Read under the run's lock: a re-plan may have added dependents since this attempt started.
-    dependents = sql.loads(sql.fetchone("SELECT dependents FROM runs_task WHERE id = %s", [task.id])[0])
+    dependents = sql.loads(completed[0])
     ready = _dependents_count_down(run.id, [int(i) for i in dependents], now) if dependents else []
     return run_usage, plan_version, held_back, ready
 
