@@ -158,6 +158,7 @@ WORKFLOWS = [
         "description": "A supervisor fans out to five workers with side-effecting tools, then summarises (drill B).",
         "planner": Workflow.Planner.AGENT,
         "planner_agent": "incident-supervisor",
+        "agents": ["incident-worker", "incident-summarizer"],
         "max_concurrent_tasks": 5,
         "default_budget": {"max_steps": 200, "max_tokens": 200_000, "max_cost_usd": 5.0},
     },

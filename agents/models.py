@@ -98,6 +98,11 @@ class Workflow(models.Model):
     default_goal = models.TextField(blank=True)
     planner = models.CharField(max_length=16, choices=Planner.choices, default=Planner.STATIC)
     planner_agent = models.ForeignKey(Agent, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    agents = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="Trusted: the agents (slugs) a planner agent may assign tasks to; it may assign no other",
+    )
     tasks = models.JSONField(default=list, blank=True, help_text="Static plan: [{key, agent, objective, depends_on}]")
     default_budget = models.JSONField(default=dict, blank=True)
     max_tasks = models.PositiveIntegerField(null=True, blank=True)

@@ -24,10 +24,12 @@ def plan_validate(
     existing_keys: frozenset[str] = frozenset(),
     dead_keys: frozenset[str] = frozenset(),
     max_fanout: int | None = None,
+    allowed_agents=None,
 ) -> tuple[list[PlannedTaskIn], dict[str, Agent]]:
     """``existing_keys``: the run's tasks so far (a new plan adds to them); ``dead_keys``: those of them
     that failed, were cancelled or superseded, which no new task may wait for (it would wait for good).
-    ``max_fanout``: for a planner agent's plan, how many tasks it may add at once."""
+    ``max_fanout``: for a planner agent's plan, how many tasks it may add at once. ``allowed_agents``:
+    for a planner agent's plan, the workflow's agents (trusted configuration); it may assign no other."""
     try:
         plan = PlanIn.model_validate(raw if isinstance(raw, dict) else {"tasks": raw})
     except ValidationError as exc:
@@ -64,6 +66,12 @@ def plan_validate(
         for t in plan.tasks
         if t.agent not in agents
     ]
+    if allowed_agents is not None:
+        errors += [
+            {"field": f"plan.tasks.{t.key}.agent", "message": f"agent {t.agent!r} is not one of this workflow's agents"}
+            for t in plan.tasks
+            if t.agent in agents and t.agent not in allowed_agents
+        ]
     if errors:
         raise InvalidInput("the plan refers to unknown tasks or agents", errors)
     try:

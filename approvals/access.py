@@ -19,6 +19,8 @@ ACTIONS: dict[str, tuple[frozenset, str]] = {
     "start": (frozenset({Role.OPERATOR, Role.ADMIN}), ApiToken.Scope.RUN.value),
     "operate": (frozenset({Role.OPERATOR, Role.ADMIN}), ApiToken.Scope.OPERATE.value),
     "decide": (frozenset({Role.REVIEWER, Role.ADMIN}), ApiToken.Scope.APPROVE.value),
+    # Configure the project: classify tools, change its policies and memberships (admin pages, the API).
+    "administer": (frozenset({Role.ADMIN}), ApiToken.Scope.ADMIN.value),
 }
 
 
@@ -64,9 +66,9 @@ def authorize(user, project_id: int, action: str, *, what: str, token: ApiToken 
     if token is not None and scope not in (token.scopes or []):
         _denied(user, project_id, action, what, f"token without the {scope} scope", request)
         raise Forbidden(f"this API token lacks the {scope!r} scope needed to {action} {what}")
-    if token is not None and token.for_agent and action == "decide":  # even if its scopes were edited
+    if token is not None and token.for_agent and action in ("decide", "administer"):  # even if its scopes were edited
         _denied(user, project_id, action, what, "an agent's token", request)
-        raise Forbidden("a token used by an agent can never decide approvals")
+        raise Forbidden(f"a token used by an agent can never {action} ({what})")
     return role
 
 

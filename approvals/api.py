@@ -203,6 +203,11 @@ class AllowRuleIn(BodyIn):
     run: Whole() | None = Field(default=None, description="Only this run; default: any run of the project")
     covers_irreversible: bool = Field(default=False, description="Admins only: allow an irreversible tool")
     note: str = Field(default="", max_length=2000)
+    expires_at: datetime | None = Field(
+        default=None,
+        strict=False,
+        description="When the rule ends; at most WARDEN_ALLOW_RULE_MAX_DAYS (30) days ahead, which is the default",
+    )
 
 
 class AllowRuleOut(Schema):
@@ -220,6 +225,7 @@ class AllowRuleOut(Schema):
                     "note": "incident workers may open tickets without review",
                     "created_by": "ada",
                     "created_at": "2026-03-14T08:55:19.300Z",
+                    "expires_at": "2026-04-13T08:55:19.300Z",
                     "revoked_at": None,
                 }
             ]
@@ -236,6 +242,7 @@ class AllowRuleOut(Schema):
     note: str
     created_by: str
     created_at: datetime
+    expires_at: datetime | None
     revoked_at: datetime | None
 
 
@@ -251,6 +258,7 @@ def allow_rule_out(rule) -> dict:
         "note": rule.note,
         "created_by": rule.created_by.get_username(),
         "created_at": rule.created_at,
+        "expires_at": rule.expires_at,
         "revoked_at": rule.revoked_at,
     }
 
@@ -290,6 +298,7 @@ def create_allow_rule(request, payload: AllowRuleIn):
         run=run,
         covers_irreversible=payload.covers_irreversible,
         note=payload.note,
+        expires_at=payload.expires_at,
         token=request.auth,
         request=request,
     )

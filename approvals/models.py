@@ -47,12 +47,15 @@ class ApiToken(models.Model):
         RUN = "run"  # start runs
         OPERATE = "operate"  # cancel, retry, resume, compensate, resolve
         APPROVE = "approve"  # decide approval requests
+        ADMIN = "admin"  # configure a project: classify tools (project admins)
 
     DEFAULT_SCOPES = ["read", "run", "operate"]
 
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens")
-    scopes = models.JSONField(default=list, blank=True, help_text="read, run, operate, approve")
-    for_agent = models.BooleanField(default=False, help_text="Used by an agent: can never decide approvals")
+    scopes = models.JSONField(default=list, blank=True, help_text="read, run, operate, approve, admin")
+    for_agent = models.BooleanField(
+        default=False, help_text="Used by an agent: can never decide approvals nor configure a project"
+    )
     name = models.CharField(max_length=100, blank=True)
     prefix = models.CharField(max_length=12, help_text="First characters, to recognise a token")
     token_hash = models.CharField(max_length=64, unique=True)
@@ -105,6 +108,10 @@ class ApprovalRequest(models.Model):
     fail_on_reject = models.BooleanField(default=False, help_text="A matching policy fails the task on rejection")
     policy = models.ForeignKey(
         "ApprovalPolicy", null=True, blank=True, on_delete=models.SET_NULL, related_name="requests"
+    )
+    # Whose action asked for it (the run's starter, the operator who compensated): they may not decide it.
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
     decided_at = models.DateTimeField(null=True, blank=True)
     decided_by = models.ForeignKey(
@@ -304,6 +311,7 @@ class AllowRule(models.Model):
     note = models.TextField(blank=True)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
     created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField(null=True, help_text="Rules have a maximum lifetime (WARDEN_ALLOW_RULE_MAX_DAYS)")
     revoked_at = models.DateTimeField(null=True, blank=True)
     revoked_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"

@@ -1,7 +1,8 @@
 """Scoped allow rules: created by reviewers (irreversible tools only by an admin, explicitly), revoked by
-reviewers, both audited; the broker asks ``allow_rule_for`` before it parks a call for approval."""
+reviewers, both audited, each with a lifetime. The gate (tools/gate.py) decides at each call whether a
+rule may stand in for a reviewer there: only where its creator could have approved alone."""
 
-from django.db.models import Q
+from django.conf import settings
 from django.utils import timezone
 
 from runs.errors import Forbidden, InvalidInput, NotFound
@@ -21,9 +22,12 @@ def allow_rule_create(
     run=None,
     covers_irreversible: bool = False,
     note: str = "",
+    expires_at=None,
     token=None,
     request=None,
 ) -> AllowRule:
+    """``expires_at``: when the rule ends (at most ``ALLOW_RULE_MAX_DAYS`` ahead, which is also the
+    default)."""
     from tools.registry import TOOLS
 
     role = authorize(user, project.id, "decide", what=f"allow rules of {project.slug}", token=token, request=request)
@@ -37,21 +41,23 @@ def allow_rule_create(
                 [{"field": "covers_irreversible", "message": "required for an irreversible tool"}],
             )
         if role != "admin":
-            audit(
-                actor=user,
-                action="allow_rule_add",
-                outcome="denied",
-                project_id=project.id,
-                target=tool,
-                request=request,
-                detail={"why": "irreversible tool, not an admin"},
-            )
+            _refused(user, project, tool, request, "irreversible tool, not an admin")
             raise Forbidden("only a project admin may allow an irreversible tool without review")
     unknown = set(arguments or {}) - set(spec.arguments.model_fields)
     if unknown:
         raise InvalidInput(f"{tool} has no arguments {sorted(unknown)}", [{"field": "arguments", "message": "unknown"}])
     if run is not None and run.project_id != project.id:
         raise NotFound(f"run {run.id} does not exist")
+    if run is not None and run.started_by_id == user.pk:
+        _refused(user, project, tool, request, "a rule for a run its creator started")
+        raise Forbidden("separation of duties: an allow rule cannot cover a run you started")
+    now = timezone.now()
+    longest = now + timezone.timedelta(days=settings.WARDEN["ALLOW_RULE_MAX_DAYS"])
+    if expires_at is not None and not now < expires_at <= longest:
+        raise InvalidInput(
+            f"an allow rule ends in the future and within {settings.WARDEN['ALLOW_RULE_MAX_DAYS']:g} days",
+            [{"field": "expires_at", "message": "in the past or beyond the longest lifetime"}],
+        )
     rule = AllowRule.objects.create(
         project=project,
         tool=tool,
@@ -61,6 +67,7 @@ def allow_rule_create(
         covers_irreversible=covers_irreversible,
         note=note[:2000],
         created_by=user,
+        expires_at=expires_at or longest,
     )
     audit(
         actor=user,
@@ -68,9 +75,21 @@ def allow_rule_create(
         project_id=project.id,
         target=str(rule)[:200],
         request=request,
-        detail={"rule": rule.id, "arguments": rule.arguments},
+        detail={"rule": rule.id, "arguments": rule.arguments, "expires_at": rule.expires_at.isoformat()},
     )
     return rule
+
+
+def _refused(user, project: Project, tool: str, request, why: str) -> None:
+    audit(
+        actor=user,
+        action="allow_rule_add",
+        outcome="denied",
+        project_id=project.id,
+        target=tool,
+        request=request,
+        detail={"why": why},
+    )
 
 
 def allow_rule_revoke(*, user, rule_id: int, token=None, request=None) -> AllowRule:
@@ -90,17 +109,3 @@ def allow_rule_revoke(*, user, rule_id: int, token=None, request=None) -> AllowR
         )
     rule.refresh_from_db()
     return rule
-
-
-def allow_rule_for(*, run, task, tool: str, arguments: dict, irreversible: bool) -> AllowRule | None:
-    """An active rule that covers this call, if any."""
-    from runs.models import Run
-
-    project_id = Run.objects.filter(id=run.id).values_list("project_id", flat=True).first()
-    rules = AllowRule.objects.filter(project_id=project_id, tool=tool, revoked_at__isnull=True)
-    rules = rules.filter(Q(run__isnull=True) | Q(run_id=run.id)).filter(
-        Q(agent__isnull=True) | Q(agent_id=task.agent_id)
-    )
-    if irreversible:
-        rules = rules.filter(covers_irreversible=True)
-    return next((rule for rule in rules.order_by("id") if rule.covers(arguments=arguments)), None)

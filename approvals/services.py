@@ -14,6 +14,7 @@ from runs.errors import Conflict, Forbidden, InvalidInput, NotFound
 from runs.models import Run, Task
 from runs.services.outbox import outbox_add
 from runs.services.runs import run_transition, task_set_ready
+from tools.gate import Verdict, strictest
 
 from .models import ApprovalRequest
 from .notify import notifications_add
@@ -34,15 +35,30 @@ def _items_hash(hashes) -> str:
     return hashlib.sha256("|".join(hashes).encode()).hexdigest()
 
 
-def approval_request_for_operation(op, *, parent: ApprovalRequest | None = None, policy: dict | None = None):
-    """One call waits for a reviewer. Inside the intent's (or the bundle's) transaction. ``policy``: the
-    call's approval policy (quorum, the ApprovalPolicy rule that asked for it and its expiry)."""
-    events.run_changed(op.run_id)
-    from .models import ApprovalPolicy
+def _terms(verdict: Verdict, *, with_expiry: bool) -> dict:
+    """What a request asks for, from the gate's verdict. Items of a bundle have no expiry of their own:
+    their parent carries the soonest."""
+    terms = {
+        "quorum": max(1, verdict.quorum),
+        "admins_only": verdict.admins_only,
+        "fail_on_reject": verdict.fail_on_reject,
+    }
+    if with_expiry:
+        from .models import ApprovalPolicy
 
-    policy = policy or {}
-    rule = ApprovalPolicy.objects.filter(id=policy.get("rule")).first() if policy.get("rule") else None
-    expires_after = policy.get("expires_after") or (rule.expires_after_seconds if rule else None)
+        policy = ApprovalPolicy.objects.filter(id=verdict.expiry_policy).first() if verdict.expiry_policy else None
+        seconds = verdict.expires_after
+        terms["policy"] = policy
+        terms["expires_at"] = timezone.now() + timezone.timedelta(seconds=seconds) if seconds else None
+    return terms
+
+
+def approval_request_for_operation(op, *, parent: ApprovalRequest | None = None, requested_by_id: int | None = None):
+    """One call waits for a reviewer, on the terms of the verdict stored on it (quorum, admins only,
+    expiry, what a rejection does). Inside the intent's (or the bundle's) transaction. ``requested_by_id``:
+    whose action asked for the call (the run's starter, or the operator who compensated); they may not
+    decide it."""
+    events.run_changed(op.run_id)
     request = ApprovalRequest.objects.create(
         run_id=op.run_id,
         task_id=op.task_id if op.kind == "action" and not op.proposed else None,
@@ -50,11 +66,8 @@ def approval_request_for_operation(op, *, parent: ApprovalRequest | None = None,
         kind=ApprovalRequest.Kind.OPERATION,
         summary=_describe(op),
         arguments_hash=op.arguments_hash,
-        quorum=max(1, int(policy.get("quorum", 1))),
-        policy=rule,
-        admins_only=bool(policy.get("admins_only")) or (rule is not None and rule.decided_by_role == "admin"),
-        fail_on_reject=bool(policy.get("fail_on_reject")) or (rule is not None and rule.on_reject == "fail_task"),
-        expires_at=timezone.now() + timezone.timedelta(seconds=expires_after) if expires_after else None,
+        requested_by_id=requested_by_id,
+        **_terms(Verdict.from_json(op.verdict), with_expiry=parent is None),
     )
     type(op).objects.filter(id=op.id).update(approval=request)
     op.approval = request
@@ -80,16 +93,25 @@ def _emit(request: ApprovalRequest, event: str) -> None:
     webhook_emit(event=event, project_id=project_id, data=data)
 
 
-def approval_request_for_operations(*, run: Run, operations, kind: str, title: str) -> ApprovalRequest:
+def approval_request_for_operations(
+    *, run: Run, operations, kind: str, title: str, requested_by_id: int | None = None
+) -> ApprovalRequest:
     """A parent request for several operations (a bundle of proposals, or the corrections of a
-    compensation), with one item per operation that can also be decided alone."""
+    compensation), with one item per operation that can also be decided alone. The parent asks for the
+    strictest of its items' verdicts: the largest quorum, admins only if any item is, the soonest expiry,
+    a failed task on rejection if any item says so."""
     events.run_changed(run.id)
     lines = [title] + [f"{n}. {_describe(op)}" for n, op in enumerate(operations, 1)]
     parent = ApprovalRequest.objects.create(
-        run=run, kind=kind, summary="\n".join(lines), arguments_hash=_items_hash(op.arguments_hash for op in operations)
+        run=run,
+        kind=kind,
+        summary="\n".join(lines),
+        arguments_hash=_items_hash(op.arguments_hash for op in operations),
+        requested_by_id=requested_by_id,
+        **_terms(strictest(Verdict.from_json(op.verdict) for op in operations), with_expiry=True),
     )
     for op in operations:
-        approval_request_for_operation(op, parent=parent)
+        approval_request_for_operation(op, parent=parent, requested_by_id=requested_by_id)
     notifications_add(parent, kind="new")
     _emit(parent, "approval.requested")
     return parent
@@ -120,13 +142,13 @@ def approval_decide(
     user,
     approve: bool,
     note: str = "",
-    seen_hash: str | None = None,
+    seen_hash: str,
     edited_arguments: dict | None = None,
     request=None,
 ) -> ApprovalRequest:
-    """One reviewer's decision, bound to the arguments hash they saw (``seen_hash``; None: the admin,
-    which shows the current arguments). Rejections need a comment; so do edited arguments, which are
-    validated against the tool's schema. A request is approved once ``quorum`` distinct reviewers
+    """One reviewer's decision, bound to the arguments hash they saw (``seen_hash``, in the admin too).
+    Rejections need a comment; so do edited arguments, which are validated against the tool's schema
+    and judged by the gate again. A request is approved once ``quorum`` distinct reviewers
     approved it, rejected at the first rejection. Deciding a parent decides each of its pending items.
     Exactly one outcome however many reviewers click at once: the request row is locked."""
     from .audit import audit
@@ -178,19 +200,13 @@ def _check(approval, run, user, approve, note, seen_hash, edited) -> None:
         raise Conflict(f"approval request {approval.id} is {approval.status}; it cannot be decided again")
     if approval.expires_at and approval.expires_at <= timezone.now():
         raise Conflict(f"approval request {approval.id} has expired; it cannot be decided")
-    if run.started_by_id is not None and run.started_by_id == user.pk:
-        raise Forbidden("separation of duties: whoever started a run cannot approve or reject its actions")
-    if seen_hash is not None and seen_hash != approval.arguments_hash:
+    refusal = decider_refusal(approval, run=run, user=user)
+    if refusal:
+        raise Forbidden(refusal)
+    if not seen_hash or seen_hash != approval.arguments_hash:
         raise Conflict("the arguments changed since you saw them: look again before deciding")
     if not approve and not note.strip():
         raise InvalidInput("a rejection needs a comment", [{"field": "note", "message": "required to reject"}])
-    policy = approval.policy or (approval.parent.policy if approval.parent_id else None)
-    admins_only = approval.admins_only or (approval.parent_id is not None and approval.parent.admins_only)
-    if admins_only or (policy is not None and policy.decided_by_role == "admin"):
-        from .access import role_of
-
-        if role_of(user, run.project_id) != "admin":
-            raise Forbidden("a matching approval policy says only a project admin may decide this")
     if approval.decisions.filter(reviewer=user).exists():
         raise Conflict(f"you have already decided approval request {approval.id}")
     if edited is not None:
@@ -208,6 +224,22 @@ def _check(approval, run, user, approve, note, seen_hash, edited) -> None:
             raise InvalidInput("arguments can be edited on one operation at a time, not on a bundle")
 
 
+def decider_refusal(approval: ApprovalRequest, *, run: Run, user) -> str:
+    """Why ``user`` may not decide this request ('' when they may): separation of duties (whoever started
+    the run, or asked for this work, cannot), and a verdict that reserves the decision for project
+    admins. The role to decide at all is checked by ``authorize`` before this."""
+    if run.started_by_id is not None and run.started_by_id == user.pk:
+        return "separation of duties: whoever started a run cannot approve or reject its actions"
+    if approval.requested_by_id is not None and approval.requested_by_id == user.pk:
+        return "separation of duties: whoever asked for this work cannot approve or reject it"
+    if approval.admins_only or (approval.policy_id is not None and approval.policy.decided_by_role == "admin"):
+        from .access import role_of
+
+        if role_of(user, run.project_id) != "admin":
+            return "a matching approval policy says only a project admin may decide this"
+    return ""
+
+
 def _decide(approval, run, user, approve, note, edited, now) -> str:
     """Record the decision on this request (and on each pending item of a parent); returns its outcome."""
     events.run_changed(run.id)
@@ -222,8 +254,11 @@ def _decide(approval, run, user, approve, note, edited, now) -> str:
     for item in items:
         if item.decisions.filter(reviewer=user).exists():
             continue  # this reviewer decided that item alone already
+        refusal = decider_refusal(item, run=run, user=user)
+        if refusal:  # an item stricter than its parent (an edit raised it): refused whole, nothing recorded
+            raise Forbidden(f"item {item.id}: {refusal}")
         if edited is not None:
-            _apply_edit(item, edited)
+            _apply_edit(item, edited, run=run, user=user)
         Decision.objects.create(
             request=item,
             reviewer=user,
@@ -275,11 +310,14 @@ def _settle_parent(parent, run, user, note, now) -> None:
     run_operations_send(run)
 
 
-def _apply_edit(item, edited: dict) -> None:
-    """Approve-with-edits: validated against the tool's schema; both versions are kept on the ledger row."""
+def _apply_edit(item, edited: dict, *, run: Run, user) -> None:
+    """Approve-with-edits: validated against the tool's schema; both versions are kept on the ledger row.
+    The gate judges the edited call again: its verdict becomes the stricter of the two, and a reviewer
+    who may not decide the stricter one cannot make the edit."""
     from pydantic import ValidationError
 
     from tools.broker import arguments_hash
+    from tools.gate import Origin, gate
     from tools.models import ToolOperation
     from tools.registry import TOOLS, redact
 
@@ -295,15 +333,34 @@ def _apply_edit(item, edited: dict) -> None:
         raise InvalidInput(
             f"the edited arguments are invalid for {op.tool}", pydantic_errors(exc, "arguments")
         ) from exc
+    origin = Origin.PROPOSAL if op.proposed else Origin.AGENT
+    fresh = gate(run_id=op.run_id, tool=op.tool, arguments=args, origin=origin, agent_id=None)
+    verdict = strictest([Verdict.from_json(op.verdict), fresh])
     new_hash = arguments_hash(op.tool, args)
     ToolOperation.objects.filter(id=op.id).update(
         original_arguments=op.arguments,
         original_hash=op.arguments_hash,
         arguments=redact(spec, args),
         arguments_hash=new_hash,
+        gate=verdict.decision,
+        verdict=verdict.to_json(),
     )
     item.arguments_hash = new_hash
-    item.save(update_fields=["arguments_hash"])
+    for name, value in _terms(verdict, with_expiry=False).items():
+        setattr(item, name, value)
+    item.save(update_fields=["arguments_hash", "quorum", "admins_only", "fail_on_reject"])
+    refusal = decider_refusal(item, run=run, user=user)
+    if refusal:
+        raise Forbidden(f"with these arguments {refusal[0].lower()}{refusal[1:]}")
+    if item.parent_id:  # the parent asks for the strictest of its items again
+        parent = ApprovalRequest.objects.select_for_update().get(id=item.parent_id)
+        verdicts = [
+            Verdict.from_json(v)
+            for v in ToolOperation.objects.filter(approval__parent=parent).values_list("verdict", flat=True)
+        ]
+        for name, value in _terms(strictest(verdicts), with_expiry=False).items():
+            setattr(parent, name, value)
+        parent.save(update_fields=["quorum", "admins_only", "fail_on_reject"])
 
 
 def _wake_parked_task(run: Run, request: ApprovalRequest, reason: str, now) -> None:
@@ -313,29 +370,6 @@ def _wake_parked_task(run: Run, request: ApprovalRequest, reason: str, now) -> N
     if run.status == Run.Status.WAITING_FOR_APPROVAL:
         run_transition(run=run, to=Run.Status.RUNNING, reason=reason, now=now)
     task_set_ready(task=task, now=now)  # sends it; a run paused for a human holds it until resumed
-
-
-def approval_still_valid(op) -> str:
-    """Just before an approved operation runs: the approval must still stand — approved, for exactly
-    these arguments, by enough reviewers who may still decide in the run's project. '' if so, else why."""
-    from .access import role_of
-
-    item = op.approval
-    if item is None:
-        return ""
-    if item.status != ApprovalRequest.Status.APPROVED:
-        return f"its approval request is {item.status}"
-    if item.arguments_hash != op.arguments_hash:
-        return "the arguments differ from those approved"
-    project_id = Run.objects.filter(id=op.run_id).values_list("project_id", flat=True).get()
-    valid = [
-        d
-        for d in item.decisions.filter(verdict="approve").select_related("reviewer")
-        if d.arguments_hash == op.arguments_hash and role_of(d.reviewer, project_id) in ("reviewer", "admin")
-    ]
-    if len(valid) < item.quorum:
-        return "the approving reviewers may no longer decide in this project"
-    return ""
 
 
 def run_operations_send(run: Run) -> None:

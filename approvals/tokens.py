@@ -5,6 +5,9 @@ import secrets
 
 from django.utils import timezone
 
+from runs.errors import Forbidden
+
+from .audit import audit
 from .models import ApiToken
 
 TOKEN_PREFIX = "wdn_"
@@ -15,16 +18,21 @@ def _digest(raw: str) -> str:
 
 
 def api_token_create(
-    *, user, name: str = "", expires_at=None, scopes=None, for_agent: bool = False
+    *, user, name: str = "", expires_at=None, scopes=None, for_agent: bool = False, created_by=None, request=None
 ) -> tuple[ApiToken, str]:
     """Returns the row and the secret, which is never shown again. Without ``scopes``: read, run and
-    operate — deciding approvals needs a token made for it (``approve``)."""
+    operate — deciding approvals needs a token made for it (``approve``), configuring a project one made
+    with ``admin``. ``created_by``: who asks, in the admin (the command is a trusted operator's): a token
+    is made for oneself only, superusers excepted; it is audited."""
     scopes = sorted(set(ApiToken.DEFAULT_SCOPES if scopes is None else scopes))
     unknown = set(scopes) - set(ApiToken.Scope.values)
     if unknown:
         raise ValueError(f"unknown token scopes: {sorted(unknown)}")
-    if for_agent and ApiToken.Scope.APPROVE in scopes:
-        raise ValueError("a token used by an agent never has the approve scope")
+    if for_agent and {ApiToken.Scope.APPROVE, ApiToken.Scope.ADMIN} & set(scopes):
+        raise ValueError("a token used by an agent never has the approve or admin scope")
+    if created_by is not None and not created_by.is_superuser and created_by.pk != user.pk:
+        audit(actor=created_by, action="token_add", outcome="denied", target=str(user), request=request)
+        raise Forbidden("an API token can be made only for yourself")
     raw = TOKEN_PREFIX + secrets.token_urlsafe(32)
     token = ApiToken.objects.create(
         user=user,
@@ -35,6 +43,9 @@ def api_token_create(
         scopes=scopes,
         for_agent=for_agent,
     )
+    if created_by is not None:
+        detail = {"token": token.prefix, "scopes": scopes, "for_agent": for_agent}
+        audit(actor=created_by, action="token_add", target=str(user), request=request, detail=detail)
     return token, raw
 
 

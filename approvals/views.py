@@ -12,11 +12,12 @@ from django.views.decorators.http import require_GET
 
 from runs.errors import NotFound, WardenError
 from runs.models import Span
+from tools.gate import Verdict, strictest
 from tools.models import ToolOperation
 
 from .access import authorize, project_ids
 from .models import ApprovalRequest
-from .services import approval_decide
+from .services import approval_decide, decider_refusal
 
 POLL_SECONDS = 3
 
@@ -34,7 +35,7 @@ def _deciding(user):
     return project_ids(user, "decide")
 
 
-def _card(request: ApprovalRequest, deciding) -> dict:
+def _card(request: ApprovalRequest, deciding, user) -> dict:
     """What a reviewer needs to decide: the action, why the agent asked, what it touches."""
     ops = list(ToolOperation.objects.filter(approval=request)) or list(
         ToolOperation.objects.filter(approval__parent=request).order_by("order", "id")
@@ -55,13 +56,18 @@ def _card(request: ApprovalRequest, deciding) -> dict:
         key = (op.tool, op.reversibility or "read")
         blast[key] = blast.get(key, 0) + 1
     may_decide = deciding is None or request.run.project_id in deciding
+    # Why this user may not decide it though their role could (they started the run, admins only).
+    refusal = decider_refusal(request, run=request.run, user=user) if may_decide else ""
+    verdict = strictest(Verdict.from_json(op.verdict) for op in ops) if ops else None
     return {
         "request": request,
         "operations": ops,
         "reason": reason,
         "trace": trace,
         "blast": sorted((tool, rev, n) for (tool, rev), n in blast.items()),
-        "may_decide": may_decide,
+        "may_decide": may_decide and not refusal,
+        "refusal": refusal,
+        "verdict": verdict.summary() if verdict else "",
         "editable": request.kind == "operation" and len(ops) == 1,
         "arguments_json": json.dumps(first.arguments if first else {}, indent=1),
     }
@@ -71,7 +77,7 @@ def _card(request: ApprovalRequest, deciding) -> dict:
 @require_GET
 def queue(request):
     deciding = _deciding(request.user)
-    cards = [_card(r, deciding) for r in _pending(request.user)]
+    cards = [_card(r, deciding, request.user) for r in _pending(request.user)]
     return render(request, "approvals/queue.html", {"cards": cards, "poll_seconds": POLL_SECONDS})
 
 
@@ -84,7 +90,7 @@ def queue_new(request):
     except ValueError:
         after = 0
     deciding = _deciding(request.user)
-    cards = [_card(r, deciding) for r in _pending(request.user, after=after)]
+    cards = [_card(r, deciding, request.user) for r in _pending(request.user, after=after)]
     return render(request, "approvals/_cards.html", {"cards": cards})
 
 
@@ -125,5 +131,5 @@ def decide(request, request_id: int):
         for detail in getattr(exc, "errors", []) or []:
             error += f" — {detail['field']}: {detail['message']}"
     approval.refresh_from_db()
-    context = {"card": _card(approval, _deciding(request.user)), "error": error}
+    context = {"card": _card(approval, _deciding(request.user), request.user), "error": error}
     return render(request, "approvals/_card.html", context)

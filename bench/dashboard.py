@@ -738,6 +738,7 @@ def build_big_run(n_tasks: int, calls_per_task: int, n_ops: int, fixtures):
             write = c.name != "crm.read"
             ops.append(
                 ToolOperation(
+                    gate="allow",
                     run=run,
                     task_id=c.task_id,
                     step=c.step,

@@ -153,7 +153,7 @@ def _act(*, user, action: str, run: Run, reason: str, request) -> str:
         audit(actor=user, action="run_cancel", run=run, target=f"run {run.id}", detail=detail, request=request)
         return "cancelled"
     if action == "compensate":
-        run_compensate(run_id=run.id, reason=reason)
+        run_compensate(run_id=run.id, reason=reason, by=user)
         audit(actor=user, action="run_compensate", run=run, target=f"run {run.id}", detail=detail, request=request)
         return "compensation started"
     failed = list(

@@ -23,7 +23,7 @@ from agents.models import Agent, Workflow
 from tools.models import ToolOperation
 
 from . import events
-from .errors import Conflict, InvalidInput, NotFound
+from .errors import Conflict, Forbidden, InvalidInput, NotFound
 from .models import Run, Span, Task
 from .services import sql
 from .services.runs import run_transition
@@ -39,6 +39,16 @@ def _external_run(run_id: int) -> Run:
     if run.workflow.planner != Workflow.Planner.EXTERNAL:
         raise Conflict(f"run {run_id} is run by Warden's own workers, not reported from outside")
     return run
+
+
+def _external_operation(operation_id: int) -> ToolOperation:
+    """Call inside transaction.atomic(): the operation, locked after its run (lock order: run, then
+    operations), if its run is an external one. An agent reports only on its own run's calls."""
+    run_id = ToolOperation.objects.filter(id=operation_id).values_list("run_id", flat=True).first()
+    if run_id is None:
+        raise NotFound(f"operation {operation_id} does not exist")
+    _external_run(run_id)
+    return ToolOperation.objects.select_for_update().get(id=operation_id)
 
 
 def _running(run: Run) -> None:
@@ -124,8 +134,12 @@ def external_operation_intent(
     undo: dict | None = None,
 ) -> ToolOperation:
     """The intent row, before the agent calls its provider: the key to pass it, and whether a reviewer
-    must approve first. The same step with the same arguments finds the same row; other arguments, 409."""
-    from tools.broker import _policy, arguments_hash, idempotency_key
+    must approve first. The same step with the same arguments finds the same row; other arguments, 409.
+    The gate judges the call; the class the agent claims for its tool can only make the verdict stricter
+    (Warden's registry and the project's classification say what a tool does). A refused call: 403."""
+    from tools.broker import arguments_hash, idempotency_key
+    from tools.gate import REFUSE, Origin, gate
+    from tools.ledger import operation_record
 
     if tool_class not in ToolOperation.ToolClass.values:
         raise InvalidInput("unknown tool class", [{"field": "tool_class", "message": tool_class}])
@@ -140,41 +154,57 @@ def external_operation_intent(
                 raise Conflict(f"step {step} of task {task} was already asked for with another call ({key})")
             return existing
         _running(run)
-        policy = _policy(run, tool, arguments)
-        waits = tool_class != "read_only" and policy.get("approval") == "always"
-        # The agent's word for how its effect is undone, used if an operator compensates the run: without
-        # ``reversible`` it is a correction, which a reviewer approves first.
+        verdict = gate(
+            run_id=run.id,
+            tool=tool,
+            arguments=arguments,
+            origin=Origin.EXTERNAL,
+            agent_id=owner.agent_id,
+            claimed_class=tool_class,
+            claimed_reversibility=reversibility,
+        )
+        if verdict.decision == REFUSE:
+            raise Forbidden(f"{tool} may not be called: {'; '.join(verdict.reasons)}")
+        # The agent's word for how its effect is undone, used if an operator compensates the run: unless
+        # the tool is reversible (by Warden's classification) it is a correction, which waits for a reviewer.
         plan = None
-        if undo and tool_class != "read_only":
-            kind = "compensation" if reversibility == "reversible" else "correction"
+        if undo and verdict.tool_class != ToolOperation.ToolClass.READ_ONLY:
+            kind = "compensation" if verdict.reversibility == "reversible" else "correction"
             plan = {"kind": kind, "by": "the agent", "tool": undo["tool"], "arguments": undo.get("arguments", {})}
-        op = ToolOperation.objects.create(
-            run=run, task=owner, step=step, call_number=step, tool=tool[:64], idempotency_key=key,
-            arguments_hash=digest, arguments=arguments, tool_class=tool_class, reversibility=reversibility,
-            status=OS.AWAITING_APPROVAL if waits else OS.EXECUTING,
-            started_at=None if waits else timezone.now(), attempts=0 if waits else 1, compensation=plan,
-        )  # fmt: skip
-        if waits:
+        op = operation_record(
+            verdict=verdict,
+            run_id=run.id,
+            project_id=run.project_id,
+            task=owner,
+            step=step,
+            call_number=step,
+            tool=tool[:64],
+            idempotency_key=key,
+            arguments_hash=digest,
+            arguments=arguments,
+            status=OS.AWAITING_APPROVAL if verdict.waits else OS.EXECUTING,
+            started_at=None if verdict.waits else timezone.now(),
+            attempts=0 if verdict.waits else 1,
+            compensation=plan,
+        )
+        if verdict.waits:
             from approvals.services import approval_request_for_operation
 
-            approval_request_for_operation(op, policy=policy)
-        events.run_changed(run.id)
+            approval_request_for_operation(op, requested_by_id=run.started_by_id)
         return op
 
 
 def external_operation_started(*, operation_id: int) -> ToolOperation:
-    """The agent is about to call its provider for an approved operation (approval re-checked now)."""
-    from approvals.services import approval_still_valid
+    """The agent is about to call its provider for an approved operation (its verdict re-checked now)."""
+    from tools.gate import gate_satisfied
 
     with transaction.atomic():
-        op = ToolOperation.objects.select_for_update().filter(id=operation_id).first()
-        if op is None:
-            raise NotFound(f"operation {operation_id} does not exist")
+        op = _external_operation(operation_id)
         if op.status == OS.EXECUTING or op.status in (OS.COMMITTED, OS.FAILED):
             return op  # already under way or done: the agent retried its own call
         if op.status != OS.APPROVED:
             raise Conflict(f"operation {operation_id} is {op.status}; only an approved one may be carried out")
-        why = approval_still_valid(op)
+        why = gate_satisfied(op)
         if why:
             raise Conflict(f"operation {operation_id} may not be carried out: {why}")
         op.status, op.started_at, op.attempts = OS.EXECUTING, timezone.now(), op.attempts + 1
@@ -188,9 +218,7 @@ def external_operation_outcome(
 ) -> ToolOperation:
     """The receipt (committed, with the provider's result) or the failure (or: the agent does not know)."""
     with transaction.atomic():
-        op = ToolOperation.objects.select_for_update().filter(id=operation_id).first()
-        if op is None:
-            raise NotFound(f"operation {operation_id} does not exist")
+        op = _external_operation(operation_id)
         final = OS.COMMITTED if committed else OS.AMBIGUOUS if ambiguous else OS.FAILED
         if op.status == final:
             return op  # the same report again

@@ -23,7 +23,7 @@ from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
-from .models import WebhookDelivery, WebhookEndpoint
+from .models import Run, WebhookDelivery, WebhookEndpoint
 from .services import sql
 from .services.outbox import outbox_add
 
@@ -31,11 +31,14 @@ log = logging.getLogger("warden.webhooks")
 DELIVER = "deliver_webhook"
 
 
-def webhook_emit(*, event: str, project_id: int | None, data: dict) -> int:
-    """Call inside the transaction that decided the event. Returns the deliveries written."""
+def webhook_emit(*, event: str, project_id: int | None, data: dict, run_id: int | None = None) -> int:
+    """Call inside the transaction that decided the event. Returns the deliveries written. Without a
+    ``project_id``, the run's (``run_id``) is looked up, only when some endpoint could receive it."""
     assert event in WebhookEndpoint.EVENTS, event
     if not sql.fetchone("SELECT EXISTS (SELECT 1 FROM runs_webhookendpoint WHERE active)", [])[0]:
         return 0  # the common case, at the end of every run: one cheap statement
+    if project_id is None and run_id is not None:
+        project_id = Run.objects.filter(id=run_id).values_list("project_id", flat=True).first()
     endpoints = WebhookEndpoint.objects.filter(active=True).filter(Q(project__isnull=True) | Q(project_id=project_id))
     now = timezone.now()
     written = 0

@@ -281,3 +281,13 @@ def webhook_receiver():
     receiver = WebhookReceiver()
     yield receiver
     receiver.stop()
+
+
+def decide(*, request_id: int, **kwargs):
+    """A decision through the service, by a reviewer who saw the request as it now stands (its current
+    arguments hash), as the queue, the API and the admin send it."""
+    from approvals.models import ApprovalRequest
+    from approvals.services import approval_decide
+
+    seen = ApprovalRequest.objects.filter(id=request_id).values_list("arguments_hash", flat=True).first() or ""
+    return approval_decide(request_id=request_id, seen_hash=seen, **kwargs)

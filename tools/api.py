@@ -2,13 +2,13 @@
 an ambiguous operation, and the sandbox systems' effects listing. Arguments are always redacted."""
 
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from django.conf import settings
 from ninja import Field, Query, Router, Schema, Status
 from pydantic import ConfigDict
 
-from approvals.access import authorize, authorize_token
+from approvals.access import authorize, authorize_token, visible_rows
 from approvals.audit import audit
 from runs.api import RunOut, run_for, run_out
 from runs.api_external import ExternalOperationOut, IntentIn
@@ -18,7 +18,9 @@ from runs.external import external_operation_intent
 from runs.schemas import BodyIn, PathId, QueryWhole
 from runs.selectors import run_get
 
-from .models import SandboxCall, ToolOperation
+from .classifications import TOOL_NAME_RULE, tool_classification_set
+from .gate import Verdict
+from .models import SandboxCall, ToolClassification, ToolOperation
 from .saga import compensation_plan, operation_resolve, run_compensate
 
 router = Router(tags=["ledger"])
@@ -65,6 +67,16 @@ class OperationOut(Schema):
                     "compensation": CORRECTION,
                     "compensates": None,
                     "approval": None,
+                    "verdict": {
+                        "decision": "allow",
+                        "summary": "allowed — no policy asks for a review",
+                        "quorum": 0,
+                        "admins_only": False,
+                        "policies": [],
+                        "allow_rule": None,
+                        "classified_by": "registry",
+                        "reasons": ["no policy asks for a review"],
+                    },
                     "created_at": "2026-03-14T09:21:40.502Z",
                     "committed_at": "2026-03-14T09:21:40.731Z",
                     "ended_at": "2026-03-14T09:24:12.388Z",
@@ -91,9 +103,38 @@ class OperationOut(Schema):
     compensation: dict[str, Any] | None
     compensates: int | None
     approval: int | None
+    verdict: "VerdictOut"
     created_at: datetime
     committed_at: datetime | None
     ended_at: datetime | None
+
+
+class VerdictOut(Schema):
+    decision: str = Field(description="allow, or approval: wait for the reviewers it names")
+    summary: str
+    quorum: int = Field(description="Approvals from distinct reviewers it needs")
+    admins_only: bool
+    policies: list[int] = Field(description="Approval policies that matched")
+    allow_rule: int | None = Field(description="The allow rule that stood in for a reviewer")
+    classified_by: str = Field(description="registry, project or unclassified (the most dangerous class)")
+    reasons: list[str]
+
+
+OperationOut.model_rebuild()
+
+
+def verdict_out(data: dict) -> dict:
+    verdict = Verdict.from_json(data)
+    return {
+        "decision": verdict.decision,
+        "summary": verdict.summary(),
+        "quorum": verdict.quorum,
+        "admins_only": verdict.admins_only,
+        "policies": list(verdict.policies),
+        "allow_rule": verdict.allow_rule,
+        "classified_by": verdict.classified_by,
+        "reasons": list(verdict.reasons),
+    }
 
 
 def operation_out(op: ToolOperation) -> dict:
@@ -116,6 +157,7 @@ def operation_out(op: ToolOperation) -> dict:
         "compensation": op.compensation,
         "compensates": op.compensates_id,
         "approval": op.approval_id,
+        "verdict": verdict_out(op.verdict),
         "created_at": op.created_at,
         "committed_at": op.committed_at,
         "ended_at": op.ended_at,
@@ -234,7 +276,7 @@ def compensate(request, run_id: PathId, payload: CompensateIn):
     if payload.dry_run:
         return Status(200, compensation_plan(run_id))
     reason = payload.reason or f"compensation requested by {request.auth.user} through the API"
-    run_compensate(run_id=run_id, reason=reason)
+    run_compensate(run_id=run_id, reason=reason, by=request.auth.user)
     audit(
         actor=request.auth.user,
         action="compensate",
@@ -358,3 +400,87 @@ def sandbox_effects(request, filters: Query[EffectsQuery]):
         ],
         "next_after": page[-1].id if more else None,
     }
+
+
+class ToolClassIn(BodyIn):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "project": "default",
+                    "tool": "payments.refund",
+                    "tool_class": "non_idempotent_write",
+                    "reversibility": "irreversible",
+                    "approval": "always",
+                    "note": "refunds move money: every one waits for a reviewer",
+                }
+            ]
+        }
+    )
+
+    project: str = Field(min_length=1, max_length=64)
+    tool: str = Field(
+        min_length=1, max_length=64, pattern=r"^[a-zA-Z0-9][-a-zA-Z0-9_.:]{0,63}$", description=TOOL_NAME_RULE
+    )
+    tool_class: Literal["read_only", "idempotent_write", "non_idempotent_write"]
+    reversibility: Literal["", "reversible", "irreversible"] = ""
+    approval: Literal["", "always", "refuse"] = Field(
+        default="", description='"" (as the approval policies say), "always" (every call waits), "refuse" (never)'
+    )
+    note: str = Field(default="", max_length=2000)
+
+
+class ToolClassOut(Schema):
+    project: str
+    tool: str
+    tool_class: str
+    reversibility: str
+    approval: str
+    note: str
+    classified_by: str | None
+    classified_at: datetime
+
+
+def tool_class_out(row: ToolClassification) -> dict:
+    return {
+        "project": row.project.slug,
+        "tool": row.tool,
+        "tool_class": row.tool_class,
+        "reversibility": row.reversibility,
+        "approval": row.approval,
+        "note": row.note,
+        "classified_by": row.classified_by.get_username() if row.classified_by_id else None,
+        "classified_at": row.classified_at,
+    }
+
+
+@router.get("/tool-classes", response=list[ToolClassOut], summary="What my projects say their agents' tools do")
+def list_tool_classes(request):
+    authorize_token(request.auth, "read", what="tool classes", request=request)
+    rows = visible_rows(ToolClassification.objects.select_related("project", "classified_by"), request.auth.user)
+    return [tool_class_out(row) for row in rows[:1000]]
+
+
+@router.post(
+    "/tool-classes",
+    response={200: ToolClassOut},
+    summary="Classify a tool outside Warden's registry (project admins; unclassified tools wait for a reviewer)",
+)
+def classify_tool(request, payload: ToolClassIn):
+    from approvals.models import Project
+
+    project = Project.objects.filter(slug=payload.project).first()
+    if project is None:
+        raise NotFound(f"project {payload.project} does not exist")
+    row = tool_classification_set(
+        user=request.auth.user,
+        project=project,
+        tool=payload.tool,
+        tool_class=payload.tool_class,
+        reversibility=payload.reversibility,
+        approval=payload.approval,
+        note=payload.note,
+        token=request.auth,
+        request=request,
+    )
+    return tool_class_out(ToolClassification.objects.select_related("project", "classified_by").get(id=row.id))

@@ -17,7 +17,6 @@ import re
 from dataclasses import dataclass
 
 from django.db import transaction
-from django.db.models import Q
 from django.utils import timezone
 from django.utils.crypto import salted_hmac
 from pydantic import ValidationError
@@ -26,8 +25,11 @@ from runs import events
 from runs.circuit import Breaker, rate_wait
 from runs.errors import LeaseLost, StepFailure, TransientFailure
 from runs.faults import crash_now, fault_fire_once, faults_at
+from runs.models import Run
 
 from . import sandbox
+from .gate import REFUSE, Origin, Verdict, gate, gate_satisfied
+from .ledger import operation_record
 from .models import SealedArguments, ToolOperation
 from .registry import REDACTED, TOOLS, ToolSpec, redact
 
@@ -176,14 +178,10 @@ def tool_call(
 ) -> ToolOutcome:
     """One tool call asked for by a task's model. ``resumed``: the model asked for it in an earlier
     attempt (replayed from the journal); the ledger row of that attempt, if any, is found by key.
-    ``fence``: (task id, fencing token) of the attempt's lease, checked just before a write leaves."""
+    ``fence``: the attempt's lease (a TaskFence), checked just before a write leaves."""
     spec = TOOLS.get(name)
     if spec is None or spec.internal:
         return _refuse("unknown_tool", f"there is no tool named {name!r}", available=sorted(task.allowed_tools))
-    if name not in task.allowed_tools:
-        return _refuse(
-            "not_allowed", f"tool {name!r} is not allowed for this task", available=sorted(task.allowed_tools)
-        )
     if not isinstance(arguments, dict):
         return _refuse("invalid_arguments", f"the arguments of {name} must be an object")
     arguments = _unseal(spec, task.id, step, arguments)
@@ -196,44 +194,48 @@ def tool_call(
     key = idempotency_key(run_id=run.id, task_key=task.key, step=step, epoch=task.journal_epoch)
     digest = arguments_hash(name, args)
     existing = ToolOperation.objects.filter(idempotency_key=key).first()
-    if existing is None:
-        wait = _circuit_open_for(name)
-        if wait:
-            return _refuse("circuit_open", f"{name} is failing; calls are paused", retry_after=round(wait, 1))
-        wait = _rate_limited(spec)
-        if wait:
-            return _refuse("rate_limited", f"{name} is over its rate limit", retry_after=round(wait, 1))
-    elif existing.arguments_hash != digest:
-        if existing.original_hash != digest:
-            raise StepFailure(f"{name}: idempotency key {key} was used before with other arguments", "permanent")
-        # A reviewer approved edited arguments: those run, with the sealed secrets the agent gave.
-        args = {**args, **{k: v for k, v in existing.arguments.items() if k not in spec.secret_fields}}
+    if existing is not None:  # judged when its intent was written: its stored verdict stands
+        if existing.arguments_hash != digest:
+            if existing.original_hash != digest:
+                raise StepFailure(f"{name}: idempotency key {key} was used before with other arguments", "permanent")
+            # A reviewer approved edited arguments: those run, with the sealed secrets the agent gave.
+            args = {**args, **{k: v for k, v in existing.arguments.items() if k not in spec.secret_fields}}
+        faults = Faults.at(run.input, run_id=run.id, task_key=task.key, call=call_number)
+        return _resume_operation(existing, spec, args, faults, fence=fence)
+
+    propose = spec.is_write and name in (run.input or {}).get("propose_tools", [])
+    verdict = gate(
+        run_id=run.id,
+        tool=name,
+        arguments=args,
+        origin=Origin.PROPOSAL if propose else Origin.AGENT,
+        agent_id=task.agent_id,
+        allowed_tools=task.allowed_tools,
+    )
+    if verdict.decision == REFUSE:
+        if name not in task.allowed_tools:
+            message = f"tool {name!r} is not allowed for this task"
+            return _refuse("not_allowed", message, available=sorted(task.allowed_tools))
+        return _refuse("refused", f"{name} may not be called: {'; '.join(verdict.reasons)}")
+    wait = _circuit_open_for(name)
+    if wait:
+        return _refuse("circuit_open", f"{name} is failing; calls are paused", retry_after=round(wait, 1))
+    wait = _rate_limited(spec)
+    if wait:
+        return _refuse("rate_limited", f"{name} is over its rate limit", retry_after=round(wait, 1))
 
     faults = Faults.at(run.input, run_id=run.id, task_key=task.key, call=call_number)
-    if existing is not None:
-        return _resume_operation(existing, spec, args, faults, fence=fence)
     call = _Call(run=run, task=task, step=step, call_number=call_number, spec=spec, args=args, key=key, digest=digest)
-    if not spec.is_write:
-        return _read(call, faults)
-
-    propose = name in (run.input or {}).get("propose_tools", [])
-    policy = _policy(run, name, args)
-    status = OS.PROPOSED if propose else OS.AWAITING_APPROVAL if policy.get("approval") == "always" else OS.EXECUTING
-    allowed_by = ""
-    if status == OS.AWAITING_APPROVAL:
-        from approvals.rules import allow_rule_for
-
-        rule = allow_rule_for(
-            run=run, task=task, tool=name, arguments=args, irreversible=spec.reversibility == "irreversible"
-        )
-        if rule is not None:  # a standing "always allow" covers it: no reviewer needed this time
-            status, allowed_by = OS.EXECUTING, f"allowed without review by allow rule {rule.id}"
+    if not spec.is_write and not verdict.waits:
+        return _read(call, faults, verdict)
+    status = OS.PROPOSED if propose else OS.AWAITING_APPROVAL if verdict.waits else OS.EXECUTING
     with transaction.atomic():
         op = _operation_create(
             call,
+            verdict,
             proposed=propose,
             status=status,
-            status_reason=allowed_by,
+            status_reason=f"allowed without review by allow rule {verdict.allow_rule}" if verdict.allow_rule else "",
             compensation=_undo_plan(spec),
             attempts=1 if status == OS.EXECUTING else 0,
             started_at=timezone.now() if status == OS.EXECUTING else None,
@@ -241,30 +243,44 @@ def tool_call(
         if status == OS.AWAITING_APPROVAL:
             from approvals.services import approval_request_for_operation
 
-            approval_request_for_operation(op, policy=policy)
+            starter = Run.objects.filter(id=run.id).values_list("started_by_id", flat=True).get()
+            approval_request_for_operation(op, requested_by_id=starter)
     if status == OS.PROPOSED:
         return _proposed(op)
     if status == OS.AWAITING_APPROVAL:
         raise TaskParked(op.id, f"{name} waits for a reviewer's approval")
     faults.crash("after_intent")
-    _fenced(fence)
-    return _call_and_receipt(op, spec, args, faults)
+    return _call_and_receipt(op, spec, args, faults, fence=fence)
 
 
-def _fenced(fence: tuple[int, int] | None) -> None:
-    """Just before a call leaves, this worker must still hold its task's lease. A worker frozen after it
-    wrote the intent may wake after another worker took the task over and reconciled or made the call;
-    it must not make the call a second time (a system that does not dedupe by key would do it twice)."""
-    if fence is None:
-        return
-    from runs.services import sql
+@dataclass(frozen=True)
+class TaskFence:
+    """An agent's attempt: it holds its task's lease while the task is running with its token."""
 
-    task_id, token = fence
-    if not sql.fetchone(
-        "SELECT EXISTS (SELECT 1 FROM runs_task WHERE id = %s AND fencing_token = %s AND status = 'running')",
-        [task_id, token],
-    )[0]:
-        raise LeaseLost(f"task {task_id}: token {token} no longer holds the lease; the call is not made")
+    task_id: int
+    token: int
+
+    def lost(self) -> bool:
+        from runs.services import sql
+
+        return not sql.fetchone(
+            "SELECT EXISTS (SELECT 1 FROM runs_task WHERE id = %s AND fencing_token = %s AND status = 'running')",
+            [self.task_id, self.token],
+        )[0]
+
+    def __str__(self) -> str:
+        return f"task {self.task_id}: token {self.token}"
+
+
+def _fenced(fence) -> None:
+    """Just before a call leaves, the caller must still hold its lease (a TaskFence, or the supervisor's
+    executor's lease on the run). One frozen after it wrote the intent may wake after another took over and
+    reconciled or made the call; it must not make the call a second time (a system that does not dedupe
+    by key would do it twice)."""
+    if isinstance(fence, tuple):
+        fence = TaskFence(*fence)
+    if fence is not None and fence.lost():
+        raise LeaseLost(f"{fence} no longer holds the lease; the call is not made")
 
 
 @dataclass
@@ -279,34 +295,6 @@ class _Call:
     args: dict
     key: str
     digest: str
-
-
-def _policy(run, tool: str, args: dict) -> dict:
-    """The approval policy of this call: the workflow's trusted per-tool policy (e.g. {"email.send":
-    {"approval": "always", "quorum": 2}}) and the admin's ApprovalPolicy rules that match; the
-    strictest wins on each point: the largest quorum, the shortest expiry, admins only if any rule says
-    so, the task failed on rejection if any rule says so."""
-    from agents.models import Workflow
-    from approvals.models import ApprovalPolicy
-
-    workflow_id, policies = Workflow.objects.filter(runs__id=run.id).values_list("id", "tool_policies").first()
-    policy = dict((policies or {}).get(tool) or {})
-    rules = ApprovalPolicy.objects.filter(enabled=True, tool__in=["", tool])
-    rules = rules.filter(Q(project__isnull=True) | Q(project__runs__id=run.id))
-    rules = rules.filter(Q(workflow__isnull=True) | Q(workflow_id=workflow_id)).distinct()
-    for rule in rules:
-        if not rule.matches(tool=tool, arguments=args):
-            continue
-        policy["approval"] = "always"
-        policy["quorum"] = max(int(policy.get("quorum", 1)), rule.quorum)
-        if rule.expires_after_seconds and rule.expires_after_seconds < policy.get("expires_after", 10**9):
-            policy.update(expires_after=rule.expires_after_seconds, rule=rule.id)
-        policy.setdefault("rule", rule.id)
-        if rule.decided_by_role == "admin":
-            policy["admins_only"] = True
-        if rule.on_reject == ApprovalPolicy.OnReject.FAIL_TASK:
-            policy["fail_on_reject"] = True
-    return policy
 
 
 def _undo_plan(spec: ToolSpec) -> dict | None:
@@ -327,7 +315,7 @@ def _proposed(op: ToolOperation) -> ToolOutcome:
     )
 
 
-def _read(call: _Call, faults: Faults) -> ToolOutcome:
+def _read(call: _Call, faults: Faults, verdict: Verdict) -> ToolOutcome:
     """A read has no effect to protect: it is called, then recorded (one write, not two)."""
     spec = call.spec
     if spec.cacheable:
@@ -339,7 +327,7 @@ def _read(call: _Call, faults: Faults) -> ToolOutcome:
             .first()
         )
         if cached is not None:
-            _record_read(call, cached[1], f"cached from {cached[0]}")
+            _record_read(call, verdict, cached[1], f"cached from {cached[0]}")
             return ToolOutcome(result=cached[1])
     faults.crash("after_intent")  # a read has no intent row: this is just before the call
     try:
@@ -350,15 +338,16 @@ def _read(call: _Call, faults: Faults) -> ToolOutcome:
         raise StepFailure(f"{spec.name}: {exc}", "permanent") from exc
     faults.crash("after_call")
     outcome = _validated(spec, result)
-    _record_read(call, outcome.result, "")
+    _record_read(call, verdict, outcome.result, "")
     faults.crash("after_receipt")
     return outcome
 
 
-def _record_read(call: _Call, result, reason: str) -> None:
+def _record_read(call: _Call, verdict: Verdict, result, reason: str) -> None:
     now = timezone.now()
     _operation_create(
         call,
+        verdict,
         status=OS.COMMITTED,
         status_reason=reason,
         result=result,
@@ -369,10 +358,10 @@ def _record_read(call: _Call, result, reason: str) -> None:
     )
 
 
-def _operation_create(call: _Call, **fields) -> ToolOperation:
-    """A ledger row for an agent's call; its arguments are stored redacted."""
-    events.run_changed(call.run.id)
-    return ToolOperation.objects.create(
+def _operation_create(call: _Call, verdict: Verdict, **fields) -> ToolOperation:
+    """A ledger row for an agent's call, with its verdict; its arguments are stored redacted."""
+    return operation_record(
+        verdict=verdict,
         run_id=call.run.id,
         task_id=call.task.id,
         step=call.step,
@@ -381,8 +370,6 @@ def _operation_create(call: _Call, **fields) -> ToolOperation:
         idempotency_key=call.key,
         arguments_hash=call.digest,
         arguments=redact(call.spec, call.args),
-        tool_class=call.spec.tool_class,
-        reversibility=call.spec.reversibility,
         **fields,
     )
 
@@ -399,30 +386,22 @@ def _resume_operation(
         return _proposed(op)
     if op.status == OS.REJECTED:
         message = f"{op.tool} was not done: {op.status_reason or 'a reviewer rejected it'}"
-        if op.approval_id and (
-            op.approval.fail_on_reject or (op.approval.policy_id and op.approval.policy.on_reject == "fail_task")
-        ):
-            raise StepFailure(message, "policy")  # the policy says a rejection fails the task
+        if Verdict.from_json(op.verdict).fail_on_reject:
+            raise StepFailure(message, "policy")  # a policy that matched says a rejection fails the task
         return _refuse("rejected", message)
     if op.status == OS.AWAITING_APPROVAL:
         raise TaskParked(op.id, f"{op.tool} waits for a reviewer's approval")
-    if op.status == OS.APPROVED and op.approval_id:
-        refused = approval_recheck(op)
-        if refused:
-            return refused
     if op.status in (OS.EXECUTING, OS.AMBIGUOUS):
         found = reconcile(op, spec, faults)
         if found is not None:
             return found
-    _fenced(fence)
-    return operation_execute(op, spec, args, faults)
+    return operation_execute(op, spec, args, faults, fence=fence)
 
 
 def approval_recheck(op: ToolOperation) -> ToolOutcome | None:
-    """Re-check an approval just before its operation runs; one that no longer stands rejects it."""
-    from approvals.services import approval_still_valid
-
-    why = approval_still_valid(op)
+    """Just before an operation's call: do the decisions recorded on it satisfy its verdict? One whose
+    approval no longer stands (or never did) is rejected and not made."""
+    why = gate_satisfied(op)
     if not why:
         return None
     _set(op, status=OS.REJECTED, status_reason=f"not done: {why}"[:1000], ended_at=timezone.now())
@@ -481,8 +460,12 @@ def _emit_ambiguous(op: ToolOperation) -> None:
     webhook_emit(event="operation.ambiguous", project_id=project_id, data=data)
 
 
-def operation_execute(op: ToolOperation, spec: ToolSpec, args: dict, faults: Faults) -> ToolOutcome:
-    """Make the call of an operation that may go (approved, or failed and being retried)."""
+def operation_execute(op: ToolOperation, spec: ToolSpec, args: dict, faults: Faults, *, fence=None) -> ToolOutcome:
+    """Make the call of an operation that may go (approved, or failed and being retried), if its verdict
+    is satisfied and the caller still holds its lease (``fence``)."""
+    refused = approval_recheck(op)
+    if refused is not None:
+        return refused
     now = timezone.now()
     changed = (
         ToolOperation.objects.filter(id=op.id, attempts=op.attempts)
@@ -493,19 +476,21 @@ def operation_execute(op: ToolOperation, spec: ToolSpec, args: dict, faults: Fau
         raise TransientFailure(f"{op.tool} ({op.idempotency_key}) is being executed elsewhere")
     op.status, op.attempts, op.status_reason = OS.EXECUTING, op.attempts + 1, ""
     faults.crash("after_intent")
-    return _call_and_receipt(op, spec, args, faults)
+    return _call_and_receipt(op, spec, args, faults, fence=fence)
 
 
-def _call_and_receipt(op: ToolOperation, spec: ToolSpec, args: dict, faults: Faults) -> ToolOutcome:
+def _call_and_receipt(op: ToolOperation, spec: ToolSpec, args: dict, faults: Faults, *, fence=None) -> ToolOutcome:
+    """The one place an operation's call leaves: its verdict satisfied, its caller's lease held."""
+    why = gate_satisfied(op)
+    if why:  # never reached by a correct caller; the last line of defence of the promise
+        _set(op, status=OS.REJECTED, status_reason=f"not done: {why}"[:1000], ended_at=timezone.now())
+        return _refuse("rejected", f"{op.tool} was not done: {why}")
+    _fenced(fence)
     try:
         result = _external(spec, args, key=op.idempotency_key, fault=faults.system)
-    except sandbox.SystemTimeout as exc:
-        _set(op, status=OS.AMBIGUOUS, status_reason=str(exc))
-        found = reconcile(op, spec, faults)
-        if found is not None:
-            return found
-        raise TransientFailure(f"{op.tool} timed out and did not take effect; it will be tried again") from exc
-    except sandbox.SystemTransient as exc:
+    except (sandbox.SystemTimeout, sandbox.SystemTransient) as exc:
+        if spec.is_write and isinstance(exc, sandbox.SystemTimeout):
+            return _timed_out(op, spec, faults, exc)
         _set(op, status=OS.FAILED, status_reason=str(exc), ended_at=timezone.now())
         raise TransientFailure(f"{op.tool}: {exc}") from exc
     except sandbox.SystemError_ as exc:
@@ -515,6 +500,15 @@ def _call_and_receipt(op: ToolOperation, spec: ToolSpec, args: dict, faults: Fau
     outcome = _receipt(op, spec, result)
     faults.crash("after_receipt")
     return outcome
+
+
+def _timed_out(op: ToolOperation, spec: ToolSpec, faults: Faults, exc: Exception) -> ToolOutcome:
+    """A write that timed out may have happened: ask the system before anything else."""
+    _set(op, status=OS.AMBIGUOUS, status_reason=str(exc))
+    found = reconcile(op, spec, faults)
+    if found is not None:
+        return found
+    raise TransientFailure(f"{op.tool} timed out and did not take effect; it will be tried again") from exc
 
 
 def _external(spec: ToolSpec, args: dict, *, key: str, fault: str | None) -> dict:

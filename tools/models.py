@@ -5,6 +5,7 @@ only through the tool functions in ``tools.sandbox``. ``SandboxCall`` logs every
 one, so effects (and duplicates by idempotency key) can be counted from outside the engine.
 """
 
+from django.conf import settings
 from django.db import models
 
 
@@ -73,6 +74,11 @@ class ToolOperation(models.Model):
     approval = models.ForeignKey(
         "approvals.ApprovalRequest", null=True, blank=True, on_delete=models.SET_NULL, related_name="operations"
     )
+    # The gate's verdict (tools/gate.py), taken before the intent was written: allow, or wait for approval
+    # with its quorum, roles and expiry, and the policies and rule that produced it. No row without one:
+    # the constraint below refuses an operation written past the gate.
+    gate = models.CharField(max_length=16, choices=[("allow", "allow"), ("approval", "wait for approval")])
+    verdict = models.JSONField(default=dict, help_text="The gate's verdict: what it asks for and why")
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     committed_at = models.DateTimeField(null=True, blank=True)
@@ -84,6 +90,9 @@ class ToolOperation(models.Model):
             models.Index(fields=["run", "status"]),
             models.Index(fields=["run", "tool", "arguments_hash"]),
         ]
+        constraints = [
+            models.CheckConstraint(condition=models.Q(gate__in=["allow", "approval"]), name="operation_has_a_verdict")
+        ]
 
     def __str__(self) -> str:
         return f"{self.tool} {self.idempotency_key} ({self.status})"
@@ -91,6 +100,33 @@ class ToolOperation(models.Model):
     @property
     def is_write(self) -> bool:
         return self.tool_class != self.ToolClass.READ_ONLY
+
+
+class ToolClassification(models.Model):
+    """What a tool outside Warden's registry does, said by a project admin: an external agent's tool is
+    treated as a non-idempotent, irreversible write (the most dangerous class) until one says otherwise.
+    What an agent claims about its own tool can only make this stricter (tools/gate.py)."""
+
+    class Approval(models.TextChoices):
+        BY_POLICY = "", "as the approval policies say"
+        ALWAYS = "always", "every call waits for a reviewer"
+        REFUSE = "refuse", "never allowed"
+
+    project = models.ForeignKey("approvals.Project", on_delete=models.CASCADE, related_name="tool_classes")
+    tool = models.CharField(max_length=64)
+    tool_class = models.CharField(max_length=24, choices=ToolOperation.ToolClass.choices)
+    reversibility = models.CharField(max_length=16, choices=ToolOperation.Reversibility.choices, blank=True)
+    approval = models.CharField(max_length=16, choices=Approval.choices, blank=True, default=Approval.BY_POLICY)
+    note = models.TextField(blank=True)
+    classified_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
+    classified_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["project", "tool"]
+        constraints = [models.UniqueConstraint(fields=["project", "tool"], name="one_classification_per_tool")]
+
+    def __str__(self) -> str:
+        return f"{self.tool} in {self.project}: {self.tool_class} {self.reversibility}".strip()
 
 
 class SealedArguments(models.Model):

@@ -8,17 +8,19 @@ the new one reconciles the operation it finds executing before it goes on. Nothi
 
 import logging
 import time
+from dataclasses import dataclass
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import F, Q
 from django.utils import timezone
 
 from agents.models import Workflow
 from approvals.models import ApprovalRequest
 from approvals.services import approval_request_for_operations, approvals_withdraw, run_operations_send
 from runs import events
-from runs.errors import Conflict, NotFound, StepFailure, TransientFailure
+from runs.errors import Conflict, LeaseLost, NotFound, StepFailure, TransientFailure
+from runs.heartbeat import lease_keeper
 from runs.models import Run, Task
 from runs.selectors import set_aside_by_replan
 from runs.services import sql
@@ -26,6 +28,8 @@ from runs.services.leases import worker_id
 from runs.services.runs import run_transition
 
 from .broker import Faults, _unseal, approval_recheck, arguments_hash, operation_execute, reconcile
+from .gate import APPROVAL, REFUSE, Origin, gate
+from .ledger import operation_record
 from .models import ToolOperation
 from .registry import TOOLS, Reversibility
 
@@ -34,6 +38,7 @@ OS, Kind = ToolOperation.Status, ToolOperation.Kind
 COMPENSABLE_FROM = (Run.Status.NEEDS_ATTENTION, Run.Status.FAILED, Run.Status.CANCELLED)
 SUPERVISED = Q(proposed=True) | Q(kind__in=[Kind.COMPENSATION, Kind.CORRECTION])
 INLINE_RETRIES = 3
+UNDO_REFUSED = "its undo was refused by the gate"
 
 
 # --- propose mode ------------------------------------------------------------------------------------
@@ -63,6 +68,7 @@ def proposals_bundle_if_any(run: Run, now) -> bool:
         operations=proposals,
         kind=ApprovalRequest.Kind.BUNDLE,
         title=f"Run {run.id}: the supervisor will execute these {len(proposals)} proposed operations once each",
+        requested_by_id=Run.objects.filter(id=run.id).values_list("started_by_id", flat=True).get(),
     )
     run_transition(run=run, to=Run.Status.WAITING_FOR_APPROVAL, reason=f"{len(proposals)} proposals wait", now=now)
     return True
@@ -132,8 +138,10 @@ def compensation_plan(run_id: int) -> dict:
     return {"undo": undo, "correct": correct, "cannot_undo": cannot, "unresolved": unresolved}
 
 
-def run_compensate(*, run_id: int, reason: str = "compensation requested by an operator") -> Run:
-    """Start (or, after a failed compensation, continue) undoing what the run committed."""
+def run_compensate(*, run_id: int, reason: str = "compensation requested by an operator", by=None) -> Run:
+    """Start (or, after a failed compensation, continue) undoing what the run committed. Each undo and
+    correction passes the gate like any other call: what it asks a reviewer for is bundled into one
+    request, which ``by`` (who asked for the compensation) cannot decide."""
     now = timezone.now()
     with transaction.atomic():
         run = Run.objects.select_for_update().select_related("workflow").filter(id=run_id).first()
@@ -160,52 +168,66 @@ def run_compensate(*, run_id: int, reason: str = "compensation requested by an o
             status=OS.REJECTED, status_reason="not done: the run was compensated", ended_at=now
         )
         order = ToolOperation.objects.filter(run=run).exclude(kind=Kind.ACTION).count()
-        policies = run.workflow.tool_policies or {}
-        corrections = []
+        waiting = []
         items = plan["undo"] + plan["correct"]
         originals = ToolOperation.objects.in_bulk([item["operation"] for item in items])
         for item in items:
             original = originals[item["operation"]]
             retry = original.compensations.filter(status=OS.FAILED).first()
-            if retry is not None:  # a compensation that failed before: try it again, same key
+            if retry is not None:  # a compensation that failed before: try it again, same key and verdict
                 ToolOperation.objects.filter(id=retry.id).update(status=OS.APPROVED, status_reason="retried")
             elif not original.compensations.exists():
+                op = _undo_record(run, original, item, order=order + 1)
+                if op is None:
+                    continue  # the gate refuses the undo: the effect stands, and the run's reason says so
                 order += 1
-                # Corrections wait for a reviewer unless the workflow's trusted policy says otherwise.
-                correction = (
-                    "needs_approval" in item
-                    and policies.get(original.tool, {}).get("correction_approval", "always") != "never"
-                )
-                # The agent's own tools are not in Warden's registry: its undo is a write never retried blindly.
-                spec = TOOLS.get(item["action"]) if carried_out_by_agent(run) else TOOLS[item["action"]]
-                comp = ToolOperation.objects.create(
-                    run=run,
-                    task_id=original.task_id,
-                    kind=Kind.CORRECTION if "needs_approval" in item else Kind.COMPENSATION,
-                    tool=item["action"],
-                    idempotency_key=f"warden:{run.id}:undo:{original.id}",
-                    arguments_hash=arguments_hash(item["action"], item["arguments"]),
-                    arguments=item["arguments"],
-                    tool_class=spec.tool_class if spec else ToolOperation.ToolClass.NON_IDEMPOTENT_WRITE,
-                    reversibility=spec.reversibility if spec else "",
-                    status=OS.AWAITING_APPROVAL if correction else OS.APPROVED,
-                    compensates=original,
-                    order=order,
-                )
-                if correction:
-                    corrections.append(comp)
+                if op.gate == APPROVAL:
+                    waiting.append(op)
             ToolOperation.objects.filter(id=original.id).update(status=OS.COMPENSATING, status_reason="")
-        if corrections:
+        if waiting:
             approval_request_for_operations(
                 run=run,
-                operations=corrections,
+                operations=waiting,
                 kind=ApprovalRequest.Kind.CORRECTION,
-                title=f"Run {run.id}: send these {len(corrections)} correction(s) for effects that cannot be undone",
+                title=f"Run {run.id}: these {len(waiting)} compensation step(s) wait for a reviewer",
+                requested_by_id=getattr(by, "pk", None),
             )
         run_transition(run=run, to=Run.Status.COMPENSATING, reason=reason, now=now)
         run_operations_send(run)
-    log.info("run %s: compensation started (%d undo, %d corrections)", run_id, len(plan["undo"]), len(corrections))
+    log.info("run %s: compensation started (%d undo, %d wait for a reviewer)", run_id, len(plan["undo"]), len(waiting))
     return run
+
+
+def _undo_record(run: Run, original: ToolOperation, item: dict, *, order: int) -> ToolOperation | None:
+    """The undo (or correction) of one committed effect, judged by the gate and written to the ledger:
+    approved to go, or waiting for a reviewer; None when the gate refuses it (the original is marked).
+    Inside the compensation's transaction."""
+    correction = "needs_approval" in item
+    verdict = gate(
+        run_id=run.id,
+        tool=item["action"],
+        arguments=item["arguments"] or {},
+        origin=Origin.CORRECTION if correction else Origin.COMPENSATION,
+        corrects=original.tool,
+    )
+    if verdict.decision == REFUSE:
+        why = f"{UNDO_REFUSED}: {'; '.join(verdict.reasons)}"[:4000]
+        ToolOperation.objects.filter(id=original.id).update(status_reason=why)
+        return None
+    return operation_record(
+        verdict=verdict,
+        run_id=run.id,
+        project_id=run.project_id,
+        task_id=original.task_id,
+        kind=Kind.CORRECTION if correction else Kind.COMPENSATION,
+        tool=item["action"],
+        idempotency_key=f"warden:{run.id}:undo:{original.id}",
+        arguments_hash=arguments_hash(item["action"], item["arguments"]),
+        arguments=item["arguments"],
+        status=OS.AWAITING_APPROVAL if verdict.waits else OS.APPROVED,
+        compensates=original,
+        order=order,
+    )
 
 
 def operation_resolve(*, operation_id: int, committed: bool, note: str) -> ToolOperation:
@@ -228,55 +250,79 @@ def operation_resolve(*, operation_id: int, committed: bool, note: str) -> ToolO
 # --- the supervisor's executor ---------------------------------------------------------------------------
 
 
-def _claim(run_id: int, owner: str) -> bool:
+@dataclass(frozen=True)
+class ExecutorFence:
+    """The supervisor's executor of one run: it holds the run's executor lease while the token it got
+    when it claimed the lease is the run's current one (every claim increments it)."""
+
+    run_id: int
+    token: int
+
+    def lost(self) -> bool:
+        return not sql.fetchone(
+            "SELECT EXISTS (SELECT 1 FROM runs_run WHERE id = %s AND ops_lease_token = %s)", [self.run_id, self.token]
+        )[0]
+
+    def __str__(self) -> str:
+        return f"run {self.run_id}: the executor's token {self.token}"
+
+
+def _claim(run_id: int, owner: str) -> ExecutorFence | None:
     now = timezone.now()
     lease = timezone.timedelta(seconds=settings.WARDEN["LEASE_SECONDS"])
-    return bool(
+    claimed = (
         Run.objects.filter(id=run_id)
         .filter(Q(ops_lease_owner="") | Q(ops_lease_expires_at__lt=now) | Q(ops_lease_expires_at__isnull=True))
-        .update(ops_lease_owner=owner, ops_lease_expires_at=now + lease)
+        .update(ops_lease_owner=owner, ops_lease_expires_at=now + lease, ops_lease_token=F("ops_lease_token") + 1)
+    )
+    if not claimed:
+        return None
+    token = Run.objects.filter(id=run_id, ops_lease_owner=owner).values_list("ops_lease_token", flat=True).first()
+    return ExecutorFence(run_id, token) if token is not None else None
+
+
+def _supervised_work(run_id: int):
+    return ToolOperation.objects.filter(run_id=run_id, status__in=[OS.APPROVED, OS.EXECUTING, OS.AMBIGUOUS]).filter(
+        SUPERVISED
     )
 
 
-def _renew(run_id: int, owner: str) -> None:
-    lease = timezone.timedelta(seconds=settings.WARDEN["LEASE_SECONDS"])
-    Run.objects.filter(id=run_id, ops_lease_owner=owner).update(ops_lease_expires_at=timezone.now() + lease)
-
-
 def run_operations(run_id: int) -> None:
-    """Execute the run's approved supervisor operations in order, then settle the run."""
+    """Execute the run's approved supervisor operations in order, then settle the run. The executor's
+    lease is renewed by the process's heartbeat while it works and checked just before each call."""
+    if not _supervised_work(run_id).exists():
+        _settle(run_id)  # nothing to call out: no lease needed (a duplicate message claims nothing)
+        return
     owner = worker_id()
-    if not _claim(run_id, owner):
+    fence = _claim(run_id, owner)
+    if fence is None:
         return  # another worker holds it
+    lease_keeper.hold_executor(run_id, fence.token)
     try:
         while True:
             run = Run.objects.select_related("workflow").get(id=run_id)
             if run.status not in (Run.Status.RUNNING, Run.Status.COMPENSATING):
                 return
-            op = (
-                ToolOperation.objects.filter(run_id=run_id, status__in=[OS.APPROVED, OS.EXECUTING, OS.AMBIGUOUS])
-                .filter(SUPERVISED)
-                .select_related("task")
-                .order_by("order", "id")
-                .first()
-            )
+            op = _supervised_work(run_id).select_related("task").order_by("order", "id").first()
             if op is None:
                 break
             if carried_out_by_agent(run):
                 return  # the agent reports it done; that report settles the run
-            if not _execute_supervised(run, op):
+            if not _execute_supervised(run, op, fence):
                 return
-            _renew(run_id, owner)
         _settle(run_id)
+    except LeaseLost as exc:
+        log.warning("run %s: the executor stops: %s", run_id, exc)
     finally:
-        Run.objects.filter(id=run_id, ops_lease_owner=owner).update(ops_lease_owner="", ops_lease_expires_at=None)
+        lease_keeper.release_executor(run_id)
+        Run.objects.filter(id=run_id, ops_lease_token=fence.token).update(ops_lease_owner="", ops_lease_expires_at=None)
 
 
-def _execute_supervised(run: Run, op: ToolOperation) -> bool:
+def _execute_supervised(run: Run, op: ToolOperation, fence: ExecutorFence | None = None) -> bool:
     events.run_changed(run.id)
     spec = TOOLS[op.tool]
-    if op.status == OS.APPROVED and op.approval_id and approval_recheck(op) is not None:
-        return True  # rejected just now: the approval no longer stands; the others go on
+    if op.status == OS.APPROVED and approval_recheck(op) is not None:
+        return True  # rejected just now: its verdict is not satisfied (any more); the others go on
     if op.kind == Kind.ACTION:
         faults = Faults.at(run.input, run_id=run.id, task_key=op.task.key, call=op.call_number)
         arguments = _unseal(spec, op.task_id, op.step, op.arguments)
@@ -289,9 +335,9 @@ def _execute_supervised(run: Run, op: ToolOperation) -> bool:
                 outcome = reconcile(op, spec, faults)
                 if outcome is None:
                     op.refresh_from_db()
-                    outcome = operation_execute(op, spec, arguments, faults)
+                    outcome = operation_execute(op, spec, arguments, faults, fence=fence)
             else:
-                outcome = operation_execute(op, spec, arguments, faults)
+                outcome = operation_execute(op, spec, arguments, faults, fence=fence)
             if outcome.error is not None:
                 raise StepFailure(outcome.error["message"], "validation")
             break
@@ -357,7 +403,9 @@ def _settle(run_id: int) -> None:
             reason = f"compensated: {undone} effects undone or corrected"
             # What still stands is said, not left for the ledger to reveal: no undo known, a correction refused.
             standing = [f"{item['operation']} ({item['tool']})" for item in compensation_plan(run.id)["cannot_undo"]]
-            refused = ops.filter(kind=Kind.ACTION, status=OS.COMMITTED, status_reason__startswith="correction not sent")
+            refused = ops.filter(kind=Kind.ACTION, status=OS.COMMITTED).filter(
+                Q(status_reason__startswith="correction not sent") | Q(status_reason__startswith=UNDO_REFUSED)
+            )
             standing += [f"{op_id} ({tool})" for op_id, tool in refused.values_list("id", "tool")]
             if standing:
                 reason += f"; {len(standing)} still stand (not undone): operations {', '.join(standing)}"

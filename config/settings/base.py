@@ -255,6 +255,11 @@ WARDEN = {
     "APPROVAL_WEBHOOK_URL": os.environ.get("WARDEN_APPROVAL_WEBHOOK_URL", ""),
     "APPROVAL_WEBHOOK_SECRET": os.environ.get("WARDEN_APPROVAL_WEBHOOK_SECRET", ""),
     "APPROVAL_WEBHOOK_SLACK": os.environ.get("WARDEN_APPROVAL_WEBHOOK_SLACK", "") == "1",
+    # The longest an allow rule stands; a rule asked for without an end gets this one (docs/access.md).
+    "ALLOW_RULE_MAX_DAYS": _env_float("WARDEN_ALLOW_RULE_MAX_DAYS", 30),
+    # Webhook and notification URLs may point at loopback, private, link-local or metadata addresses only
+    # when this is set (tests, a receiver on the same machine); refused otherwise (runs/outbound.py).
+    "WEBHOOK_ALLOW_PRIVATE": os.environ.get("WARDEN_WEBHOOK_ALLOW_PRIVATE", "") == "1",
     # The sandbox systems' effects listing (GET /api/v1/sandbox/effects); off where real tools run.
     "SANDBOX_TOOLS": os.environ.get("WARDEN_SANDBOX_TOOLS", "1") == "1",
     # Drill faults in a run's input (SCENARIOS.md); they can kill a worker on purpose (off in production).

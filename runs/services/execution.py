@@ -329,12 +329,14 @@ def _final(lease: Lease, run: Run, task: Task, agent: Agent, state: _LoopState, 
             raise StepFailure(f"planning depth {task.depth + 1} is over the cap", "policy")
         try:
             existing = dict(Task.objects.filter(run_id=run.id).values_list("key", "status"))
+            allowed = Run.objects.filter(id=run.id).values_list("workflow__agents", flat=True).get()
             planned = plan_validate(
                 response.final,
                 max_tasks=run.max_tasks or settings.WARDEN["MAX_TASKS_PER_RUN"],
                 existing_keys=frozenset(existing),
                 dead_keys=frozenset(k for k, status in existing.items() if status in DEAD),
                 max_fanout=settings.WARDEN["MAX_PLAN_FANOUT"],
+                allowed_agents=frozenset(allowed or ()),
             )
         except InvalidInput as exc:
             details = "; ".join(f"{e['field']}: {e['message']}" for e in exc.errors)

@@ -43,7 +43,8 @@ def run_transition(*, run: Run, to: str, reason: str = "", now=None) -> Run:
 
         event = "run.needs_attention" if to == Run.Status.NEEDS_ATTENTION else "run.finished"
         data = {"run": run.id, "status": to, "reason": reason, "url": _run_url(run.id)}
-        webhook_emit(event=event, project_id=run.project_id, data=data)
+        # A worker's run object is built from the columns it needs and may not carry its project.
+        webhook_emit(event=event, project_id=run.project_id, run_id=run.id, data=data)
     # Hand-written: a transition ends every run, and the ORM's save costs more than the rest of it.
     sql.execute(
         f"UPDATE runs_run SET {', '.join(f'{column} = %s' for column in changes)} WHERE id = %s",

@@ -208,7 +208,7 @@ def compensate(request, run_id: int):
     def act():
         reason = _reason(request, required=True)
         plan = saga.compensation_plan(run.id)
-        saga.run_compensate(run_id=run.id, reason=reason)
+        saga.run_compensate(run_id=run.id, reason=reason, by=request.user)
         message = f"Run {run.id} is being compensated: {len(plan['undo'])} effect(s) to undo"
         if plan["correct"]:
             message += f", {len(plan['correct'])} correction(s) waiting for a reviewer"

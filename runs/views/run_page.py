@@ -43,6 +43,7 @@ from runs.trace import (
     tree_filter,
     tree_html,
 )
+from tools.gate import Verdict
 from tools.models import ToolOperation
 
 from .common import run_for_view
@@ -66,6 +67,8 @@ def _tasks(run_id: int) -> Iterable[Task]:
 OP_FIELDS = (
     "id",
     "run_id",
+    "gate",
+    "verdict",
     "task_id",
     "task__key",
     "step",
@@ -110,7 +113,11 @@ def ledger_row_html(op: ToolOperation, run_id: int) -> str:
     Every text is escaped; the status reason (it may quote a tool's error) sits in hx-disable."""
     where = f"{esc(op.task.key)} · {int(op.step or 0)}" if op.task_id else "run"
     reason = f'<div class="reason" hx-disable>{esc(op.status_reason[:140])}</div>' if op.status_reason else ""
-    approval = esc(op.approval.status) if op.approval_id else "—"
+    # The gate's verdict: in short, and whole (its reasons, policies and allow rule) on hover.
+    verdict = Verdict.from_json(op.verdict)
+    head = verdict.summary().split(" — ")[0]
+    decided = f" · {esc(op.approval.status)}" if op.approval_id else ""
+    approval = f'<span class="verdict" title="{esc(verdict.summary())}">{esc(head)}</span>{decided}'
     resolve = ""
     if op.status == "ambiguous":
         url = esc(reverse("runs:operation-resolve", args=[run_id, op.id]))

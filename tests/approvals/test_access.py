@@ -11,7 +11,7 @@ from approvals.tokens import api_token_create
 from config.api import api as ninja_api
 from runs.models import Artifact, BlackboardEntry, Run
 from runs.services import run_start
-from tools.models import ToolOperation
+from tools.models import ToolClassification, ToolOperation
 
 # Every API operation, the role action it needs, and the token scope. A new endpoint without a row
 # here fails test_every_api_operation_has_a_row_in_the_policy_table.
@@ -47,6 +47,8 @@ POLICY = {
     ("GET", "/api/v1/allow-rules"): ("view (filtered)", "read"),
     ("POST", "/api/v1/allow-rules"): ("decide", "approve"),
     ("POST", "/api/v1/allow-rules/{rule_id}/revoke"): ("decide", "approve"),
+    ("GET", "/api/v1/tool-classes"): ("view (filtered)", "read"),
+    ("POST", "/api/v1/tool-classes"): ("administer", "admin"),
 }
 BODIES = {
     "/api/v1/runs": {"workflow": "deploy-review"},
@@ -62,12 +64,13 @@ BODIES = {
     "/api/v1/operations/{operation_id}/resolve": {"committed": True},
     "/api/v1/approvals/{approval_id}/decision": {"decision": "approve", "note": "ok", "arguments_hash": "{hash}"},
     "/api/v1/allow-rules": {"project": "default", "tool": "tickets.create", "arguments": {"customer_id": "c1"}},
+    "/api/v1/tool-classes": {"project": "default", "tool": "crm.note", "tool_class": "read_only"},
 }
 ALLOWED = {  # role → actions
     "viewer": {"view"},
     "operator": {"view", "start", "operate"},
     "reviewer": {"view", "decide"},
-    "admin": {"view", "start", "operate", "decide"},
+    "admin": {"view", "start", "operate", "decide", "administer"},
 }
 
 
@@ -98,6 +101,7 @@ def scene(demo, django_user_model):
     run = run_start(workflow="deploy-review")
     Run.objects.filter(id=run.id).update(status=Run.Status.NEEDS_ATTENTION)
     op = ToolOperation.objects.create(
+        gate="allow",
         run=run,
         tool="email.send",
         idempotency_key=f"warden:{run.id}:x:1",
@@ -144,7 +148,8 @@ def _state(scene):
     rules = list(AllowRule.objects.values_list("id", "revoked_at"))
     verdicts = list(Artifact.objects.values_list("id", "verification"))
     verdicts += list(BlackboardEntry.objects.values_list("id", "verification"))
-    return run.status, op.status, approval.status, Run.objects.count(), rules, verdicts
+    classes = list(ToolClassification.objects.values_list("tool", "tool_class"))
+    return run.status, op.status, approval.status, Run.objects.count(), rules, verdicts, classes
 
 
 @pytest.mark.parametrize("method,path", sorted(POLICY))
@@ -154,17 +159,21 @@ def test_the_authorization_matrix(scene, client, method, path, who):
     action, scope = POLICY[(method, path)]
     token = None
     if who != "anonymous":
-        scopes = ["read", "run", "operate", "approve"]
+        scopes = ["read", "run", "operate", "approve", "admin"]
         token = api_token_create(user=scene["people"][who], scopes=scopes)[1]
     before = _state(scene)
     response = _call(client, token, method, path, scene["ids"])
     # the default project's: starting a run there, or creating an allow rule for it
-    project_scoped = "{" in path or (method, path) in {("POST", "/api/v1/runs"), ("POST", "/api/v1/allow-rules")}
+    project_scoped = "{" in path or (method, path) in {
+        ("POST", "/api/v1/runs"),
+        ("POST", "/api/v1/allow-rules"),
+        ("POST", "/api/v1/tool-classes"),
+    }
     if who == "anonymous":
         expected = 401
     elif who == "outsider" and project_scoped:
         expected = 404  # another project's objects do not exist for them
-    elif action in ("view", "start", "operate", "decide") and action not in ALLOWED.get(who, set()):
+    elif action in ("view", "start", "operate", "decide", "administer") and action not in ALLOWED.get(who, set()):
         expected = 403
     else:
         expected = None  # allowed: any 2xx, or a 409/422 about the object's state, never 401/403/404
@@ -179,7 +188,7 @@ def test_the_authorization_matrix(scene, client, method, path, who):
 
 
 @pytest.mark.parametrize("method,path", sorted(POLICY))
-@pytest.mark.parametrize("scope", ["read", "run", "operate", "approve"])
+@pytest.mark.parametrize("scope", ["read", "run", "operate", "approve", "admin"])
 def test_each_token_scope_against_each_operation(scene, client, method, path, scope):
     """An admin's token with one scope: it may do exactly what that scope covers, and a refusal changes nothing."""
     needed = POLICY[(method, path)][1]
@@ -476,7 +485,7 @@ def test_every_websocket_route_has_a_row():
 def test_a_token_used_by_an_agent_never_decides(scene, client):
     from approvals.models import ApiToken
 
-    with pytest.raises(ValueError, match="never has the approve scope"):
+    with pytest.raises(ValueError, match="never has the approve or admin scope"):
         api_token_create(user=scene["people"]["admin"], scopes=["read", "approve"], for_agent=True)
     token, raw = api_token_create(user=scene["people"]["admin"], for_agent=True)
     ApiToken.objects.filter(id=token.id).update(scopes=["read", "approve"])  # edited behind the service's back

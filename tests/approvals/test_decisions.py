@@ -12,7 +12,7 @@ from approvals.services import approval_decide
 from runs.errors import Conflict, Forbidden, InvalidInput
 from runs.models import Run, Task
 from runs.services import run_start
-from tests.conftest import wait_for
+from tests.conftest import decide, wait_for
 from tests.runs.test_engine import finished, scripted_workflow
 from tools.broker import TaskParked, tool_call
 from tools.models import SandboxCall, SandboxEmail, ToolOperation
@@ -68,9 +68,9 @@ def test_edited_arguments_execute_as_edited_and_both_versions_are_kept(demo_tx, 
     run = run_start(workflow=gated_workflow().slug)
     request = parked(run)
     with pytest.raises(InvalidInput):  # not a valid e-mail address: refused, nothing changes
-        approval_decide(request_id=request.id, user=rita, approve=True, note="fix", edited_arguments={"to": "nobody"})
+        decide(request_id=request.id, user=rita, approve=True, note="fix", edited_arguments={"to": "nobody"})
     with pytest.raises(InvalidInput, match="comment"):
-        approval_decide(request_id=request.id, user=rita, approve=True, edited_arguments={"subject": "x"})
+        decide(request_id=request.id, user=rita, approve=True, edited_arguments={"subject": "x"})
     assert ApprovalRequest.objects.get(id=request.id).status == "pending" and not Decision.objects.exists()
     approval_decide(
         request_id=request.id,
@@ -92,18 +92,18 @@ def test_under_a_quorum_an_edit_counts_only_approvals_of_the_edited_arguments(de
     rita, sam = reviewers(2)
     run = run_start(workflow=gated_workflow(quorum=2).slug)
     request = parked(run)
-    approval_decide(request_id=request.id, user=rita, approve=True)
+    decide(request_id=request.id, user=rita, approve=True)
     # Rita approved the arguments as they were: Sam may not change them under her approval.
     edit = {"subject": "About your refund"}
     with pytest.raises(Conflict, match="already has approvals"):
-        approval_decide(request_id=request.id, user=sam, approve=True, note="softer", edited_arguments=edit)
+        decide(request_id=request.id, user=sam, approve=True, note="softer", edited_arguments=edit)
     assert ToolOperation.objects.get(tool="email.send").arguments["subject"] == "Refund issued"
     assert ApprovalRequest.objects.get(id=request.id).status == "pending"
 
     # Edited first, the edited arguments are what the quorum approves, and what is sent.
     other = run_start(workflow=gated_workflow(quorum=2, slug="gated-2").slug)
     second = parked(other)
-    approval_decide(request_id=second.id, user=sam, approve=True, note="softer", edited_arguments=edit)
+    decide(request_id=second.id, user=sam, approve=True, note="softer", edited_arguments=edit)
     second.refresh_from_db()
     approval_decide(request_id=second.id, user=rita, approve=True, seen_hash=second.arguments_hash)
     assert finished(other).status == Run.Status.COMPLETED, other.status_reason
@@ -114,17 +114,17 @@ def test_a_quorum_needs_distinct_reviewers_and_one_rejection_with_a_comment_reje
     rita, sam, tom = reviewers(3)
     run = run_start(workflow=gated_workflow(quorum=2).slug)
     request = parked(run)
-    approval_decide(request_id=request.id, user=rita, approve=True)
+    decide(request_id=request.id, user=rita, approve=True)
     assert ApprovalRequest.objects.get(id=request.id).status == "pending" and emails() == 0
     with pytest.raises(Conflict, match="already decided"):
-        approval_decide(request_id=request.id, user=rita, approve=True)
+        decide(request_id=request.id, user=rita, approve=True)
     with pytest.raises(InvalidInput, match="comment"):
-        approval_decide(request_id=request.id, user=sam, approve=False)
-    approval_decide(request_id=request.id, user=sam, approve=True)
+        decide(request_id=request.id, user=sam, approve=False)
+    decide(request_id=request.id, user=sam, approve=True)
     assert ApprovalRequest.objects.get(id=request.id).status == "approved"
     assert finished(run).status == Run.Status.COMPLETED and emails() == 1
     with pytest.raises(Conflict):
-        approval_decide(request_id=request.id, user=tom, approve=False, note="too late")
+        decide(request_id=request.id, user=tom, approve=False, note="too late")
 
 
 def test_a_rejection_reaches_the_agent_with_the_reviewers_comment(demo_tx, worker, reviewers):
@@ -132,7 +132,7 @@ def test_a_rejection_reaches_the_agent_with_the_reviewers_comment(demo_tx, worke
 
     (rita,) = reviewers(1)
     run = run_start(workflow=gated_workflow().slug)
-    approval_decide(request_id=parked(run).id, user=rita, approve=False, note="wrong customer")
+    decide(request_id=parked(run).id, user=rita, approve=False, note="wrong customer")
     assert finished(run).status == Run.Status.COMPLETED
     assert "wrong customer" in Artifact.objects.get(run=run).content["outcome"] and emails() == 0
 
@@ -143,9 +143,9 @@ def test_each_item_of_a_bundle_can_be_decided_alone(demo_tx, worker, reviewers):
     wait_for(lambda: Run.objects.get(id=run.id).status == Run.Status.WAITING_FOR_APPROVAL, message="the bundle")
     bundle = ApprovalRequest.objects.get(run=run, parent=None)
     first = bundle.items.order_by("id").first()
-    approval_decide(request_id=first.id, user=rita, approve=False, note="this customer was already told")
+    decide(request_id=first.id, user=rita, approve=False, note="this customer was already told")
     assert ApprovalRequest.objects.get(id=bundle.id).status == "pending" and emails() == 0
-    approval_decide(request_id=bundle.id, user=rita, approve=True)
+    decide(request_id=bundle.id, user=rita, approve=True)
     assert finished(run).status == Run.Status.COMPLETED, run.status_reason
     assert emails() == 4
     assert ToolOperation.objects.get(approval=first).status == ToolOperation.Status.REJECTED
@@ -161,7 +161,7 @@ def test_an_approval_is_rechecked_just_before_execution(demo, reviewers):
     with pytest.raises(TaskParked):
         tool_call(**call)
     request = ApprovalRequest.objects.get(run=run)
-    approval_decide(request_id=request.id, user=rita, approve=True)
+    decide(request_id=request.id, user=rita, approve=True)
     rita.memberships.update(role="viewer")
     outcome = tool_call(**call, resumed=True)
     assert outcome.error["code"] == "rejected" and "no longer" in outcome.error["message"]
@@ -173,7 +173,7 @@ def test_self_approval_is_refused(demo_tx, worker, reviewers):
     run = run_start(workflow=gated_workflow().slug, started_by=rita)
     request = parked(run)
     with pytest.raises(Forbidden, match="separation of duties"):
-        approval_decide(request_id=request.id, user=rita, approve=True)
+        decide(request_id=request.id, user=rita, approve=True)
     assert ApprovalRequest.objects.get(id=request.id).status == "pending"
     denied = AuditEvent.objects.get(actor=rita, action="decide", outcome="denied")
     assert "separation of duties" in denied.detail["why"] and denied.run_id == run.id
@@ -189,7 +189,7 @@ def test_twenty_reviewers_at_once_make_exactly_one_outcome_one_resume_and_one_ex
     def decide(user, approve):
         barrier.wait()
         try:
-            approval_decide(request_id=request.id, user=user, approve=approve, note="" if approve else "no")
+            decide(request_id=request.id, user=user, approve=approve, note="" if approve else "no")
             outcomes.append("decided")
         except Conflict:
             outcomes.append("refused")
@@ -216,10 +216,10 @@ def test_an_approved_call_whose_arguments_changed_after_the_approval_is_not_exec
     rita, sam = reviewers(2)
     run = run_start(workflow=gated_workflow(quorum=2).slug)
     request = parked(run)
-    approval_decide(request_id=request.id, user=rita, approve=True)
+    decide(request_id=request.id, user=rita, approve=True)
     # A data fix (or a bug) changes what the ledger would send, after the reviewers saw it.
     ToolOperation.objects.filter(approval=request).update(arguments_hash="f" * 64)
-    approval_decide(request_id=request.id, user=sam, approve=True)
+    decide(request_id=request.id, user=sam, approve=True)
     run = finished(run)
     # The broker compares the call with its ledger row before anything else: nothing is sent, and a human
     # is told why.

@@ -11,11 +11,10 @@ from django.core import mail
 from approvals.access import default_project, membership_grant
 from approvals.models import ApprovalPolicy, ApprovalRequest, AuditEvent, Notification
 from approvals.notify import signature
-from approvals.services import approval_decide
 from runs.models import Artifact, Run, Task
 from runs.services import run_start
 from runs.services.recovery import sweep_once
-from tests.conftest import free_port, wait_for
+from tests.conftest import decide, free_port, wait_for
 from tests.runs.test_engine import scripted_workflow
 from tools.models import SandboxCall, ToolOperation
 
@@ -64,7 +63,7 @@ def test_a_policy_with_a_condition_gates_only_the_calls_it_matches(demo_tx, work
     run = run_start(workflow=two_mails().slug)
     wait_for(lambda: ApprovalRequest.objects.filter(run=run).exists(), message="the refund's request")
     assert sent_subjects() == [] and "Refund issued" in ApprovalRequest.objects.get(run=run).summary
-    approval_decide(request_id=ApprovalRequest.objects.get(run=run).id, user=reviewer, approve=True)
+    decide(request_id=ApprovalRequest.objects.get(run=run).id, user=reviewer, approve=True)
     assert completed(run).status == Run.Status.COMPLETED
     assert sent_subjects() == ["Newsletter", "Refund issued"]  # the newsletter never waited
     assert ApprovalRequest.objects.filter(run=run).count() == 1
@@ -94,7 +93,7 @@ def test_a_policy_can_fail_the_task_on_rejection(demo_tx, worker, reviewer):
     ApprovalPolicy.objects.create(name="strict", tool="email.send", on_reject=ApprovalPolicy.OnReject.FAIL_TASK)
     run = run_start(workflow=two_mails().slug)
     wait_for(lambda: ApprovalRequest.objects.filter(run=run).exists(), message="a request")
-    approval_decide(request_id=ApprovalRequest.objects.get(run=run).id, user=reviewer, approve=False, note="no refunds")
+    decide(request_id=ApprovalRequest.objects.get(run=run).id, user=reviewer, approve=False, note="no refunds")
     run = completed(run)
     assert run.status == Run.Status.NEEDS_ATTENTION
     task = Task.objects.get(run=run)
@@ -151,11 +150,9 @@ def test_each_request_is_announced_once_by_email_and_by_a_signed_webhook(demo_tx
         run = run_start(workflow=two_mails().slug)
         wait_for(lambda: ApprovalRequest.objects.filter(run=run).count() == 1, message="the first request")
         first = ApprovalRequest.objects.get(run=run)
-        approval_decide(request_id=first.id, user=reviewer, approve=True)
+        decide(request_id=first.id, user=reviewer, approve=True)
         wait_for(lambda: ApprovalRequest.objects.filter(run=run).count() == 2, message="the second request")
-        approval_decide(
-            request_id=ApprovalRequest.objects.exclude(id=first.id).get(run=run).id, user=reviewer, approve=True
-        )
+        decide(request_id=ApprovalRequest.objects.exclude(id=first.id).get(run=run).id, user=reviewer, approve=True)
         completed(run)
         wait_for(lambda: len(Receiver.received) >= 2, message="the webhooks")
         wait_for(lambda: len([m for m in mail.outbox if "Approval needed" in m.subject]) >= 2, message="the e-mails")
@@ -204,7 +201,7 @@ def test_allow_rules_cover_matching_calls_are_revocable_and_irreversible_tools_n
     wait_for(lambda: ApprovalRequest.objects.filter(run=run).exists(), message="the refund's request")
     request = ApprovalRequest.objects.get(run=run)
     assert "Refund issued" in request.summary  # the rule covers the newsletter only
-    approval_decide(request_id=request.id, user=reviewer, approve=True)
+    decide(request_id=request.id, user=reviewer, approve=True)
     run = completed(run)
     assert run.status == Run.Status.COMPLETED and sent_subjects() == ["Newsletter", "Refund issued"]
     newsletter = ToolOperation.objects.get(run=run, arguments__subject="Newsletter")
@@ -213,13 +210,20 @@ def test_allow_rules_cover_matching_calls_are_revocable_and_irreversible_tools_n
     assert post(rita_token, f"/allow-rules/{created.json()['id']}/revoke").json()["revoked_at"] is not None
     again = run_start(workflow="mailer")
     wait_for(lambda: ApprovalRequest.objects.filter(run=again).exists(), message="a request after the revoke")
-    approval_decide(request_id=ApprovalRequest.objects.get(run=again).id, user=reviewer, approve=True)
+    decide(request_id=ApprovalRequest.objects.get(run=again).id, user=reviewer, approve=True)
     # revoked: the newsletter waits for a reviewer again
     wait_for(lambda: ApprovalRequest.objects.filter(run=again).count() == 2, message="the newsletter's request")
     assert "Newsletter" in ApprovalRequest.objects.filter(run=again).order_by("id").last().summary
     events = AuditEvent.objects.filter(action__startswith="allow_rule").order_by("id")
     actions = list(events.values_list("action", "outcome"))
-    assert actions == [("allow_rule_add", "denied"), ("allow_rule_add", "done"), ("allow_rule_revoke", "done")]
+    assert actions == [
+        ("allow_rule_add", "denied"),
+        ("allow_rule_add", "done"),
+        ("allow_rule_use", "done"),  # each use, with the rule's id
+        ("allow_rule_revoke", "done"),
+    ]
+    used = events.get(action="allow_rule_use")
+    assert used.detail["rule"] == created.json()["id"] and used.target == f"operation {newsletter.id}"
 
 
 def test_a_policy_can_reserve_the_decision_for_admins(demo_tx, worker, reviewer):
@@ -231,9 +235,9 @@ def test_a_policy_can_reserve_the_decision_for_admins(demo_tx, worker, reviewer)
     wait_for(lambda: ApprovalRequest.objects.filter(run=run).exists(), message="the request")
     request = ApprovalRequest.objects.get(run=run)
     with pytest.raises(Forbidden, match="only a project admin"):
-        approval_decide(request_id=request.id, user=reviewer, approve=True)
+        decide(request_id=request.id, user=reviewer, approve=True)
     assert ApprovalRequest.objects.get(id=request.id).status == "pending"
-    approval_decide(request_id=request.id, user=reviewer.__class__.objects.get(username="ada"), approve=True)
+    decide(request_id=request.id, user=reviewer.__class__.objects.get(username="ada"), approve=True)
     assert completed(run).status == Run.Status.COMPLETED and sent_subjects() == ["Refund issued"]
 
 
@@ -251,10 +255,10 @@ def test_with_several_matching_policies_the_strictest_applies_on_each_point(demo
     request = ApprovalRequest.objects.get(run=run)
     assert request.policy.name == "answer within the hour" and request.expires_at is not None
     with pytest.raises(Forbidden, match="only a project admin"):
-        approval_decide(request_id=request.id, user=reviewer, approve=True)
+        decide(request_id=request.id, user=reviewer, approve=True)
     assert AuditEvent.objects.filter(actor=reviewer, action="decide", outcome="denied", run=run).count() == 1
     admin = reviewer.__class__.objects.get(username="ada")
-    approval_decide(request_id=request.id, user=admin, approve=False, note="not this one")
+    decide(request_id=request.id, user=admin, approve=False, note="not this one")
     run = completed(run)
     assert run.status == Run.Status.NEEDS_ATTENTION and "policy" in run.status_reason
     assert sent_subjects() == []

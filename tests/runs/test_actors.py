@@ -6,9 +6,9 @@ import dramatiq
 from django.forms.models import model_to_dict
 
 from approvals.models import ApprovalRequest
-from approvals.services import approval_decide
 from runs.models import Artifact, Outbox, Run, Span, Task, WebhookDelivery, WebhookEndpoint
 from runs.services import run_start
+from tests.conftest import decide
 from tools.models import SandboxCall, ToolOperation
 
 
@@ -62,7 +62,7 @@ def test_every_actor_fed_each_message_twice_changes_nothing_the_second_time(
     drain()
     assert Run.objects.get(id=run_ids[2]).status == Run.Status.WAITING_FOR_APPROVAL
     bundle = ApprovalRequest.objects.get(run_id=run_ids[2], kind=ApprovalRequest.Kind.BUNDLE)
-    approval_decide(request_id=bundle.id, user=operator, approve=True)
+    decide(request_id=bundle.id, user=operator, approve=True)
     drain()
 
     assert [Run.objects.get(id=i).status for i in run_ids] == ["completed", "completed", "completed"]

@@ -243,6 +243,10 @@ BAD_PLANS = {
         "plan.tasks.b.agent: unknown agent 'ghost'",
     ),
     "an unknown task": ([_task("a", depends_on=["nowhere"])], "plan.tasks.a.depends_on: unknown task 'nowhere'"),
+    "an agent outside the workflow": (
+        [_task("a"), _task("b", agent="bad-planner")],
+        "plan.tasks.b.agent: agent 'bad-planner' is not one of this workflow's agents",
+    ),
 }
 
 
@@ -253,7 +257,7 @@ def test_a_planner_proposing_a_bad_plan_is_refused_with_a_clear_reason(transacti
     planner = Agent.objects.create(
         slug="bad-planner", name="p", is_planner=True, max_attempts=1, script=[{"final": {"tasks": tasks}}]
     )
-    Workflow.objects.create(slug="bad-plan", name="b", planner="agent", planner_agent=planner)
+    Workflow.objects.create(slug="bad-plan", name="b", planner="agent", planner_agent=planner, agents=["w"])
     run = finished(run_start(workflow="bad-plan"))
     assert run.status == Run.Status.NEEDS_ATTENTION
     assert run.status_reason.startswith("task plan failed (validation): invalid plan: ")

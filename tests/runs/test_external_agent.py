@@ -169,6 +169,11 @@ def test_an_operator_compensates_an_external_run_and_the_agent_carries_out_the_u
 ):
     agent, reviewer = people
     operator_token = api_token_create(user=operator, scopes=["read", "operate"])[1]
+    # crm.note is no tool of Warden's registry: a project admin says what it does, or it waits for a reviewer.
+    admin_token = api_token_create(user=operator, scopes=["admin"])[1]
+    note_class = {"project": "default", "tool": "crm.note", "tool_class": "non_idempotent_write",
+                  "reversibility": "irreversible"}  # fmt: skip
+    assert call(client, admin_token, "/api/v1/tool-classes", note_class).status_code == 200
     run = call(client, agent, "/api/v1/runs", {"workflow": "external-agent"}).json()
     call(client, agent, f"/api/v1/runs/{run['id']}/tasks", {"key": "support", "agent": "support-agent"})
 

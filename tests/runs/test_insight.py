@@ -43,6 +43,7 @@ def make_run(workflow, *, status, days_ago=0, cost=0, steps=0, took=None, projec
 
 def failing_op(run, tool, status=ToolOperation.Status.FAILED) -> ToolOperation:
     return ToolOperation.objects.create(
+        gate="allow",
         run=run,
         tool=tool,
         idempotency_key=f"insight-{next(keys)}",

@@ -77,8 +77,9 @@ def _workflow(*, replan_turns, max_replans=1, worker_delay=None, slug="replanned
             *replan_turns,
         ],
     )
+    agents = sorted({worker, late, "incident-worker", "rp-summarizer", "rp-finisher"})
     return Workflow.objects.create(
-        slug=slug, name=slug, planner="agent", planner_agent=planner, max_replans=max_replans
+        slug=slug, name=slug, planner="agent", planner_agent=planner, max_replans=max_replans, agents=agents
     )
 
 
@@ -196,14 +197,13 @@ def test_a_budget_failure_is_not_re_planned(demo_tx, worker):
 
 def test_a_re_planned_run_in_propose_mode_completes_after_its_one_approval(demo_tx, worker, operator):
     from approvals.models import ApprovalRequest
-    from approvals.services import approval_decide
-    from tests.conftest import wait_for
+    from tests.conftest import decide, wait_for
 
     _workflow(replan_turns=[RECOVERY_PLAN])
     run = run_start(workflow="replanned", input={**FAIL_AFTER_TICKET, "propose_tools": ["email.send"]})
     wait_for(lambda: ApprovalRequest.objects.filter(run=run, parent=None).exists(), message="the bundle")
     bundle = ApprovalRequest.objects.get(run=run, parent=None)
-    approval_decide(request_id=bundle.id, user=operator, approve=True)
+    decide(request_id=bundle.id, user=operator, approve=True)
     run = finished(run)
     assert run.status == Run.Status.COMPLETED, run.status_reason
     assert run.plan_version == 2 and effects("email.send").count() == 3

@@ -17,14 +17,13 @@ from django.utils import timezone
 
 from agents.models import Agent, Workflow
 from approvals.models import ApprovalRequest, AuditEvent, Decision
-from approvals.services import approval_decide
 from approvals.tokens import api_token_create
 from runs import retention
 from runs.models import Artifact, BlackboardEntry, Payload, QuarantinedResult, Run, Span
 from runs.retention import runs_prune
 from runs.services import run_cancel, run_start
 from runs.services.recovery import sweep_once
-from tests.conftest import ROOT, process_env
+from tests.conftest import ROOT, decide, process_env
 from tests.runs.test_outbox_and_recovery import run_at_once
 from tests.runs.test_run_actions import EMAIL_FAILS, drive
 from tests.runs.test_run_page import NODE, text
@@ -78,7 +77,7 @@ def compensate(run: Run, reviewer) -> Run:
     run_compensate(run_id=run.id, reason="incident rolled back")
     run_operations(run.id)
     corrections = ApprovalRequest.objects.get(run=run, kind=ApprovalRequest.Kind.CORRECTION)
-    approval_decide(request_id=corrections.id, user=reviewer, approve=True, note="send the corrections")
+    decide(request_id=corrections.id, user=reviewer, approve=True, note="send the corrections")
     run_operations(run.id)
     run.refresh_from_db()
     assert run.status == Run.Status.COMPENSATED, run.status_reason

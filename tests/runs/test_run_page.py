@@ -121,6 +121,7 @@ def build_run(tasks: int, *, calls: int = 8, project=None, goal: str = "Scale te
 
 def _op(run, task, step, tool, tool_class, reversibility, *, status=OS.COMMITTED, **extra) -> ToolOperation:
     return ToolOperation(
+        gate="allow",
         run=run,
         task=task,
         step=step,

@@ -313,6 +313,7 @@ def test_bulk_retry_retries_each_failed_task_and_resumes_the_run(demo, people, c
 def _committed(run, n, tool, reversibility, status=OS.COMMITTED, undo=None, tool_class="idempotent_write"):
     for i in range(n):
         ToolOperation.objects.create(
+            gate="allow",
             run=run,
             tool=tool,
             idempotency_key=f"test:{run.id}:{tool}:{status}:{i}",

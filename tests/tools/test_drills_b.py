@@ -7,11 +7,10 @@ import pytest
 
 from agents.models import Agent, Workflow
 from approvals.models import ApprovalRequest
-from approvals.services import approval_decide
 from approvals.tokens import api_token_create
 from runs.models import Artifact, Run, Task
 from runs.services import run_start
-from tests.conftest import wait_for
+from tests.conftest import decide, wait_for
 from tools.models import SandboxCall, SandboxEmail, SandboxRecord, SandboxTicket, ToolOperation
 from tools.saga import run_compensate
 
@@ -126,7 +125,7 @@ def test_b2_compensation_survives_a_sigkill_and_undoes_nothing_twice(demo_tx, pr
     if emails_before:
         assert run.status == Run.Status.COMPENSATING  # corrections wait for a reviewer
         request = ApprovalRequest.objects.get(run=run, kind=ApprovalRequest.Kind.CORRECTION)
-        approval_decide(request_id=request.id, user=operator, approve=True)
+        decide(request_id=request.id, user=operator, approve=True)
     run = terminal(run, {Run.Status.COMPENSATED, Run.Status.NEEDS_ATTENTION}, timeout=60)
     assert run.status == Run.Status.COMPENSATED, run.status_reason
     assert SandboxEmail.objects.filter(kind="correction").count() == emails_before
@@ -141,7 +140,7 @@ def test_b3_one_approval_then_each_proposed_email_is_sent_once(demo_tx, processe
     assert not [e for e in effects_api(run.id) if e[0] == "email"]
     (bundle,) = ApprovalRequest.objects.filter(run=run, parent=None)
     assert bundle.kind == ApprovalRequest.Kind.BUNDLE and bundle.items.count() == 5
-    approval_decide(request_id=bundle.id, user=operator, approve=approve, note="drill B3")
+    decide(request_id=bundle.id, user=operator, approve=approve, note="drill B3")
     run = terminal(run)
     assert run.status == Run.Status.COMPLETED, run.status_reason
     emails = Counter(key for system, _, key in effects_api(run.id) if system == "email")

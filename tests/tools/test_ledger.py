@@ -4,9 +4,9 @@ exactly this way; the scaled suite runs it again on PostgreSQL and Redis)."""
 import pytest
 
 from approvals.models import ApprovalRequest
-from approvals.services import approval_decide
 from runs.models import Run, Task
 from runs.services import run_cancel, run_start
+from tests.conftest import decide
 from tests.runs.test_engine import finished, scripted_workflow
 from tools.models import SandboxCall, SandboxEmail, SandboxRecord, SandboxTicket, ToolOperation
 from tools.saga import compensation_plan, run_compensate
@@ -107,7 +107,7 @@ def test_b2_compensation_closes_tickets_restores_records_and_corrects_emails_aft
     assert run.status == Run.Status.COMPENSATING  # the corrections wait for a reviewer
 
     corrections = ApprovalRequest.objects.get(run=run, kind=ApprovalRequest.Kind.CORRECTION)
-    approval_decide(request_id=corrections.id, user=operator, approve=True)
+    decide(request_id=corrections.id, user=operator, approve=True)
     run = stopped(run, {Run.Status.COMPENSATED})
     assert SandboxEmail.objects.filter(kind="correction").count() == sent_before
     assert set(ops(run, kind="action").exclude(tool_class="read_only").values_list("status", flat=True)) == {
@@ -152,7 +152,7 @@ def test_b3_proposed_emails_are_sent_once_each_after_one_approval_and_never_afte
     assert ToolOperation.objects.filter(approval__parent=bundle, tool="email.send").count() == 5
     assert set(Task.objects.filter(run=run).values_list("status", flat=True)) == {Task.Status.COMPLETED}
 
-    approval_decide(request_id=bundle.id, user=operator, approve=approve, note="" if approve else "not today")
+    decide(request_id=bundle.id, user=operator, approve=approve, note="" if approve else "not today")
     run = stopped(run, {Run.Status.COMPLETED, Run.Status.NEEDS_ATTENTION})
     assert run.status == Run.Status.COMPLETED, run.status_reason
     if approve:
@@ -211,7 +211,7 @@ def test_a_workflow_policy_makes_a_call_wait_for_a_reviewer(demo_tx, worker, ope
     assert set(ops(run, tool="email.send").values_list("status", flat=True)) == {OS.AWAITING_APPROVAL}
     requests = list(ApprovalRequest.objects.filter(run=run).order_by("id"))
     for n, request in enumerate(requests):
-        approval_decide(request_id=request.id, user=operator, approve=n != 0, note="not this one" if n == 0 else "")
+        decide(request_id=request.id, user=operator, approve=n != 0, note="not this one" if n == 0 else "")
     run = finished(run)
     assert run.status == Run.Status.COMPLETED, run.status_reason
     assert effects("email").count() == 2
@@ -258,7 +258,7 @@ def test_cancelling_a_run_that_waits_for_approval_withdraws_the_request_and_send
     assert request.status == ApprovalRequest.Status.WITHDRAWN
     assert set(ops(run, tool="email.send").values_list("status", flat=True)) == {OS.REJECTED}
     with pytest.raises(Exception, match="withdrawn"):
-        approval_decide(request_id=request.id, user=operator, approve=True)
+        decide(request_id=request.id, user=operator, approve=True)
     assert not effects("email").exists()
 
 

@@ -130,6 +130,7 @@ def assert_error(response, status: int, code: str, message: str | None = None, f
 
 def _operation(run, step: int, status: str, **extra) -> ToolOperation:
     return ToolOperation.objects.create(
+        gate="allow",
         run=run,
         task=run.tasks.get(key="plan"),
         step=step,

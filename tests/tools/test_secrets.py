@@ -14,10 +14,10 @@ from django.apps import apps
 from django.urls import reverse
 
 from approvals.models import ApprovalRequest
-from approvals.services import approval_decide
 from approvals.tokens import api_token_create
 from runs.models import Payload, Run, Span, Task
 from runs.services import run_start
+from tests.conftest import decide
 from tests.runs.test_engine import finished, scripted_workflow
 from tests.tools.test_ledger import stopped
 from tools.models import SandboxCall, SandboxTicket, SealedArguments, ToolOperation
@@ -86,7 +86,7 @@ def _run(path: str, operator) -> Run:
     if path in ("proposed", "gated"):
         run = stopped(run, {Run.Status.WAITING_FOR_APPROVAL, Run.Status.NEEDS_ATTENTION, Run.Status.COMPLETED})
         assert run.status == Run.Status.WAITING_FOR_APPROVAL, run.status_reason
-        approval_decide(request_id=ApprovalRequest.objects.get(run=run, parent=None).id, user=operator, approve=True)
+        decide(request_id=ApprovalRequest.objects.get(run=run, parent=None).id, user=operator, approve=True)
     return finished(run)
 
 

@@ -13,10 +13,10 @@ class Command(BaseCommand):
         parser.add_argument(
             "--scope",
             action="append",
-            choices=["read", "run", "operate", "approve"],
-            help="repeat for several; default: read, run, operate (approve only when asked for)",
+            choices=["read", "run", "operate", "approve", "admin"],
+            help="repeat for several; default: read, run, operate (approve and admin only when asked for)",
         )
-        parser.add_argument("--agent", action="store_true", help="a token for an agent: it can never approve")
+        parser.add_argument("--agent", action="store_true", help="a token for an agent: it can never approve nor administer")
 
     def handle(self, username, name, scope=None, agent=False, **options):
         try:

@@ -1,0 +1,396 @@
+"""The gate: the one place that decides whether an outbound call may leave now, after whose yes, or never.
+
+Every path that writes a ledger operation asks ``gate`` first and stores its verdict on the row
+(``tools.ledger.operation_record``): an agent's tool call, a proposal (propose mode), an undo or a
+correction of a compensation, an external agent's intent. Retries, retry-from, admin and bulk actions
+reach the outside world only through those paths. The database refuses an operation without a verdict.
+
+The verdict is the strictest of everything that matches the call:
+
+- the tool's classification: Warden's registry, else the project's (a project admin's word), else the
+  most dangerous class, a non-idempotent irreversible write, which waits for a reviewer;
+- the workflow's trusted tool policies;
+- every enabled approval policy of the run's project (or of all projects) and its workflow (or all)
+  whose tool and condition match;
+- where the call comes from: a proposal waits for a reviewer (propose mode asks for one), and so does a
+  correction unless the workflow says its corrections need none.
+
+What a caller supplies can only raise it: a run's input (propose mode), the class an agent claims for its
+tool. The one thing that turns "wait for a reviewer" into "allow" is a standing allow rule, and only one
+its creator could have approved alone (``allow_rule_refusal``). The lattice is in docs/access.md.
+
+Just before a call leaves, ``gate_satisfied`` asks whether the decisions recorded on the operation
+satisfy its verdict: enough distinct reviewers who still hold the role it needs, none of them whoever
+started the run or asked for the work, each of them approving exactly these arguments.
+"""
+
+from dataclasses import asdict, dataclass, fields, replace
+
+from django.db.models import Q
+from django.utils import timezone
+
+from approvals.access import role_of
+from approvals.models import AllowRule, ApprovalPolicy, ApprovalRequest
+from runs.models import Run
+
+from .models import ToolClassification
+from .registry import TOOLS, Reversibility, ToolClass
+
+ALLOW, APPROVAL, REFUSE = "allow", "approval", "refuse"
+DECIDERS = ("reviewer", "admin")
+_CLASS_RANK = {ToolClass.READ_ONLY: 0, ToolClass.IDEMPOTENT_WRITE: 1, ToolClass.NON_IDEMPOTENT_WRITE: 2}
+_REVERSIBILITY_RANK = {Reversibility.NONE: 0, Reversibility.REVERSIBLE: 1, Reversibility.IRREVERSIBLE: 2}
+_DECISION_RANK = {ALLOW: 0, APPROVAL: 1, REFUSE: 2}
+
+
+class Origin:
+    AGENT = "agent"  # a Warden agent's tool call
+    PROPOSAL = "proposal"  # propose mode: the supervisor executes it after a reviewer's yes
+    COMPENSATION = "compensation"  # the undo of a reversible effect
+    CORRECTION = "correction"  # what follows an irreversible effect (a correction e-mail)
+    EXTERNAL = "external"  # an agent that runs elsewhere, through the API
+    # Where a standing allow rule may stand in for its creator's approval: an agent's own calls.
+    RULES_APPLY = frozenset({AGENT, EXTERNAL})
+
+
+@dataclass(frozen=True)
+class Classification:
+    tool_class: str
+    reversibility: str
+    source: str  # registry, project, unclassified
+    approval: str = ""  # the project's word: "", "always" or "refuse"
+
+    @property
+    def is_write(self) -> bool:
+        return self.tool_class != ToolClass.READ_ONLY
+
+
+def tool_classify(*, project_id: int, tool: str, claimed_class: str = "", claimed_reversibility: str = ""):
+    """What the tool does, by Warden's registry, else by the project's classification, else the most
+    dangerous class. A claim (an external agent's ``tool_class``) is only taken where it is stricter."""
+    spec = TOOLS.get(tool)
+    if spec is not None:
+        found = Classification(spec.tool_class, spec.reversibility, "registry")
+    else:
+        row = (
+            ToolClassification.objects.filter(project_id=project_id, tool=tool)
+            .values_list("tool_class", "reversibility", "approval")
+            .first()
+        )
+        if row is not None:
+            found = Classification(row[0], row[1], "project", row[2])
+        else:
+            found = Classification(ToolClass.NON_IDEMPOTENT_WRITE, Reversibility.IRREVERSIBLE, "unclassified")
+    tool_class = max(found.tool_class, claimed_class or found.tool_class, key=lambda c: _CLASS_RANK.get(c, 2))
+    reversibility = max(
+        found.reversibility, claimed_reversibility or found.reversibility, key=lambda r: _REVERSIBILITY_RANK.get(r, 2)
+    )
+    if tool_class != ToolClass.READ_ONLY and not reversibility:
+        reversibility = Reversibility.IRREVERSIBLE  # a write nobody says can be undone cannot be
+    return replace(found, tool_class=tool_class, reversibility=reversibility)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the gate decided for one call, and why. Stored on the operation as JSON."""
+
+    decision: str  # allow, approval, refuse
+    tool_class: str
+    reversibility: str
+    classified_by: str
+    quorum: int = 0  # approvals from distinct reviewers it needs (when it waits)
+    admins_only: bool = False
+    expires_after: int | None = None  # seconds; the soonest any match asked for
+    expiry_policy: int | None = None  # the approval policy that set it (its on_expiry and reminder apply)
+    fail_on_reject: bool = False
+    policies: tuple = ()  # approval policies that matched
+    allow_rule: int | None = None  # the allow rule that stood in for a reviewer
+    reasons: tuple = ()
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        data["policies"], data["reasons"] = list(self.policies), list(self.reasons)
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict | None) -> "Verdict":
+        data = data or {}
+        known = {f.name for f in fields(cls)}
+        values = {k: v for k, v in data.items() if k in known}
+        values.setdefault("decision", APPROVAL)  # a verdict that cannot be read is read as the stricter one
+        values.setdefault("tool_class", ToolClass.NON_IDEMPOTENT_WRITE)
+        values.setdefault("reversibility", Reversibility.IRREVERSIBLE)
+        values.setdefault("classified_by", "unknown")
+        values["policies"] = tuple(values.get("policies") or ())
+        values["reasons"] = tuple(values.get("reasons") or ())
+        return cls(**values)
+
+    @property
+    def waits(self) -> bool:
+        return self.decision == APPROVAL
+
+    def summary(self) -> str:
+        """One line for the ledger and the approval card."""
+        if self.decision == REFUSE:
+            head = "refused"
+        elif self.decision == ALLOW:
+            head = f"allowed by allow rule {self.allow_rule}" if self.allow_rule else "allowed"
+        else:
+            who = "project admins" if self.admins_only else "reviewers"
+            head = f"waits for {max(1, self.quorum)} of the project's {who}"
+            if self.expires_after:
+                head += f", within {self.expires_after} s"
+            if self.fail_on_reject:
+                head += "; a rejection fails the task"
+        return f"{head} — {'; '.join(self.reasons)}" if self.reasons else head
+
+
+def strictest(verdicts) -> Verdict:
+    """The strictest of several verdicts on each point: a bundle's request, an edited call."""
+    verdicts = list(verdicts)
+    top = max(verdicts, key=lambda v: _DECISION_RANK[v.decision])
+    expiring = [v for v in verdicts if v.expires_after]
+    soonest = min(expiring, key=lambda v: v.expires_after) if expiring else None
+    reasons = tuple(dict.fromkeys(r for v in verdicts for r in v.reasons))
+    return replace(
+        top,
+        quorum=max(v.quorum for v in verdicts),
+        admins_only=any(v.admins_only for v in verdicts),
+        expires_after=soonest.expires_after if soonest else None,
+        expiry_policy=soonest.expiry_policy if soonest else None,
+        fail_on_reject=any(v.fail_on_reject for v in verdicts),
+        policies=tuple(sorted({p for v in verdicts for p in v.policies})),
+        allow_rule=top.allow_rule if top.decision == ALLOW else None,
+        tool_class=max((v.tool_class for v in verdicts), key=lambda c: _CLASS_RANK.get(c, 2)),
+        reversibility=max((v.reversibility for v in verdicts), key=lambda r: _REVERSIBILITY_RANK.get(r, 2)),
+        reasons=reasons,
+    )
+
+
+@dataclass(frozen=True)
+class _Need:
+    """One thing that matched the call and what it asks for."""
+
+    reason: str
+    quorum: int = 1
+    admins_only: bool = False
+    expires_after: int | None = None
+    policy: int | None = None
+    fail_on_reject: bool = False
+    refuse: bool = False
+
+
+@dataclass(frozen=True)
+class _Facts:
+    run_id: int
+    project_id: int
+    project: str
+    workflow_id: int
+    workflow: str
+    tool_policies: dict
+    started_by_id: int | None
+
+
+def _facts(run_id: int) -> _Facts:
+    columns = (
+        "project_id",
+        "project__slug",
+        "workflow_id",
+        "workflow__slug",
+        "workflow__tool_policies",
+        "started_by_id",
+    )
+    project_id, project, workflow_id, workflow, policies, started_by = (
+        Run.objects.filter(id=run_id).values_list(*columns).get()
+    )
+    policies = policies if isinstance(policies, dict) else {}
+    return _Facts(run_id, project_id, project, workflow_id, workflow, policies, started_by)
+
+
+def gate(
+    *,
+    run_id: int,
+    tool: str,
+    arguments: dict,
+    origin: str,
+    agent_id: int | None = None,
+    allowed_tools=None,
+    claimed_class: str = "",
+    claimed_reversibility: str = "",
+    corrects: str = "",
+) -> Verdict:
+    """The verdict on one call of ``tool`` with these (validated) ``arguments`` in run ``run_id``.
+    ``allowed_tools``: the task's allowlist (trusted configuration), for an agent's call; ``corrects``:
+    the tool whose effect a correction follows."""
+    facts = _facts(run_id)
+    found = tool_classify(
+        project_id=facts.project_id,
+        tool=tool,
+        claimed_class=claimed_class,
+        claimed_reversibility=claimed_reversibility,
+    )
+    needs: list[_Need] = []
+    if allowed_tools is not None and tool not in allowed_tools:
+        needs.append(_Need(f"{tool} is not on this task's allowlist", refuse=True))
+    if found.approval == ToolClassification.Approval.REFUSE:
+        needs.append(_Need(f"project {facts.project} never allows {tool}", refuse=True))
+    if found.source == "unclassified":
+        needs.append(
+            _Need(
+                f"nobody has classified {tool} in project {facts.project}: it is treated as a non-idempotent, "
+                "irreversible write until a project admin does"
+            )
+        )
+    if found.approval == ToolClassification.Approval.ALWAYS:
+        needs.append(_Need(f"project {facts.project}: every call of {tool} waits for a reviewer"))
+    needs += _workflow_needs(facts, tool, origin, corrects)
+    needs += _policy_needs(facts, tool, arguments, found.is_write)
+    if origin == Origin.PROPOSAL:
+        needs.append(_Need("propose mode: a reviewer approves it before the supervisor executes it"))
+    verdict = _verdict(found, needs)
+    if verdict.decision == APPROVAL and origin in Origin.RULES_APPLY:
+        verdict = _allow_rule(verdict, facts, tool, arguments, agent_id)
+    return verdict
+
+
+def _workflow_needs(facts: _Facts, tool: str, origin: str, corrects: str) -> list[_Need]:
+    needs = []
+    if origin == Origin.CORRECTION:
+        original = facts.tool_policies.get(corrects) or {}
+        if not isinstance(original, dict) or original.get("correction_approval", "always") != "never":
+            needs.append(_Need(f"a correction of {corrects or 'an irreversible effect'} waits for a reviewer"))
+    policy = facts.tool_policies.get(tool) or {}
+    if isinstance(policy, dict) and policy.get("approval") == "always":
+        expires = policy.get("expires_after")
+        needs.append(
+            _Need(
+                f"workflow {facts.workflow}: every {tool} waits for a reviewer",
+                quorum=max(1, int(policy.get("quorum") or 1)),
+                admins_only=bool(policy.get("admins_only")),
+                expires_after=int(expires) if expires else None,
+                fail_on_reject=policy.get("on_reject") == ApprovalPolicy.OnReject.FAIL_TASK,
+            )
+        )
+    return needs
+
+
+def _policy_needs(facts: _Facts, tool: str, arguments: dict, is_write: bool) -> list[_Need]:
+    # A policy for "every tool" (tool left empty) covers writes; one that names a read covers that read.
+    tools = Q(tool=tool) | Q(tool="") if is_write else Q(tool=tool)
+    rules = (
+        ApprovalPolicy.objects.filter(tools, enabled=True)
+        .filter(Q(project__isnull=True) | Q(project_id=facts.project_id))
+        .filter(Q(workflow__isnull=True) | Q(workflow_id=facts.workflow_id))
+        .order_by("id")
+    )
+    return [
+        _Need(
+            f"policy {rule.id} {rule.name!r}",
+            quorum=max(1, rule.quorum),
+            admins_only=rule.decided_by_role == "admin",
+            expires_after=rule.expires_after_seconds,
+            policy=rule.id,
+            fail_on_reject=rule.on_reject == ApprovalPolicy.OnReject.FAIL_TASK,
+        )
+        for rule in rules
+        if rule.matches(tool=tool, arguments=arguments)
+    ]
+
+
+def _verdict(found: Classification, needs: list[_Need]) -> Verdict:
+    base = {"tool_class": found.tool_class, "reversibility": found.reversibility, "classified_by": found.source}
+    refusals = [n.reason for n in needs if n.refuse]
+    if refusals:
+        return Verdict(REFUSE, **base, reasons=tuple(refusals))
+    if not needs:
+        return Verdict(ALLOW, **base, reasons=("no policy asks for a review",))
+    expiring = [n for n in needs if n.expires_after]
+    soonest = min(expiring, key=lambda n: n.expires_after) if expiring else None
+    return Verdict(
+        APPROVAL,
+        **base,
+        quorum=max(n.quorum for n in needs),
+        admins_only=any(n.admins_only for n in needs),
+        expires_after=soonest.expires_after if soonest else None,
+        expiry_policy=soonest.policy if soonest else None,
+        fail_on_reject=any(n.fail_on_reject for n in needs),
+        policies=tuple(sorted({n.policy for n in needs if n.policy})),
+        reasons=tuple(n.reason for n in needs),
+    )
+
+
+def allow_rule_refusal(rule: AllowRule, *, verdict: Verdict, started_by_id: int | None, project_id: int) -> str:
+    """Why this rule may not stand in for a reviewer on a call with this verdict ('' when it may). A rule
+    waives only what its creator could have approved alone, as things stand now."""
+    if started_by_id is not None and rule.created_by_id == started_by_id:
+        return "its creator started this run (separation of duties)"
+    role = role_of(rule.created_by, project_id)
+    if role not in DECIDERS:
+        return "its creator may no longer decide in this project"
+    if verdict.quorum > 1:
+        return f"the call needs {verdict.quorum} reviewers and a rule stands for its creator alone"
+    if verdict.admins_only and role != "admin":
+        return "only a project admin may decide this call"
+    if verdict.reversibility == Reversibility.IRREVERSIBLE and not (rule.covers_irreversible and role == "admin"):
+        return (
+            "the call is irreversible: only a rule a project admin marked as covering irreversible calls may allow it"
+        )
+    return ""
+
+
+def _allow_rule(verdict: Verdict, facts: _Facts, tool: str, arguments: dict, agent_id: int | None) -> Verdict:
+    rules = (
+        AllowRule.objects.filter(project_id=facts.project_id, tool=tool, revoked_at__isnull=True)
+        .filter(expires_at__gt=timezone.now())
+        .filter(Q(run__isnull=True) | Q(run_id=facts.run_id))
+        .filter(Q(agent__isnull=True) | Q(agent_id=agent_id))
+        .select_related("created_by")
+        .order_by("id")
+    )
+    notes = []
+    for rule in rules:
+        if not rule.covers(arguments=arguments):
+            continue
+        why = allow_rule_refusal(rule, verdict=verdict, started_by_id=facts.started_by_id, project_id=facts.project_id)
+        if why:
+            notes.append(f"allow rule {rule.id} not used: {why}")
+            continue
+        used = f"allow rule {rule.id} by {rule.created_by.get_username()} stands in for its creator's approval"
+        return replace(verdict, decision=ALLOW, allow_rule=rule.id, reasons=(*verdict.reasons, *notes, used))
+    return replace(verdict, reasons=(*verdict.reasons, *notes)) if notes else verdict
+
+
+def gate_satisfied(op) -> str:
+    """Just before the operation's call leaves: '' when the decisions recorded on it satisfy its verdict,
+    else why not. An operation that waits needs its approval request approved, for exactly its current
+    arguments, by as many distinct reviewers as the verdict asks, each still holding the role it needs
+    in the run's project, none of them whoever started the run or asked for the work."""
+    verdict = Verdict.from_json(op.verdict)
+    if op.gate == ALLOW and verdict.decision == ALLOW:
+        return ""
+    if verdict.decision == REFUSE:
+        return "the gate refused it"
+    request = ApprovalRequest.objects.filter(id=op.approval_id).first() if op.approval_id else None
+    if request is None:
+        return "it needs a reviewer's approval and has none"
+    if request.status != ApprovalRequest.Status.APPROVED:
+        return f"its approval request is {request.status}"
+    if request.arguments_hash != op.arguments_hash:
+        return "the arguments differ from those approved"
+    project_id, started_by = Run.objects.filter(id=op.run_id).values_list("project_id", "started_by_id").get()
+    excluded = {started_by, request.requested_by_id} - {None}
+    eligible = ("admin",) if verdict.admins_only else DECIDERS
+    approvers = {
+        d.reviewer_id
+        for d in request.decisions.filter(verdict="approve", arguments_hash=op.arguments_hash).select_related(
+            "reviewer"
+        )
+        if d.reviewer_id not in excluded and role_of(d.reviewer, project_id) in eligible
+    }
+    needed = max(1, verdict.quorum)
+    if len(approvers) < needed:
+        return (
+            f"the approving reviewers may no longer decide in this project: {len(approvers)} of the {needed} "
+            "approvals it needs still count"
+        )
+    return ""
