@@ -16,7 +16,9 @@ class Command(BaseCommand):
             choices=["read", "run", "operate", "approve", "admin"],
             help="repeat for several; default: read, run, operate (approve and admin only when asked for)",
         )
-        parser.add_argument("--agent", action="store_true", help="a token for an agent: it can never approve nor administer")
+        parser.add_argument(
+            "--agent", action="store_true", help="a token for an agent: it can never approve nor administer"
+        )
 
     def handle(self, username, name, scope=None, agent=False, **options):
         try:
