@@ -1,32 +1,41 @@
 from django.contrib import admin, messages
 
+from approvals.admin_scope import GlobalConfigAdmin, ScopedAdmin
 from runs.errors import WardenError
 
 from .models import Agent, ModelPrice, ModelVersion, Workflow
 
 
 @admin.register(Agent)
-class AgentAdmin(admin.ModelAdmin):
+class AgentAdmin(GlobalConfigAdmin):
+    """Agents are shared by every project (their tools are trusted configuration): superusers edit them."""
+
     list_display = ["slug", "name", "provider", "model", "is_planner", "max_attempts"]
     list_filter = ["provider", "is_planner"]
     search_fields = ["slug", "name", "instructions"]
 
 
 @admin.register(ModelPrice)
-class ModelPriceAdmin(admin.ModelAdmin):
+class ModelPriceAdmin(GlobalConfigAdmin):
     list_display = ["provider", "model", "input_usd_per_mtok", "output_usd_per_mtok"]
     list_filter = ["provider"]
     search_fields = ["model"]
 
 
 @admin.register(ModelVersion)
-class ModelVersionAdmin(admin.ModelAdmin):
+class ModelVersionAdmin(GlobalConfigAdmin):
     list_display = ["slug", "name"]
     search_fields = ["slug", "name"]
 
 
 @admin.register(Workflow)
-class WorkflowAdmin(admin.ModelAdmin):
+class WorkflowAdmin(ScopedAdmin):
+    """A project's workflows are its admins' to configure (tool policies, the agents a planner may
+    assign); shared workflows (no project) are a superuser's."""
+
+    project_path = "project"
+    shared_rows = True
+    change_action = add_action = delete_action = "administer"
     list_display = ["slug", "name", "project", "planner", "planner_agent", "max_tasks", "max_concurrent_tasks"]
     list_filter = ["planner", "project"]
     search_fields = ["slug", "name", "description"]

@@ -6,7 +6,7 @@ does not allow the action gets 403. An API token narrows its user's rights to it
 is written to the audit log.
 """
 
-from runs.errors import Forbidden, NotFound
+from runs.errors import Forbidden, InvalidInput, NotFound
 
 from .models import ApiToken, Membership, Project
 
@@ -94,17 +94,60 @@ def _denied(user, project_id, action: str, what: str, why: str, request) -> None
     )
 
 
-def membership_grant(*, user, project: Project, role: str) -> Membership:
+ROLE_RANK = {Role.VIEWER: 0, Role.OPERATOR: 1, Role.REVIEWER: 1, Role.ADMIN: 2}
+
+
+def membership_refusal(*, granter, project_id: int, role: str | None) -> str:
+    """Why ``granter`` may not give ``role`` in a project (None: take a role away); '' when they may.
+    Only an admin of that project grants, and never above their own role (superusers: anything)."""
+    if granter.is_superuser:
+        return ""
+    mine = role_of(granter, project_id)
+    if mine != Role.ADMIN:
+        return "only an admin of this project may change who belongs to it"
+    if role is not None and ROLE_RANK.get(role, 99) > ROLE_RANK[mine]:
+        return f"you may not grant a role above your own ({mine})"
+    return ""
+
+
+def membership_grant(*, user, project: Project, role: str, granter=None, request=None) -> Membership:
+    """``granter``: who asks (the admin); without one, a trusted caller (setup, the shell)."""
     from runs.events import access_changed
 
+    from .audit import audit
+
+    if role not in Role.values:
+        raise InvalidInput(
+            f"unknown role {role!r}", [{"field": "role", "message": "viewer, operator, reviewer, admin"}]
+        )
+    if granter is not None:
+        why = membership_refusal(granter=granter, project_id=project.id, role=role)
+        if why:
+            audit(actor=granter, action="membership_grant", outcome="denied", project_id=project.id,
+                  target=str(user), request=request, detail={"role": role, "why": why})  # fmt: skip
+            raise Forbidden(why)
+    before = Membership.objects.filter(user=user, project=project).values_list("role", flat=True).first()
     membership, _ = Membership.objects.update_or_create(user=user, project=project, defaults={"role": role})
+    if granter is not None:
+        audit(actor=granter, action="membership_grant", project_id=project.id, target=str(user), request=request,
+              detail={"role": role, "before": before})  # fmt: skip
     access_changed(user.id)
     return membership
 
 
-def membership_revoke(*, user, project: Project) -> int:
+def membership_revoke(*, user, project: Project, granter=None, request=None) -> int:
     from runs.events import access_changed
 
+    from .audit import audit
+
+    if granter is not None:
+        why = membership_refusal(granter=granter, project_id=project.id, role=None)
+        if why:
+            audit(actor=granter, action="membership_revoke", outcome="denied", project_id=project.id,
+                  target=str(user), request=request, detail={"why": why})  # fmt: skip
+            raise Forbidden(why)
     deleted, _ = Membership.objects.filter(user=user, project=project).delete()
+    if granter is not None and deleted:
+        audit(actor=granter, action="membership_revoke", project_id=project.id, target=str(user), request=request)
     access_changed(user.id)
     return deleted

@@ -8,13 +8,14 @@ import hmac
 import json
 import logging
 import time
-import urllib.request
 
 from django.conf import settings
 from django.core.mail import send_mail
 from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
+
+from runs import outbound
 
 from .models import ApprovalRequest, Membership, Notification
 
@@ -119,7 +120,6 @@ def _webhook(note: Notification) -> None:
     headers = {"Content-Type": "application/json", "X-Warden-Timestamp": timestamp}
     if secret:
         headers["X-Warden-Signature"] = "sha256=" + signature(secret, timestamp, body)
-    call = urllib.request.Request(settings.WARDEN["APPROVAL_WEBHOOK_URL"], data=body, headers=headers, method="POST")
-    with urllib.request.urlopen(call, timeout=5) as response:
-        if response.status >= 300:
-            raise RuntimeError(f"webhook answered {response.status}")
+    status = outbound.post(settings.WARDEN["APPROVAL_WEBHOOK_URL"], body, headers, timeout=5)
+    if status >= 300:
+        raise RuntimeError(f"webhook answered {status}")

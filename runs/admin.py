@@ -1,11 +1,13 @@
 """Admin for data fixes. Statuses are read-only here: state changes go through the engine's services
 (the actions below), so the admin cannot make a transition the engine would refuse."""
 
+from django import forms
 from django.contrib import admin, messages
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
+from approvals.admin_scope import ReadOnlyScopedAdmin, ScopedAdmin, ScopedInline, SuperuserAdmin, SuperuserReadOnlyAdmin
 from tools.models import ToolOperation
 
 from .errors import WardenError
@@ -27,32 +29,18 @@ from .models import (
     WebhookDelivery,
     WebhookEndpoint,
 )
+from .outbound import url_refusal
 from .services import run_cancel, run_resume, task_retry
+from .services.runs import RUN_BUDGET_FIELDS, run_budget_set
 from .transitions import TransitionNotAllowed
+from .webhooks import webhook_endpoint_save
 
 
-class ReadOnlyAdmin(admin.ModelAdmin):
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-
-class ProjectScoped:
-    """A staff member who is not a superuser sees only rows of the projects they belong to."""
+class RunData(ReadOnlyScopedAdmin):
+    """A run's records: seen by the run's project's members, changed only through the engine's services
+    (the actions), deleted only by a superuser (a data fix)."""
 
     project_path = "run__project"
-
-    def get_queryset(self, request):
-        from approvals.access import project_ids
-
-        rows = super().get_queryset(request)
-        visible = project_ids(request.user, "view")
-        return rows if visible is None else rows.filter(**{f"{self.project_path}__in": visible})
-
-    def has_delete_permission(self, request, obj=None):
-        return request.user.is_superuser  # deleting a run's records is a superuser's data fix, not a role's
 
 
 def _project_id(obj) -> int:
@@ -79,7 +67,7 @@ def _apply(modeladmin, request, queryset, service, id_arg="run_id", access="oper
         modeladmin.message_user(request, f"{done} done", messages.SUCCESS)
 
 
-class TaskInline(admin.TabularInline):
+class TaskInline(ScopedInline, admin.TabularInline):
     model = Task
     fields = ["key", "agent", "status", "attempts", "max_attempts", "fencing_token", "lease_owner", "lease_expires_at"]
     readonly_fields = fields
@@ -90,9 +78,12 @@ class TaskInline(admin.TabularInline):
     def has_add_permission(self, request, obj=None):
         return False
 
+    def has_change_permission(self, request, obj=None):
+        return False  # a list: tasks change through the engine (the Tasks page's actions)
+
 
 @admin.register(Run)
-class RunAdmin(ProjectScoped, admin.ModelAdmin):
+class RunAdmin(RunData):
     project_path = "project"
     list_display = [
         "id",
@@ -109,8 +100,15 @@ class RunAdmin(ProjectScoped, admin.ModelAdmin):
     search_fields = ["=id", "goal", "status_reason", "started_by__username"]
     date_hierarchy = "created_at"
     list_select_related = ["workflow", "started_by"]
+    # Only the budget is edited here (a data fix: raise it so a resumed run can finish), by the run's
+    # operators, through a service that audits it; everything else changes through the actions.
+    change_action = "operate"
     readonly_fields = [
         "workflow",
+        "project",
+        "goal",
+        "input",
+        "held_back",
         "status",
         "status_reason",
         "plan_version",
@@ -132,6 +130,10 @@ class RunAdmin(ProjectScoped, admin.ModelAdmin):
     ]
     inlines = [TaskInline]
     actions = ["cancel_runs", "resume_runs", "compensate_runs"]
+
+    def save_through_service(self, request, obj, form, change):
+        changes = {name: form.cleaned_data[name] for name in form.changed_data if name in RUN_BUDGET_FIELDS}
+        run_budget_set(run_id=obj.id, changes=changes, actor=request.user, request=request)
 
     @admin.display(description="ledger")
     def ledger(self, run):
@@ -189,7 +191,8 @@ class RunAdmin(ProjectScoped, admin.ModelAdmin):
         from tools.saga import compensation_plan, run_compensate  # the tools app builds on the engine
 
         if request.POST.get("confirm") == "yes":
-            _apply(self, request, queryset, run_compensate, reason=f"compensation requested by {request.user}")
+            reason = f"compensation requested by {request.user}"
+            _apply(self, request, queryset, run_compensate, reason=reason, by=request.user)
             return None
         # First show exactly what would be undone or corrected; nothing changes until confirmed.
         from approvals.access import authorize
@@ -216,7 +219,7 @@ class RunAdmin(ProjectScoped, admin.ModelAdmin):
 
 
 @admin.register(Task)
-class TaskAdmin(ProjectScoped, admin.ModelAdmin):
+class TaskAdmin(RunData):
     list_display = ["id", "run", "key", "agent", "status", "attempts", "max_attempts", "failure_class", "lease_owner"]
     list_filter = ["status", "failure_class", "agent"]
     search_fields = ["key", "=run__id", "status_reason", "lease_owner"]
@@ -257,7 +260,7 @@ class TaskAdmin(ProjectScoped, admin.ModelAdmin):
 
 
 @admin.register(Span)
-class SpanAdmin(ProjectScoped, ReadOnlyAdmin):
+class SpanAdmin(RunData):
     list_display = [
         "id",
         "run",
@@ -278,7 +281,7 @@ class SpanAdmin(ProjectScoped, ReadOnlyAdmin):
 
 
 @admin.register(Artifact)
-class ArtifactAdmin(ProjectScoped, ReadOnlyAdmin):
+class ArtifactAdmin(RunData):
     list_display = ["id", "run", "key", "version", "verification", "created_at"]
     list_filter = ["verification"]
     search_fields = ["key", "=run__id"]
@@ -292,38 +295,38 @@ class ArtifactAdmin(ProjectScoped, ReadOnlyAdmin):
 
 
 @admin.register(QuarantinedResult)
-class QuarantinedResultAdmin(ProjectScoped, ReadOnlyAdmin):
+class QuarantinedResultAdmin(RunData):
     list_display = ["id", "run", "task", "reason", "fencing_token", "step", "worker", "created_at"]
     list_filter = ["reason"]
     search_fields = ["=run__id", "worker"]
 
 
 @admin.register(Outbox)
-class OutboxAdmin(ReadOnlyAdmin):
+class OutboxAdmin(SuperuserReadOnlyAdmin):
     list_display = ["id", "actor", "kwargs", "delay_ms", "created_at"]
     search_fields = ["actor"]
 
 
 @admin.register(FaultFiring)
-class FaultFiringAdmin(ReadOnlyAdmin):
+class FaultFiringAdmin(RunData):
     list_display = ["id", "run", "task_key", "point", "mode", "created_at"]
     list_filter = ["mode"]
 
 
 @admin.register(Payload)
-class PayloadAdmin(ReadOnlyAdmin):
+class PayloadAdmin(SuperuserReadOnlyAdmin):
     list_display = ["id", "size", "created_at"]
 
 
 @admin.register(IdempotencyKey)
-class IdempotencyKeyAdmin(ReadOnlyAdmin):
+class IdempotencyKeyAdmin(SuperuserReadOnlyAdmin):
     list_display = ["key", "status", "response_status", "created_at", "locked_at"]
     list_filter = ["status"]
     search_fields = ["key"]
     exclude = ["scope"]  # a hash of the caller's credentials: nothing to read in it
 
 
-class DeliveryInline(admin.TabularInline):
+class DeliveryInline(ScopedInline, admin.TabularInline):
     model = WebhookDelivery
     fields = ["event", "status", "attempts", "last_status_code", "delivered_at", "created_at"]
     readonly_fields = fields
@@ -333,20 +336,29 @@ class DeliveryInline(admin.TabularInline):
     show_change_link = True
 
 
+class WebhookEndpointForm(forms.ModelForm):
+    url = forms.URLField(max_length=500, assume_scheme="https")
+
+    class Meta:
+        model = WebhookEndpoint
+        fields = ["url", "secret", "project", "events", "active"]
+
+    def clean_url(self):
+        url = self.cleaned_data["url"]
+        why = url_refusal(url)
+        if why:
+            raise forms.ValidationError(why)
+        return url
+
+
 @admin.register(WebhookEndpoint)
-class WebhookEndpointAdmin(admin.ModelAdmin):
+class WebhookEndpointAdmin(SuperuserAdmin):
     """Only superusers: an endpoint receives every event of the projects it covers."""
 
+    form = WebhookEndpointForm
     list_display = ["url", "project", "events", "active", "created_at"]
     list_filter = ["active", "project"]
     inlines = [DeliveryInline]
-
-    def has_module_permission(self, request):
-        return request.user.is_superuser
-
-    has_view_permission = has_change_permission = has_add_permission = has_delete_permission = (
-        lambda self, request, obj=None: request.user.is_superuser
-    )
 
     def get_readonly_fields(self, request, obj=None):
         return ["secret_hint"] if obj else []
@@ -359,21 +371,18 @@ class WebhookEndpointAdmin(admin.ModelAdmin):
     def secret_hint(self, obj):
         return f"{obj.secret[:4]}…"
 
+    def save_through_service(self, request, obj, form, change):
+        webhook_endpoint_save(endpoint=obj, actor=request.user, created=not change, request=request)
+
 
 @admin.register(WebhookDelivery)
-class WebhookDeliveryAdmin(ReadOnlyAdmin):
+class WebhookDeliveryAdmin(SuperuserReadOnlyAdmin):
     """The delivery log; "send again" requeues a delivery with a fresh count of attempts."""
 
     list_display = ["id", "event", "endpoint", "status", "attempts", "last_status_code", "delivered_at", "created_at"]
     list_filter = ["status", "event"]
     search_fields = ["event", "endpoint__url", "last_error"]
     actions = ["redeliver"]
-
-    def has_module_permission(self, request):
-        return request.user.is_superuser
-
-    def has_view_permission(self, request, obj=None):
-        return request.user.is_superuser
 
     @admin.action(description="Send the selected deliveries again")
     def redeliver(self, request, queryset):
@@ -387,15 +396,18 @@ class WebhookDeliveryAdmin(ReadOnlyAdmin):
         self.message_user(request, f"{queryset.count()} queued again", messages.SUCCESS)
 
 
-class EvalCaseInline(admin.StackedInline):
+class EvalCaseInline(ScopedInline, admin.StackedInline):
     model = EvalCase
     extra = 0
     fields = ["name", "workflow", "goal", "input", "checks"]
 
 
 @admin.register(EvalSuite)
-class EvalSuiteAdmin(ProjectScoped, admin.ModelAdmin):
+class EvalSuiteAdmin(ScopedAdmin):
+    """Suites are a project's configuration: its admins write them (and their cases)."""
+
     project_path = "project"
+    change_action = add_action = delete_action = "administer"
     list_display = ["slug", "name", "project"]
     list_filter = ["project"]
     search_fields = ["slug", "name", "description"]
@@ -403,28 +415,29 @@ class EvalSuiteAdmin(ProjectScoped, admin.ModelAdmin):
 
 
 @admin.register(EvalCase)
-class EvalCaseAdmin(ProjectScoped, admin.ModelAdmin):
+class EvalCaseAdmin(ScopedAdmin):
     project_path = "suite__project"
+    change_action = add_action = delete_action = "administer"
     list_display = ["name", "suite", "workflow"]
     list_filter = ["suite"]
 
 
 @admin.register(EvalRun)
-class EvalRunAdmin(ProjectScoped, ReadOnlyAdmin):
+class EvalRunAdmin(RunData):
     project_path = "suite__project"
     list_display = ["id", "suite", "version", "started_by", "created_at"]
     list_filter = ["suite"]
 
 
 @admin.register(EvalResult)
-class EvalResultAdmin(ProjectScoped, ReadOnlyAdmin):
+class EvalResultAdmin(RunData):
     project_path = "run__project"
     list_display = ["eval_run", "case", "run", "passed"]
     list_filter = ["passed"]
 
 
 @admin.register(BlackboardEntry)
-class BlackboardEntryAdmin(ProjectScoped, ReadOnlyAdmin):
+class BlackboardEntryAdmin(RunData):
     list_display = ["run", "key", "version", "kind", "verification", "verified_by", "expires_at", "created_at"]
     list_filter = ["verification", "kind"]
     search_fields = ["key", "=run__id"]

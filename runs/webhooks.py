@@ -16,13 +16,15 @@ import hmac
 import json
 import logging
 import time
-import urllib.error
-import urllib.request
 
 from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
+from approvals.audit import audit
+
+from . import outbound
+from .errors import InvalidInput
 from .models import Run, WebhookDelivery, WebhookEndpoint
 from .services import sql
 from .services.outbox import outbox_add
@@ -107,12 +109,15 @@ def webhook_deliver(*, delivery_id: int) -> bool:
     }
     code, error = None, ""
     try:
-        call = urllib.request.Request(delivery.endpoint.url, data=body, headers=headers, method="POST")
-        with urllib.request.urlopen(call, timeout=settings.WARDEN["WEBHOOK_TIMEOUT_SECONDS"]) as response:
-            code = response.status
-    except urllib.error.HTTPError as exc:
-        code, error = exc.code, f"answered {exc.code}"
-    except (OSError, ValueError) as exc:
+        code = outbound.post(delivery.endpoint.url, body, headers, timeout=settings.WARDEN["WEBHOOK_TIMEOUT_SECONDS"])
+        error = "" if 200 <= code < 300 else f"answered {code}"
+    except outbound.OutboundRefused as exc:  # no retry can change where it leads
+        log.warning("webhook %s refused: %s", delivery.id, exc)
+        WebhookDelivery.objects.filter(id=delivery.id).update(
+            status=WebhookDelivery.Status.FAILED, last_error=f"refused: {exc}"[:2000]
+        )
+        return False
+    except OSError as exc:
         error = repr(exc)[:2000]
     if code is not None and 200 <= code < 300:
         WebhookDelivery.objects.filter(id=delivery.id).update(
@@ -157,3 +162,21 @@ def webhook_redeliver(*, delivery_id: int) -> None:
         status=WebhookDelivery.Status.PENDING, next_attempt_at=timezone.now(), attempts=0
     )
     outbox_add(actor=DELIVER, kwargs={"delivery_id": delivery_id})
+
+
+def webhook_endpoint_save(*, endpoint: WebhookEndpoint, actor, created: bool, request=None) -> WebhookEndpoint:
+    """Register (or change) an endpoint: its URL may not lead to this machine, a private network or a
+    metadata service (runs/outbound.py); the change is audited, the secret never."""
+    why = outbound.url_refusal(endpoint.url)
+    if why:
+        raise InvalidInput(f"this webhook URL is refused: {why}", [{"field": "url", "message": why}])
+    endpoint.save()
+    audit(
+        actor=actor,
+        action="webhook_endpoint_add" if created else "webhook_endpoint_change",
+        project_id=endpoint.project_id,
+        target=endpoint.url[:200],
+        request=request,
+        detail={"events": endpoint.events, "active": endpoint.active},
+    )
+    return endpoint

@@ -1,10 +1,15 @@
 """Admin for the ledger and the sandbox systems. Ledger statuses change only through the broker and
 the saga engine (the actions below); secret argument values never appear here."""
 
+from django import forms
 from django.contrib import admin
+from django.core.exceptions import PermissionDenied
 
-from runs.admin import ProjectScoped, ReadOnlyAdmin, _apply
+from approvals.admin_scope import ScopedAdmin, SuperuserAdmin, SuperuserReadOnlyAdmin
+from runs.admin import RunData, _apply
+from runs.errors import WardenError
 
+from .classifications import classification_refusal, tool_classification_remove, tool_classification_set
 from .models import (
     SandboxCall,
     SandboxDeployment,
@@ -14,13 +19,14 @@ from .models import (
     SandboxRecordChange,
     SandboxTicket,
     SealedArguments,
+    ToolClassification,
     ToolOperation,
 )
 from .saga import operation_resolve
 
 
 @admin.register(ToolOperation)
-class ToolOperationAdmin(ProjectScoped, ReadOnlyAdmin):
+class ToolOperationAdmin(RunData):
     list_display = [
         "id",
         "run",
@@ -31,9 +37,10 @@ class ToolOperationAdmin(ProjectScoped, ReadOnlyAdmin):
         "status",
         "tool_class",
         "reversibility",
+        "gate",
         "committed_at",
     ]
-    list_filter = ["status", "kind", "tool", "tool_class", "reversibility", "proposed"]
+    list_filter = ["status", "gate", "kind", "tool", "tool_class", "reversibility", "proposed"]
     search_fields = ["=id", "=run__id", "idempotency_key", "tool", "external_id", "status_reason"]
     list_select_related = ["run", "task"]
     actions = ["resolve_committed", "resolve_not_committed"]
@@ -51,11 +58,65 @@ class ToolOperationAdmin(ProjectScoped, ReadOnlyAdmin):
         self._resolve(request, queryset, committed=False)
 
 
-@admin.register(SealedArguments)
-class SealedArgumentsAdmin(ProjectScoped, ReadOnlyAdmin):
-    project_path = "task__run__project"
+class ToolClassificationForm(forms.ModelForm):
+    class Meta:
+        model = ToolClassification
+        fields = ["project", "tool", "tool_class", "reversibility", "approval", "note"]
 
+    def clean(self):
+        data = super().clean()
+        tool = data.get("tool", self.instance.tool if self.instance.pk else "")
+        for error in classification_refusal(
+            tool=tool,
+            tool_class=data.get("tool_class", ""),
+            reversibility=data.get("reversibility", ""),
+            approval=data.get("approval", ""),
+        ):
+            field = error["field"] if error["field"] in self.fields else None
+            self.add_error(field, error["message"])
+        return data
+
+
+@admin.register(ToolClassification)
+class ToolClassificationAdmin(ScopedAdmin):
+    """What a project says its agents' own tools do; written by its admins, each change audited."""
+
+    form = ToolClassificationForm
+    project_path = "project"
+    change_action = add_action = delete_action = "administer"
+    list_display = ["tool", "project", "tool_class", "reversibility", "approval", "classified_by", "classified_at"]
+    list_filter = ["project", "tool_class", "reversibility", "approval"]
+    search_fields = ["tool", "note"]
+    fields = ["project", "tool", "tool_class", "reversibility", "approval", "note"]
+
+    def get_readonly_fields(self, request, obj=None):
+        return ["project", "tool"] if obj else []
+
+    def save_through_service(self, request, obj, form, change):
+        try:
+            saved = tool_classification_set(
+                user=request.user,
+                project=obj.project,
+                tool=obj.tool,
+                tool_class=obj.tool_class,
+                reversibility=obj.reversibility,
+                approval=obj.approval,
+                note=obj.note,
+                request=request,
+            )
+        except WardenError as exc:
+            raise PermissionDenied(str(exc)) from exc
+        obj.pk = saved.pk
+
+    def delete_through_service(self, request, obj):
+        tool_classification_remove(user=request.user, row=obj, request=request)
+
+
+@admin.register(SealedArguments)
+class SealedArgumentsAdmin(RunData):
     """Which calls had secret arguments; the values themselves are not shown."""
+
+    project_path = "task__run__project"
 
     list_display = ["id", "task", "step", "secret_fields"]
     search_fields = ["=task__id"]
@@ -67,46 +128,46 @@ class SealedArgumentsAdmin(ProjectScoped, ReadOnlyAdmin):
 
 
 @admin.register(SandboxCall)
-class SandboxCallAdmin(ReadOnlyAdmin):
+class SandboxCallAdmin(SuperuserReadOnlyAdmin):
     list_display = ["id", "system", "tool", "operation", "idempotency_key", "is_effect", "object_id", "created_at"]
     list_filter = ["system", "tool", "is_effect"]
     search_fields = ["idempotency_key", "tool", "object_id"]
 
 
 @admin.register(SandboxTicket)
-class SandboxTicketAdmin(admin.ModelAdmin):
+class SandboxTicketAdmin(SuperuserAdmin):
     list_display = ["ticket_id", "customer_id", "title", "status", "created_at", "closed_at"]
     list_filter = ["status"]
     search_fields = ["ticket_id", "customer_id", "title", "idempotency_key"]
 
 
 @admin.register(SandboxRecord)
-class SandboxRecordAdmin(admin.ModelAdmin):
+class SandboxRecordAdmin(SuperuserAdmin):
     list_display = ["customer_id", "name", "tier", "version"]
     search_fields = ["customer_id", "name"]
 
 
 @admin.register(SandboxRecordChange)
-class SandboxRecordChangeAdmin(ReadOnlyAdmin):
+class SandboxRecordChangeAdmin(SuperuserReadOnlyAdmin):
     list_display = ["id", "record", "kind", "version", "idempotency_key", "created_at"]
     list_filter = ["kind"]
     search_fields = ["idempotency_key", "record__customer_id"]
 
 
 @admin.register(SandboxEmail)
-class SandboxEmailAdmin(ReadOnlyAdmin):
+class SandboxEmailAdmin(SuperuserReadOnlyAdmin):
     list_display = ["message_id", "to", "subject", "kind", "idempotency_key", "created_at"]
     list_filter = ["kind"]
     search_fields = ["message_id", "to", "subject", "idempotency_key"]
 
 
 @admin.register(SandboxDeployment)
-class SandboxDeploymentAdmin(admin.ModelAdmin):
+class SandboxDeploymentAdmin(SuperuserAdmin):
     list_display = ["service", "version", "pods", "region"]
     search_fields = ["service"]
 
 
 @admin.register(SandboxDocument)
-class SandboxDocumentAdmin(admin.ModelAdmin):
+class SandboxDocumentAdmin(SuperuserAdmin):
     list_display = ["id", "title"]
     search_fields = ["title", "body"]

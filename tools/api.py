@@ -431,6 +431,23 @@ class ToolClassIn(BodyIn):
 
 
 class ToolClassOut(Schema):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "project": "default",
+                    "tool": "payments.refund",
+                    "tool_class": "non_idempotent_write",
+                    "reversibility": "irreversible",
+                    "approval": "always",
+                    "note": "refunds move money: every one waits for a reviewer",
+                    "classified_by": "ada",
+                    "classified_at": "2026-03-14T08:40:02.117Z",
+                }
+            ]
+        }
+    )
+
     project: str
     tool: str
     tool_class: str

@@ -29,6 +29,8 @@ for _key, _value in {
     "MODEL_RETRY_BASE_SECONDS": 0.05,
     "MODEL_RETRY_CAP_SECONDS": 2.0,
     "MODEL_TIMEOUT_SECONDS": 5.0,
+    # Tests receive webhooks on 127.0.0.1; the tests of the rule itself turn it off.
+    "WEBHOOK_ALLOW_PRIVATE": True,
 }.items():
     if f"WARDEN_{_key}" not in os.environ:
         WARDEN[_key] = _value

@@ -250,6 +250,34 @@ def _resume_locked(*, run: Run, reason: str, now, skip: tuple = ()) -> None:
             outbox_add(actor=EXECUTE, kwargs={"run_id": task.run_id, "task_id": task.id})
 
 
+RUN_BUDGET_FIELDS = ("max_steps", "max_tokens", "max_tool_calls", "max_cost_micros", "deadline")
+
+
+def run_budget_set(*, run_id: int, changes: dict, actor=None, request=None) -> Run:
+    """Change a run's budget (a data fix: raise it so that a resumed run can finish); audited with the
+    values before and after. Other fields of a run are not changed this way."""
+    from approvals.audit import audit
+
+    unknown = set(changes) - set(RUN_BUDGET_FIELDS)
+    if unknown:
+        raise InvalidInput(f"only the budget can be changed: not {sorted(unknown)}")
+    with transaction.atomic():
+        run = Run.objects.select_for_update().get(id=run_id)
+        before = {name: getattr(run, name) for name in changes}
+        if changes:
+            Run.objects.filter(id=run_id).update(**changes)
+        audit(
+            actor=actor,
+            action="run_budget_set",
+            run=run,
+            target=f"run {run_id}",
+            request=request,
+            detail={"before": before, "after": changes},
+        )
+        events.run_changed(run_id)
+    return run
+
+
 def run_resume(*, run_id: int, reason: str = "resumed by operator") -> Run:
     """Continue a run that needs attention."""
     with transaction.atomic():

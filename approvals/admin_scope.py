@@ -1,0 +1,224 @@
+"""The admin's half of the access table (approvals/access.py, docs/access.md).
+
+Every admin page of project data answers by the user's role in each row's project, for view, change,
+add and delete, exactly as the dashboard and the API do. Django's model permissions are needed too and
+never widen it: a staff member holding every permission on a model still sees and changes only what
+their roles allow. What is not any project's data (engine internals, the sandbox systems, users, shared
+configuration) is a superuser's. Saves and deletes go through a service, which writes the audit log.
+"""
+
+from django.contrib import admin
+from django.core.exceptions import PermissionDenied
+from django.db.models import Q
+
+from .access import ACTIONS, project_ids, role_of
+from .audit import audit
+from .models import Project
+
+SUPERUSER = "superuser"  # an action only superusers have
+
+
+def _project_of(obj, path: str) -> int | None:
+    """The project id at the end of ``path`` ("run__project"; "pk": the object is the project)."""
+    if path == "pk":
+        return obj.pk
+    *hops, last = path.split("__")
+    for hop in hops:
+        obj = getattr(obj, hop, None)
+        if obj is None:
+            return None
+    return getattr(obj, f"{last}_id", None)
+
+
+def config_save(*, actor, obj, created: bool, changed=(), request=None) -> None:
+    """Save a configuration row changed in the admin, and say so in the audit log."""
+    obj.save()
+    model = obj._meta.model_name
+    audit(
+        actor=actor,
+        action=f"admin_{'add' if created else 'change'}:{model}",
+        project_id=getattr(obj, "project_id", None),
+        target=f"{model} {obj.pk}: {obj}"[:200],
+        request=request,
+        detail={"changed": sorted(changed)},
+    )
+
+
+def config_delete(*, actor, obj, request=None) -> None:
+    model, label = obj._meta.model_name, f"{obj._meta.model_name} {obj.pk}: {obj}"[:200]
+    project_id = getattr(obj, "project_id", None)
+    obj.delete()
+    audit(actor=actor, action=f"admin_delete:{model}", project_id=project_id, target=label, request=request)
+
+
+class ScopedAdmin(admin.ModelAdmin):
+    """``project_path``: from a row to its project (None: no project's data, a superuser's). Each
+    ``*_action`` names the role action of approvals/access.py a user needs in the row's project: None
+    nobody (read-only: state changes go through the page's actions), ``SUPERUSER`` superusers only.
+    ``shared_rows``: rows without a project (shared configuration) are shown to every member, changed by
+    superusers only. ``global_view``: a model of no project (shared configuration, like agents) that
+    every member of some project may see."""
+
+    project_path: str | None = None
+    view_action: str | None = "view"
+    change_action: str | None = None
+    add_action: str | None = None
+    delete_action: str | None = SUPERUSER
+    shared_rows = False
+    global_view = False
+
+    # --- who may ---------------------------------------------------------------------------------
+
+    def may(self, request, action: str | None, obj=None) -> bool:
+        user = request.user
+        if action is None or not (user.is_active and user.is_staff):
+            return False
+        if user.is_superuser:
+            return True
+        if action == SUPERUSER:
+            return False
+        if self.project_path is None:
+            return self.global_view and action == self.view_action and bool(project_ids(user, action))
+        if obj is None:  # a list or an add form: somewhere they may
+            return bool(project_ids(user, action))
+        project_id = _project_of(obj, self.project_path)
+        if project_id is None:
+            return self.shared_rows and action == self.view_action
+        return role_of(user, project_id) in ACTIONS[action][0]
+
+    def rows_for(self, request, action: str | None, rows=None):
+        """``rows`` (all of the model's) narrowed to the projects where the user may ``action``."""
+        rows = self.model._default_manager.all() if rows is None else rows
+        user = request.user
+        if user.is_superuser:
+            return rows
+        if action in (None, SUPERUSER) or not user.is_staff:
+            return rows.none()
+        if self.project_path is None:
+            return rows if self.may(request, action) else rows.none()
+        field = "pk" if self.project_path == "pk" else self.project_path
+        where = Q(**{f"{field}__in": project_ids(user, action)})
+        if self.shared_rows:
+            where |= Q(**{f"{field}__isnull": True})
+        return rows.filter(where)
+
+    def get_queryset(self, request):
+        return self.rows_for(request, self.view_action, super().get_queryset(request))
+
+    def has_module_permission(self, request):
+        return self.may(request, self.view_action) and super().has_module_permission(request)
+
+    def has_view_permission(self, request, obj=None):
+        return self.may(request, self.view_action, obj) and super().has_view_permission(request, obj)
+
+    def has_change_permission(self, request, obj=None):
+        return self.may(request, self.change_action, obj) and super().has_change_permission(request, obj)
+
+    def has_add_permission(self, request, *args):
+        return self.may(request, self.add_action) and super().has_add_permission(request, *args)
+
+    def has_delete_permission(self, request, obj=None):
+        return self.may(request, self.delete_action, obj) and super().has_delete_permission(request, obj)
+
+    # --- forms: choices limited to where the user may act, saves through services ------------------
+
+    def formfield_for_foreignkey(self, db_field, request, **kwargs):
+        if not request.user.is_superuser:
+            action = self.change_action or self.add_action
+            related = db_field.related_model
+            if related is Project:  # and no shared (project-less) row: those are a superuser's
+                editable = action not in (None, SUPERUSER) and request.user.is_staff
+                kwargs["queryset"] = Project.objects.filter(
+                    id__in=project_ids(request.user, action) if editable else []
+                )
+                kwargs["required"] = True
+            elif isinstance(self.admin_site._registry.get(related), ScopedAdmin):
+                kwargs["queryset"] = self.admin_site._registry[related].rows_for(request, action)
+        return super().formfield_for_foreignkey(db_field, request, **kwargs)
+
+    def save_model(self, request, obj, form, change):
+        # The new values too: a row moved to another project needs the role there.
+        if not self.may(request, self.change_action if change else self.add_action, obj):
+            raise PermissionDenied("your role in that project may not do this")
+        self.save_through_service(request, obj, form, change)
+
+    def save_through_service(self, request, obj, form, change) -> None:
+        config_save(actor=request.user, obj=obj, created=not change, changed=form.changed_data, request=request)
+
+    def delete_model(self, request, obj):
+        if not self.may(request, self.delete_action, obj):
+            raise PermissionDenied("your role in that project may not delete this")
+        self.delete_through_service(request, obj)
+
+    def delete_queryset(self, request, queryset):
+        for obj in queryset:
+            self.delete_model(request, obj)
+
+    def delete_through_service(self, request, obj) -> None:
+        config_delete(actor=request.user, obj=obj, request=request)
+
+    def save_formset(self, request, form, formset, change):
+        """Inline rows (the cases of a suite): saved with their parent, each change in the audit log."""
+        if not self.may(request, self.change_action if change else self.add_action, form.instance):
+            raise PermissionDenied("your role in that project may not do this")
+        saved = formset.save()
+        for obj in [*saved, *formset.deleted_objects]:
+            model = obj._meta.model_name
+            audit(
+                actor=request.user,
+                action=f"admin_change:{model}",
+                project_id=_project_of(form.instance, self.project_path) if self.project_path else None,
+                target=f"{model} {obj.pk}: {obj}"[:200],
+                request=request,
+                detail={"deleted": obj in formset.deleted_objects},
+            )
+
+
+class ScopedInline:
+    """An inline (mixed into TabularInline / StackedInline) edited with its parent: what the parent's
+    admin allows on the parent row, never more."""
+
+    def _parent(self):
+        return self.admin_site._registry[self.parent_model]
+
+    def has_view_permission(self, request, obj=None):
+        return self._parent().has_view_permission(request, obj)
+
+    def has_change_permission(self, request, obj=None):
+        return self._parent().has_change_permission(request, obj)
+
+    def has_add_permission(self, request, obj=None):
+        return self._parent().has_change_permission(request, obj) if obj else self._parent().has_add_permission(request)
+
+    def has_delete_permission(self, request, obj=None):
+        return self._parent().has_change_permission(request, obj)
+
+
+class SuperuserAdmin(ScopedAdmin):
+    """No project's data: a superuser's to see and change."""
+
+    view_action = SUPERUSER
+    change_action = SUPERUSER
+    add_action = SUPERUSER
+
+
+class SuperuserReadOnlyAdmin(SuperuserAdmin):
+    """Engine internals and logs: a superuser's to read (and delete, as a data fix)."""
+
+    change_action = None
+    add_action = None
+
+
+class GlobalConfigAdmin(SuperuserAdmin):
+    """Configuration shared by every project (agents, prices): every member may read it, superusers
+    change it."""
+
+    view_action = "view"
+    global_view = True
+
+
+class ReadOnlyScopedAdmin(ScopedAdmin):
+    """Project data nobody edits here: the page's actions go through the engine's services."""
+
+    change_action = None
+    add_action = None
