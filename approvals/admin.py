@@ -1,10 +1,9 @@
+from axes.models import AccessAttempt, AccessFailureLog, AccessLog
 from django.contrib import admin, messages
 from django.contrib.auth import get_user_model
-from django.contrib.auth.admin import GroupAdmin, UserAdmin
 from django.contrib.auth.models import Group, User
 from django.core.exceptions import PermissionDenied
 from django.template.response import TemplateResponse
-from django_dramatiq.admin import TaskAdmin as DramatiqTaskAdmin
 from django_dramatiq.models import Task as DramatiqTask
 
 from runs.errors import Forbidden, WardenError
@@ -356,7 +355,8 @@ class SuperusersOnly:
         return self._root(request) and super().has_delete_permission(request, obj)
 
 
-# (django_dramatiq's own admin already keeps its records of messages read-only.)
-for _model, _admin in ((User, UserAdmin), (Group, GroupAdmin), (DramatiqTask, DramatiqTaskAdmin)):
+# People, the queue's records of its messages (its admin keeps them read-only) and the login lockouts.
+for _model in (User, Group, DramatiqTask, AccessAttempt, AccessLog, AccessFailureLog):
+    _admin = type(admin.site._registry[_model])
     admin.site.unregister(_model)
     admin.site.register(_model, type(_admin.__name__, (SuperusersOnly, _admin), {}))

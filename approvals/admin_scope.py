@@ -30,25 +30,35 @@ def _project_of(obj, path: str) -> int | None:
     return getattr(obj, f"{last}_id", None)
 
 
-def config_save(*, actor, obj, created: bool, changed=(), request=None) -> None:
-    """Save a configuration row changed in the admin, and say so in the audit log."""
+def _label(obj) -> str:
+    return f"{obj._meta.label_lower} {obj.pk}"
+
+
+def config_save(*, actor, obj, created: bool, changed=(), project_id=None, request=None) -> None:
+    """Save a row changed in the admin (a data fix, or a project's configuration), and say so in the
+    audit log, with the row's project."""
     obj.save()
-    model = obj._meta.model_name
     audit(
         actor=actor,
-        action=f"admin_{'add' if created else 'change'}:{model}",
-        project_id=getattr(obj, "project_id", None),
-        target=f"{model} {obj.pk}: {obj}"[:200],
+        action="admin:add" if created else "admin:change",
+        project_id=project_id,
+        target=_label(obj),
         request=request,
-        detail={"changed": sorted(changed)},
+        detail={"object": str(obj)[:200], "changed": sorted(changed)},
     )
 
 
-def config_delete(*, actor, obj, request=None) -> None:
-    model, label = obj._meta.model_name, f"{obj._meta.model_name} {obj.pk}: {obj}"[:200]
-    project_id = getattr(obj, "project_id", None)
+def config_delete(*, actor, obj, project_id=None, request=None) -> None:
+    label, shown = _label(obj), str(obj)[:200]
     obj.delete()
-    audit(actor=actor, action=f"admin_delete:{model}", project_id=project_id, target=label, request=request)
+    audit(
+        actor=actor,
+        action="admin:delete",
+        project_id=project_id,
+        target=label,
+        request=request,
+        detail={"object": shown},
+    )
 
 
 class ScopedAdmin(admin.ModelAdmin):
@@ -143,7 +153,17 @@ class ScopedAdmin(admin.ModelAdmin):
         self.save_through_service(request, obj, form, change)
 
     def save_through_service(self, request, obj, form, change) -> None:
-        config_save(actor=request.user, obj=obj, created=not change, changed=form.changed_data, request=request)
+        config_save(
+            actor=request.user,
+            obj=obj,
+            created=not change,
+            changed=form.changed_data,
+            project_id=self.project_of(obj),
+            request=request,
+        )
+
+    def project_of(self, obj) -> int | None:
+        return _project_of(obj, self.project_path) if self.project_path else None
 
     def delete_model(self, request, obj):
         if not self.may(request, self.delete_action, obj):
@@ -155,7 +175,7 @@ class ScopedAdmin(admin.ModelAdmin):
             self.delete_model(request, obj)
 
     def delete_through_service(self, request, obj) -> None:
-        config_delete(actor=request.user, obj=obj, request=request)
+        config_delete(actor=request.user, obj=obj, project_id=self.project_of(obj), request=request)
 
     def save_formset(self, request, form, formset, change):
         """Inline rows (the cases of a suite): saved with their parent, each change in the audit log."""
@@ -163,14 +183,13 @@ class ScopedAdmin(admin.ModelAdmin):
             raise PermissionDenied("your role in that project may not do this")
         saved = formset.save()
         for obj in [*saved, *formset.deleted_objects]:
-            model = obj._meta.model_name
             audit(
                 actor=request.user,
-                action=f"admin_change:{model}",
-                project_id=_project_of(form.instance, self.project_path) if self.project_path else None,
-                target=f"{model} {obj.pk}: {obj}"[:200],
+                action="admin:delete" if obj in formset.deleted_objects else "admin:change",
+                project_id=self.project_of(form.instance),
+                target=_label(obj),
                 request=request,
-                detail={"deleted": obj in formset.deleted_objects},
+                detail={"object": str(obj)[:200], "inline of": _label(form.instance)},
             )
 
 

@@ -6,4 +6,4 @@ class ApprovalsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self):
-        from . import auth, signals  # noqa: F401  (login throttling; logins and admin fixes into the audit log)
+        from . import signals  # noqa: F401  (logins and admin fixes into the audit log)

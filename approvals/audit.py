@@ -1,16 +1,33 @@
 """The audit log's one writer."""
 
+import ipaddress
 import logging
+
+from django.conf import settings
 
 from .models import AuditEvent
 
 log = logging.getLogger("warden.audit")
 
 
-def _address(request) -> str | None:
+def client_address(request) -> str | None:
+    """The client's address: REMOTE_ADDR, or behind ``WARDEN_TRUSTED_PROXY_COUNT`` reverse proxies the
+    entry that many from the right of the header they fill (each proxy appends the address it got the
+    request from; entries further left are whatever the client sent, and are never believed). Used by
+    the audit log and by the login lockout (django-axes)."""
     if request is None:
         return None
-    return request.META.get("REMOTE_ADDR") or None
+    remote = request.META.get("REMOTE_ADDR") or None
+    count = settings.WARDEN["TRUSTED_PROXY_COUNT"]
+    if not count:
+        return remote
+    entries = [e.strip() for e in request.META.get(settings.WARDEN["CLIENT_IP_HEADER"], "").split(",") if e.strip()]
+    if len(entries) < count:
+        return remote  # the request did not come through the proxies as configured
+    try:
+        return str(ipaddress.ip_address(entries[-count]))
+    except ValueError:
+        return remote
 
 
 def audit(
@@ -42,7 +59,7 @@ def audit(
         run_id=run.id if run is not None else run_id,
         target=target[:200],
         detail=detail or {},
-        address=_address(request),
+        address=client_address(request),
     )
     log.info("audit: %s %s %s (%s)", event.actor_label or "system", action, target, outcome)
     return event

@@ -2,11 +2,13 @@
 logout or a deactivation closes the user's open dashboard sockets at once."""
 
 from django.conf import settings
+from django.contrib import admin
 from django.contrib.admin.models import ADDITION, CHANGE, DELETION, LogEntry
 from django.contrib.auth.signals import user_logged_in, user_logged_out, user_login_failed
 from django.db.models.signals import post_save
 from django.dispatch import receiver
 
+from .admin_scope import ScopedAdmin
 from .audit import audit
 
 
@@ -33,7 +35,11 @@ def _login_failed(sender, credentials, request=None, **kwargs):
 
 @receiver(post_save, sender=LogEntry)
 def _admin_change(sender, instance: LogEntry, created, **kwargs):
-    """Every data fix made in the admin (add, change, delete) is in the audit log too."""
+    """Every data fix made in the admin (add, change, delete) is in the audit log too: here for the pages
+    of no project (people), by the services for the others (approvals/admin_scope.py), with the project."""
+    model = instance.content_type.model_class() if instance.content_type_id else None
+    if isinstance(admin.site._registry.get(model), ScopedAdmin):
+        return
     if created:
         verb = {ADDITION: "add", CHANGE: "change", DELETION: "delete"}.get(instance.action_flag, "change")
         audit(

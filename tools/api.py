@@ -8,7 +8,7 @@ from django.conf import settings
 from ninja import Field, Query, Router, Schema, Status
 from pydantic import ConfigDict
 
-from approvals.access import authorize, authorize_token, visible_rows
+from approvals.access import authorize, authorize_token, project_ids, visible_rows
 from approvals.audit import audit
 from runs.api import RunOut, run_for, run_out
 from runs.api_external import ExternalOperationOut, IntentIn
@@ -372,12 +372,18 @@ class EffectsOut(Schema):
     next_after: int | None
 
 
-@router.get("/sandbox/effects", response=EffectsOut, summary="Every effect the sandbox systems hold")
+@router.get(
+    "/sandbox/effects", response=EffectsOut, summary="The effects the sandbox systems hold for my projects' runs"
+)
 def sandbox_effects(request, filters: Query[EffectsQuery]):
     if not settings.WARDEN["SANDBOX_TOOLS"]:
         raise NotFound("the sandbox systems are not enabled here")
     authorize_token(request.auth, "read", what="the sandbox effects", request=request)
     rows = SandboxCall.objects.filter(is_effect=True, id__gt=filters.after).order_by("id")
+    visible = project_ids(request.auth.user, "view")
+    if visible is not None:  # effects of the caller's projects' runs: their keys are in those runs' ledgers
+        keys = ToolOperation.objects.filter(run__project_id__in=visible).values("idempotency_key")
+        rows = rows.filter(idempotency_key__in=keys)
     if filters.system:
         rows = rows.filter(system=filters.system)
     if filters.key_prefix:

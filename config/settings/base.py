@@ -7,6 +7,7 @@ mode, Dramatiq worker threads inside the server, in-memory channel layer); with 
 
 import os
 import secrets
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -50,6 +51,7 @@ INSTALLED_APPS = [
     "django_htmx",  # htmx itself, vendored in the package's static files (no CDN at run time)
     "channels",
     "django_dramatiq",
+    "axes",  # login throttling (django-axes); before approvals, whose admin keeps its pages to superusers
     "runs",
     "agents",
     "tools",
@@ -67,6 +69,7 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
     "runs.idempotency.IdempotencyMiddleware",
+    "axes.middleware.AxesMiddleware",  # answers a locked-out login with the lockout page
 ]
 
 # A strict policy for Warden's own pages: scripts only from our static files, each tag carrying the
@@ -247,9 +250,15 @@ WARDEN = {
     "WEBHOOK_RETRY_BASE_SECONDS": _env_float("WARDEN_WEBHOOK_RETRY_BASE_SECONDS", 5),
     "WEBHOOK_RETRY_CAP_SECONDS": _env_float("WARDEN_WEBHOOK_RETRY_CAP_SECONDS", 3600),
     "WEBHOOK_TIMEOUT_SECONDS": _env_float("WARDEN_WEBHOOK_TIMEOUT_SECONDS", 5),
-    # Logins: failures per username and address before a lockout, and how long it lasts.
+    # Logins (django-axes, below): failures before a lockout, per username and client address and per
+    # client address alone, and how long it lasts.
     "LOGIN_FAILURES_LIMIT": int(os.environ.get("WARDEN_LOGIN_FAILURES_LIMIT", 5)),
     "LOGIN_LOCKOUT_SECONDS": _env_float("WARDEN_LOGIN_LOCKOUT_SECONDS", 300),
+    # Behind a reverse proxy: the header it puts the client's address in, and how many proxies stand in
+    # front of Warden (the client is that many entries from the right). 0: no proxy, REMOTE_ADDR is the
+    # client (a header a client could set is never trusted then).
+    "TRUSTED_PROXY_COUNT": int(os.environ.get("WARDEN_TRUSTED_PROXY_COUNT", 0)),
+    "CLIENT_IP_HEADER": os.environ.get("WARDEN_CLIENT_IP_HEADER", "HTTP_X_FORWARDED_FOR"),
     # Approvals: links in notifications, and the webhook (signed with the secret) told of each request.
     "BASE_URL": os.environ.get("WARDEN_BASE_URL", "http://127.0.0.1:8000"),
     "APPROVAL_WEBHOOK_URL": os.environ.get("WARDEN_APPROVAL_WEBHOOK_URL", ""),
@@ -290,7 +299,18 @@ EMAIL_PORT = int(os.environ.get("EMAIL_PORT", 25))
 DEFAULT_FROM_EMAIL = os.environ.get("DEFAULT_FROM_EMAIL", "warden@localhost")
 
 # --- Auth, i18n, static ---
-AUTHENTICATION_BACKENDS = ["approvals.auth.ThrottledModelBackend"]
+# django-axes first (it refuses a locked-out login before any password is checked).
+AUTHENTICATION_BACKENDS = ["axes.backends.AxesStandaloneBackend", "django.contrib.auth.backends.ModelBackend"]
+# A lockout counts failures per (username, client address), which stops guessing one password, and per
+# client address alone, which stops one password sprayed over many usernames. The client address comes
+# from the trusted proxy's header only when WARDEN_TRUSTED_PROXY_COUNT says a proxy is there.
+AXES_FAILURE_LIMIT = WARDEN["LOGIN_FAILURES_LIMIT"]
+AXES_COOLOFF_TIME = timedelta(seconds=WARDEN["LOGIN_LOCKOUT_SECONDS"])
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"], "ip_address"]
+AXES_RESET_ON_SUCCESS = False  # a login to one's own account does not wipe what a sprayer tried
+AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
+AXES_CLIENT_IP_CALLABLE = "approvals.audit.client_address"
+AXES_VERBOSE = False
 LOGIN_URL = "/login/"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/login/"

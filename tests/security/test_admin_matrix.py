@@ -10,6 +10,7 @@ may not change it. Every admin action, by every principal, in the second test.
 
 import dramatiq
 import pytest
+from axes.models import AccessAttempt, AccessFailureLog, AccessLog
 from django.apps import apps
 from django.contrib import admin
 from django.contrib.auth.models import Group, Permission
@@ -73,6 +74,9 @@ TABLE = {
     "auth.user": (SU, SU, SU, SU),
     "auth.group": (SU, SU, SU, SU),
     "django_dramatiq.task": (SU, NOBODY, NOBODY, NOBODY),
+    "axes.accessattempt": (SU, SU, NOBODY, SU),
+    "axes.accesslog": (SU, SU, NOBODY, SU),
+    "axes.accessfailurelog": (SU, SU, NOBODY, SU),
     "runs.run": (V, OP, NOBODY, SU),
     "runs.task": (V, NOBODY, NOBODY, SU),
     "runs.span": (V, NOBODY, NOBODY, SU),
@@ -194,7 +198,11 @@ def scene(demo, people, django_user_model):
     message = dramatiq.Message(queue_name="default", actor_name="execute_task", args=(), kwargs={}, options={})
     from django_dramatiq.models import Task as DramatiqTask
 
+    attempt = {"username": "victim", "ip_address": "10.0.0.1", "user_agent": "curl", "http_accept": "*/*"}
     rows = {
+        "axes.accessattempt": AccessAttempt.objects.create(**attempt, path_info="/login/", failures_since_start=1),
+        "axes.accesslog": AccessLog.objects.create(**attempt, path_info="/login/"),
+        "axes.accessfailurelog": AccessFailureLog.objects.create(**attempt, path_info="/login/"),
         "auth.user": victim,
         "auth.group": Group.objects.create(name="ops"),
         "django_dramatiq.task": DramatiqTask.tasks.create_or_update_from_message(message),
