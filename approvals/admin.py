@@ -355,8 +355,10 @@ class SuperusersOnly:
         return self._root(request) and super().has_delete_permission(request, obj)
 
 
-# People, the queue's records of its messages (its admin keeps them read-only) and the login lockouts.
+# People, the queue's records of its messages (its admin keeps them read-only) and the login lockouts (a
+# superuser unlocks by deleting the attempt; axes' own "clean up" action needs a login request, so it goes).
 for _model in (User, Group, DramatiqTask, AccessAttempt, AccessLog, AccessFailureLog):
     _admin = type(admin.site._registry[_model])
+    _extra = {"actions": []} if _model is AccessAttempt else {}
     admin.site.unregister(_model)
-    admin.site.register(_model, type(_admin.__name__, (SuperusersOnly, _admin), {}))
+    admin.site.register(_model, type(_admin.__name__, (SuperusersOnly, _admin), _extra))

@@ -62,8 +62,9 @@ class FaultIn(BaseModel):
     task: str = Field(min_length=1, max_length=64, pattern=r"^[-a-zA-Z0-9_]+$")
     at: Literal["call", "start"] = "call"
     call: Whole(ge=1, le=10_000) | None = None
-    mode: Literal["error", "transient", "timeout_after_commit", "timeout_no_lookup", "slow", "crash"]
-    # Where a crash happens around a tool call (default: after the intent is committed, before the call).
+    mode: Literal["error", "transient", "timeout_after_commit", "timeout_no_lookup", "slow", "crash", "freeze"]
+    # Where a crash (or a freeze: the worker stops there a few seconds, for fencing drills) happens around a
+    # tool call (default: after the intent is committed, before the call).
     point: Literal["", "after_intent", "after_call", "after_receipt", "after_advance", "after_enqueue"] = ""
 
     @model_validator(mode="after")
@@ -72,8 +73,10 @@ class FaultIn(BaseModel):
             raise ValueError("a fault at a tool call needs 'call' (1-based, within the task)")
         if self.at == "start" and self.mode != "crash":
             raise ValueError("only 'crash' can happen at a task's start")
-        if self.point and self.mode != "crash":
-            raise ValueError("'point' applies to a crash only")
+        if self.point and self.mode not in ("crash", "freeze"):
+            raise ValueError("'point' applies to a crash or a freeze only")
+        if self.mode == "freeze" and self.point not in ("", "after_intent"):
+            raise ValueError("a freeze happens after the intent is committed (point after_intent)")
         return self
 
 

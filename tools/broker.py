@@ -14,6 +14,7 @@ call is made again with the same key; no lookup → a human decides. Never a bli
 import json
 import logging
 import re
+import time
 from dataclasses import dataclass
 
 from django.db import transaction
@@ -36,6 +37,7 @@ from .registry import REDACTED, TOOLS, ToolSpec, redact
 log = logging.getLogger("warden.tools")
 OS = ToolOperation.Status
 RESULT_TEXT_LIMIT = 4000
+FREEZE_SECONDS = 3.0  # the "freeze" drill fault: long enough for a drill to SIGSTOP the process there
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 
 
@@ -139,8 +141,8 @@ class Faults:
         system, points, no_lookup = None, [], False
         for mode, point in faults_at(run_input, task_key, call=call, with_points=True):
             point_name = f"call:{call}" if point in ("", "after_intent") else f"call:{call}:{point}"
-            if mode == "crash":
-                points.append((point or "after_intent", point_name))
+            if mode in ("crash", "freeze"):
+                points.append((point or "after_intent", point_name, mode))
             elif mode in ("error", "slow"):
                 system = mode  # every time: the system keeps refusing, or keeps being slow
             elif mode == "timeout_no_lookup":
@@ -154,11 +156,15 @@ class Faults:
         )
 
     def crash(self, point: str) -> None:
-        for name, point_name in self.crash_points:
+        """A crash (or freeze) fault at this point around the call: the process dies here (or stops here
+        a while, as a frozen one would, while a drill stops it for real with SIGSTOP)."""
+        for name, point_name, mode in self.crash_points:
             if name == point and fault_fire_once(
-                run_id=self.run_id, task_key=self.task_key, point=point_name, mode="crash"
+                run_id=self.run_id, task_key=self.task_key, point=point_name, mode=mode
             ):
-                crash_now()
+                if mode == "crash":
+                    crash_now()
+                time.sleep(FREEZE_SECONDS)
 
 
 def crash_point(run_input: dict, *, run_id: int, task_key: str, call: int | None, point: str) -> None:
