@@ -41,6 +41,7 @@ class ApprovalOut(Schema):
                     "parent": None,
                     "items": [],
                     "quorum": 1,
+                    "admins_only": False,
                     "arguments_hash": ARGUMENTS_HASH,
                     "status": "approved",
                     "summary": "refund payments.refund(charge='ch_T-4711', amount=1200)",
@@ -71,6 +72,7 @@ class ApprovalOut(Schema):
     parent: int | None
     items: list[int]
     quorum: int
+    admins_only: bool = Field(description="Only the project's admins may decide it (the strictest matching policy)")
     arguments_hash: str = Field(description="Quote it in a decision: it binds the decision to what you saw")
     status: str
     summary: str
@@ -93,6 +95,7 @@ def approval_out(a: ApprovalRequest) -> dict:
         "parent": a.parent_id,
         "items": [item.id for item in items],
         "quorum": a.quorum,
+        "admins_only": a.admins_only,
         "arguments_hash": a.arguments_hash,
         "decisions": [
             {

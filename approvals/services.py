@@ -279,7 +279,7 @@ def _decide(approval, run, user, approve, note, edited, now) -> str:
 def _settle_item(item, run, user, approve, note, now) -> None:
     from tools.broker import operations_decided
 
-    # Only approvals of the arguments as they now are count (what approval_still_valid checks again).
+    # Only approvals of the arguments as they now are count (what the gate checks again before the call).
     approvals = item.decisions.filter(verdict="approve", arguments_hash=item.arguments_hash).count()
     if approve and approvals < item.quorum:
         return  # waits for more reviewers

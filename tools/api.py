@@ -18,7 +18,7 @@ from runs.external import external_operation_intent
 from runs.schemas import BodyIn, PathId, QueryWhole
 from runs.selectors import run_get
 
-from .classifications import TOOL_NAME_RULE, tool_classification_set
+from .classifications import TOOL_NAME, TOOL_NAME_RULE, tool_classification_set
 from .gate import Verdict
 from .models import SandboxCall, ToolClassification, ToolOperation
 from .saga import compensation_plan, operation_resolve, run_compensate
@@ -408,26 +408,21 @@ def sandbox_effects(request, filters: Query[EffectsQuery]):
     }
 
 
+TOOL_CLASS = {
+    "project": "default",
+    "tool": "payments.refund",
+    "tool_class": "non_idempotent_write",
+    "reversibility": "irreversible",
+    "approval": "always",
+    "note": "refunds move money: every one waits for a reviewer",
+}
+
+
 class ToolClassIn(BodyIn):
-    model_config = ConfigDict(
-        json_schema_extra={
-            "examples": [
-                {
-                    "project": "default",
-                    "tool": "payments.refund",
-                    "tool_class": "non_idempotent_write",
-                    "reversibility": "irreversible",
-                    "approval": "always",
-                    "note": "refunds move money: every one waits for a reviewer",
-                }
-            ]
-        }
-    )
+    model_config = ConfigDict(json_schema_extra={"examples": [TOOL_CLASS]})
 
     project: str = Field(min_length=1, max_length=64)
-    tool: str = Field(
-        min_length=1, max_length=64, pattern=r"^[a-zA-Z0-9][-a-zA-Z0-9_.:]{0,63}$", description=TOOL_NAME_RULE
-    )
+    tool: str = Field(min_length=1, max_length=64, pattern=TOOL_NAME.pattern, description=TOOL_NAME_RULE)
     tool_class: Literal["read_only", "idempotent_write", "non_idempotent_write"]
     reversibility: Literal["", "reversible", "irreversible"] = ""
     approval: Literal["", "always", "refuse"] = Field(
@@ -439,18 +434,7 @@ class ToolClassIn(BodyIn):
 class ToolClassOut(Schema):
     model_config = ConfigDict(
         json_schema_extra={
-            "examples": [
-                {
-                    "project": "default",
-                    "tool": "payments.refund",
-                    "tool_class": "non_idempotent_write",
-                    "reversibility": "irreversible",
-                    "approval": "always",
-                    "note": "refunds move money: every one waits for a reviewer",
-                    "classified_by": "ada",
-                    "classified_at": "2026-03-14T08:40:02.117Z",
-                }
-            ]
+            "examples": [{**TOOL_CLASS, "classified_by": "ada", "classified_at": "2026-03-14T08:40:02.117Z"}]
         }
     )
 

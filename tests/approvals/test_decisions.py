@@ -186,7 +186,7 @@ def test_twenty_reviewers_at_once_make_exactly_one_outcome_one_resume_and_one_ex
     request = parked(run)
     barrier, outcomes = threading.Barrier(20), []
 
-    def decide(user, approve):
+    def one_reviewer(user, approve):
         barrier.wait()
         try:
             decide(request_id=request.id, user=user, approve=approve, note="" if approve else "no")
@@ -196,7 +196,7 @@ def test_twenty_reviewers_at_once_make_exactly_one_outcome_one_resume_and_one_ex
         finally:
             connection.close()
 
-    threads = [threading.Thread(target=decide, args=(u, n % 2 == 0)) for n, u in enumerate(people)]
+    threads = [threading.Thread(target=one_reviewer, args=(u, n % 2 == 0)) for n, u in enumerate(people)]
     for t in threads:
         t.start()
     for t in threads:
