@@ -34,6 +34,24 @@ def _label(obj) -> str:
     return f"{obj._meta.label_lower} {obj.pk}"
 
 
+def _projects(request, action: str) -> list[int]:
+    """The projects where the request's user may ``action``, looked up once per request: the admin asks
+    every registered page's permissions to draw its menu."""
+    cache = request.__dict__.setdefault("_warden_projects", {})
+    if action not in cache:
+        cache[action] = project_ids(request.user, action)
+    return cache[action]
+
+
+def _role(request, project_id: int) -> str | None:
+    """The request's user's role in a project, looked up once per request (a page asks for each row it
+    shows, and for each of its inlines)."""
+    cache = request.__dict__.setdefault("_warden_roles", {})
+    if project_id not in cache:
+        cache[project_id] = role_of(request.user, project_id)
+    return cache[project_id]
+
+
 def config_save(*, actor, obj, created: bool, changed=(), project_id=None, request=None) -> None:
     """Save a row changed in the admin (a data fix, or a project's configuration), and say so in the
     audit log, with the row's project."""
@@ -88,13 +106,13 @@ class ScopedAdmin(admin.ModelAdmin):
         if action == SUPERUSER:
             return False
         if self.project_path is None:
-            return self.global_view and action == self.view_action and bool(project_ids(user, action))
+            return self.global_view and action == self.view_action and bool(_projects(request, action))
         if obj is None:  # a list or an add form: somewhere they may
-            return bool(project_ids(user, action))
+            return bool(_projects(request, action))
         project_id = _project_of(obj, self.project_path)
         if project_id is None:
             return self.shared_rows and action == self.view_action
-        return role_of(user, project_id) in ACTIONS[action][0]
+        return _role(request, project_id) in ACTIONS[action][0]
 
     def rows_for(self, request, action: str | None, rows=None):
         """``rows`` (all of the model's) narrowed to the projects where the user may ``action``."""
@@ -107,7 +125,7 @@ class ScopedAdmin(admin.ModelAdmin):
         if self.project_path is None:
             return rows if self.may(request, action) else rows.none()
         field = "pk" if self.project_path == "pk" else self.project_path
-        where = Q(**{f"{field}__in": project_ids(user, action)})
+        where = Q(**{f"{field}__in": _projects(request, action)})
         if self.shared_rows:
             where |= Q(**{f"{field}__isnull": True})
         return rows.filter(where)
@@ -138,9 +156,7 @@ class ScopedAdmin(admin.ModelAdmin):
             related = db_field.related_model
             if related is Project:  # and no shared (project-less) row: those are a superuser's
                 editable = action not in (None, SUPERUSER) and request.user.is_staff
-                kwargs["queryset"] = Project.objects.filter(
-                    id__in=project_ids(request.user, action) if editable else []
-                )
+                kwargs["queryset"] = Project.objects.filter(id__in=_projects(request, action) if editable else [])
                 kwargs["required"] = True
             elif isinstance(self.admin_site._registry.get(related), ScopedAdmin):
                 kwargs["queryset"] = self.admin_site._registry[related].rows_for(request, action)

@@ -27,6 +27,7 @@ from runs.circuit import Breaker, rate_wait
 from runs.errors import LeaseLost, StepFailure, TransientFailure
 from runs.faults import crash_now, fault_fire_once, faults_at
 from runs.models import Run
+from runs.services import sql
 
 from . import sandbox
 from .gate import REFUSE, Origin, Verdict, gate, gate_satisfied
@@ -267,8 +268,6 @@ class TaskFence:
     token: int
 
     def lost(self) -> bool:
-        from runs.services import sql
-
         return not sql.fetchone(
             "SELECT EXISTS (SELECT 1 FROM runs_task WHERE id = %s AND fencing_token = %s AND status = 'running')",
             [self.task_id, self.token],
@@ -472,6 +471,7 @@ def operation_execute(op: ToolOperation, spec: ToolSpec, args: dict, faults: Fau
     refused = approval_recheck(op)
     if refused is not None:
         return refused
+    _fenced(fence)  # before the intent is marked again: a stale caller leaves the row as its successor found it
     now = timezone.now()
     changed = (
         ToolOperation.objects.filter(id=op.id, attempts=op.attempts)

@@ -239,6 +239,26 @@ def test_8_run_finished_reaches_the_projects_endpoint_when_a_worker_completes_it
     assert Run.objects.get(id=run.id).status == Run.Status.COMPLETED
 
 
+@pytest.mark.services
+@pytest.mark.processes
+def test_8_with_real_worker_processes_the_projects_endpoints_receive_every_run_event(
+    demo_tx, processes, webhook_receiver
+):
+    from tests.conftest import wait_for
+
+    WebhookEndpoint.objects.create(url=webhook_receiver.url, secret="s" * 20, project=default_project())
+    done = run_start(workflow="deploy-review")
+    stopped = run_start(
+        workflow="incident-fanout", input={"faults": [{"task": "worker-2", "call": 2, "mode": "error"}]}
+    )
+    processes.worker(threads=2)
+    wanted = {"run.finished", "run.needs_attention"}
+    wait_for(lambda: wanted <= set(webhook_receiver.events()), timeout=60, message="both run events")
+    assert Run.objects.get(id=done.id).status == Run.Status.COMPLETED
+    assert Run.objects.get(id=stopped.id).status == Run.Status.NEEDS_ATTENTION
+    assert WebhookDelivery.objects.filter(status="delivered").count() >= 2
+
+
 # --- Found by reading ----------------------------------------------------------------------------------
 
 
