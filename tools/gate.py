@@ -31,7 +31,9 @@ from django.utils import timezone
 
 from approvals.access import role_of
 from approvals.models import AllowRule, ApprovalPolicy, ApprovalRequest
+from runs.errors import NotFound
 from runs.models import Run
+from runs.services import sql
 
 from .models import ToolClassification
 from .registry import TOOLS, Reversibility, ToolClass
@@ -189,22 +191,29 @@ class _Facts:
     workflow: str
     tool_policies: dict
     started_by_id: int | None
+    policies_may_match: bool  # an enabled approval policy of this run's scope names the tool (or every write)
 
 
-def _facts(run_id: int) -> _Facts:
-    columns = (
-        "project_id",
-        "project__slug",
-        "workflow_id",
-        "workflow__slug",
-        "workflow__tool_policies",
-        "started_by_id",
-    )
-    project_id, project, workflow_id, workflow, policies, started_by = (
-        Run.objects.filter(id=run_id).values_list(*columns).get()
-    )
+# Hand-written, like the engine's hot path (runs/services/sql.py): the gate is asked at every tool call,
+# and most calls match no approval policy, so the policies themselves are loaded only when one might.
+_FACTS_SQL = (
+    "SELECT r.project_id, p.slug, r.workflow_id, w.slug, w.tool_policies, r.started_by_id, "
+    "EXISTS (SELECT 1 FROM approvals_approvalpolicy a WHERE a.enabled AND (a.tool = %s OR (a.tool = '' AND %s)) "
+    "AND (a.project_id IS NULL OR a.project_id = r.project_id) "
+    "AND (a.workflow_id IS NULL OR a.workflow_id = r.workflow_id)) "
+    "FROM runs_run r JOIN approvals_project p ON p.id = r.project_id JOIN agents_workflow w ON w.id = r.workflow_id "
+    "WHERE r.id = %s"
+)
+
+
+def _facts(run_id: int, tool: str, is_write: bool) -> _Facts:
+    row = sql.fetchone(_FACTS_SQL, [tool, is_write, run_id])
+    if row is None:
+        raise NotFound(f"run {run_id} does not exist")
+    project_id, project, workflow_id, workflow, policies, started_by, may_match = row
+    policies = sql.loads(policies)
     policies = policies if isinstance(policies, dict) else {}
-    return _Facts(run_id, project_id, project, workflow_id, workflow, policies, started_by)
+    return _Facts(run_id, project_id, project, workflow_id, workflow, policies, started_by, bool(may_match))
 
 
 def gate(
@@ -222,7 +231,8 @@ def gate(
     """The verdict on one call of ``tool`` with these (validated) ``arguments`` in run ``run_id``.
     ``allowed_tools``: the task's allowlist (trusted configuration), for an agent's call; ``corrects``:
     the tool whose effect a correction follows."""
-    facts = _facts(run_id)
+    spec = TOOLS.get(tool)
+    facts = _facts(run_id, tool, spec is None or spec.is_write)
     found = tool_classify(
         project_id=facts.project_id,
         tool=tool,
@@ -244,7 +254,8 @@ def gate(
     if found.approval == ToolClassification.Approval.ALWAYS:
         needs.append(_Need(f"project {facts.project}: every call of {tool} waits for a reviewer"))
     needs += _workflow_needs(facts, tool, origin, corrects)
-    needs += _policy_needs(facts, tool, arguments, found.is_write)
+    if facts.policies_may_match:
+        needs += _policy_needs(facts, tool, arguments, found.is_write)
     if origin == Origin.PROPOSAL:
         needs.append(_Need("propose mode: a reviewer approves it before the supervisor executes it"))
     verdict = _verdict(found, needs)

@@ -332,8 +332,8 @@ def test_nothing_leaves_without_the_right_peoples_yes(gate_machine):
     run_state_machine_as_test(
         gate_machine,
         settings=settings(
-            # 500 in embedded mode; scaled mode, several times slower per example, runs 100 of the same.
-            max_examples=int(os.environ.get("WARDEN_GATE_EXAMPLES", 500 if SQLITE else 100)),
+            # 500 in embedded mode; scaled mode, several times slower per example, runs 60 of the same.
+            max_examples=int(os.environ.get("WARDEN_GATE_EXAMPLES", 500 if SQLITE else 60)),
             stateful_step_count=20,
             deadline=None,
             database=None,  # examples hold ids of a rolled-back test database: nothing worth replaying
