@@ -27,7 +27,7 @@ def _pending(user, after: int = 0):
     visible = project_ids(user, "view")
     if visible is not None:
         rows = rows.filter(run__project_id__in=visible)
-    return rows.select_related("run__project", "run__workflow", "task").order_by("requested_at", "id")
+    return rows.select_related("run__project", "run__workflow", "task", "policy").order_by("requested_at", "id")
 
 
 def _deciding(user):

@@ -58,7 +58,7 @@ POLICY = {
     "project": st.sampled_from([None, 0, 1]),
     "tool": st.sampled_from(["", *TOOLS]),
     "quorum": st.sampled_from([1, 1, 1, 2, 3]),
-    "admins": st.sampled_from([False, False, True]),
+    "admins": st.sampled_from([False, False, False, True]),
     "enabled": st.sampled_from([True, True, False]),
 }
 ALLOW_RULE = {
@@ -67,8 +67,8 @@ ALLOW_RULE = {
     "tool": st.sampled_from(list(TOOLS)),
     "scope": st.sampled_from(["project", "project", "run", "agent", "other agent"]),
     "covers": st.sampled_from([True, True, False]),
-    "expired": st.sampled_from([False, False, False, True]),
-    "exact": st.sampled_from([True, True, False]),
+    "expired": st.sampled_from([False, False, False, False, True]),
+    "exact": st.sampled_from([True, True, True, False]),
 }
 
 
@@ -98,7 +98,7 @@ class GateMachine(RuleBasedStateMachine):
             st.sampled_from([*ROLES, "reviewer", "admin"]), min_size=2 * len(USERS), max_size=2 * len(USERS)
         ),
         policies=st.integers(0, 3),
-        rules=st.integers(0, 3),
+        rules=st.integers(1, 4),
         runs=st.integers(1, 2),
         data=st.data(),
     )
