@@ -1,4 +1,4 @@
-"""The demo workflows of SCENARIOS.md: deploy-review (A) and incident-fanout (B), on scripted agents."""
+"""The demo workflows of docs/scenarios.md: deploy-review (A) and incident-fanout (B), on scripted agents."""
 
 from django.db import transaction
 

@@ -1,4 +1,4 @@
-"""Drill faults chosen in a run's input (SCENARIOS.md): where they apply and whether they fired."""
+"""Drill faults chosen in a run's input (docs/scenarios.md): where they apply and whether they fired."""
 
 import os
 import signal

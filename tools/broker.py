@@ -127,7 +127,7 @@ def _rate_limited(spec: ToolSpec) -> float:
 
 @dataclass
 class Faults:
-    """The drill faults that apply to one call (SCENARIOS.md): the mode passed to the external system,
+    """The drill faults that apply to one call (docs/scenarios.md): the mode passed to the external system,
     and the crash points at which this worker dies."""
 
     run_id: int

@@ -271,7 +271,7 @@ WARDEN = {
     "WEBHOOK_ALLOW_PRIVATE": os.environ.get("WARDEN_WEBHOOK_ALLOW_PRIVATE", "") == "1",
     # The sandbox systems' effects listing (GET /api/v1/sandbox/effects); off where real tools run.
     "SANDBOX_TOOLS": os.environ.get("WARDEN_SANDBOX_TOOLS", "1") == "1",
-    # Drill faults in a run's input (SCENARIOS.md); they can kill a worker on purpose (off in production).
+    # Drill faults in a run's input (docs/scenarios.md); they can kill a worker on purpose (off in production).
     "DRILL_FAULTS": os.environ.get("WARDEN_DRILL_FAULTS", "1") == "1",
     # Retention (runs/retention.py): bodies and payloads of runs finished this many days ago are pruned
     # (0: kept for good); the sweeper looks for such runs once per interval.

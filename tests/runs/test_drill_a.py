@@ -1,4 +1,4 @@
-"""Drill A (SCENARIOS.md): deploy-review resumes after its worker dies, and never restarts."""
+"""Drill A (docs/scenarios.md): deploy-review resumes after its worker dies, and never restarts."""
 
 import json
 import os

@@ -1,4 +1,4 @@
-"""Drills B1-B4 (SCENARIOS.md) against PostgreSQL, Redis and real worker processes. Effects are counted
+"""Drills B1-B4 (docs/scenarios.md) against PostgreSQL, Redis and real worker processes. Effects are counted
 through the sandbox effects listing, from outside the engine, as an operator would count them."""
 
 from collections import Counter
