@@ -1,7 +1,7 @@
 from django.contrib import admin, messages
 
 from approvals.admin_scope import GlobalConfigAdmin, ScopedAdmin
-from runs.errors import WardenError
+from core.errors import WardenError
 
 from .models import Agent, ModelPrice, ModelVersion, Workflow
 

@@ -28,9 +28,9 @@ from typing import Any
 from django.conf import settings
 from django.core.cache import cache
 
-from runs.circuit import Breaker, rate_wait
-from runs.errors import StepFailure, TransientFailure
-from runs.shared import tolerant
+from core.cache import tolerant
+from core.circuit import Breaker, rate_wait
+from core.errors import StepFailure, TransientFailure
 
 log = logging.getLogger("warden.gateway")
 

@@ -5,7 +5,7 @@ from graphlib import CycleError, TopologicalSorter
 
 from pydantic import ValidationError
 
-from runs.errors import InvalidInput
+from core.errors import InvalidInput
 from runs.schemas import PlanIn, PlannedTaskIn
 
 from .models import Agent

@@ -12,7 +12,7 @@ from contextlib import contextmanager
 
 from django.conf import settings
 
-from runs.errors import StepFailure
+from core.errors import StepFailure
 
 from .gateway import ModelRequest, ModelResponse
 

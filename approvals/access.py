@@ -6,7 +6,8 @@ does not allow the action gets 403. An API token narrows its user's rights to it
 is written to the audit log.
 """
 
-from runs.errors import Forbidden, InvalidInput, NotFound
+from core.bus import access_changed
+from core.errors import Forbidden, InvalidInput, NotFound
 
 from .models import ApiToken, Membership, Project
 
@@ -112,8 +113,6 @@ def membership_refusal(*, granter, project_id: int, role: str | None) -> str:
 
 def membership_grant(*, user, project: Project, role: str, granter=None, request=None) -> Membership:
     """``granter``: who asks (the admin); without one, a trusted caller (setup, the shell)."""
-    from runs.events import access_changed
-
     from .audit import audit
 
     if role not in Role.values:
@@ -136,8 +135,6 @@ def membership_grant(*, user, project: Project, role: str, granter=None, request
 
 
 def membership_revoke(*, user, project: Project, granter=None, request=None) -> int:
-    from runs.events import access_changed
-
     from .audit import audit
 
     if granter is not None:

@@ -6,7 +6,7 @@ from django.core.exceptions import PermissionDenied
 from django.template.response import TemplateResponse
 from django_dramatiq.models import Task as DramatiqTask
 
-from runs.errors import Forbidden, WardenError
+from core.errors import Forbidden, WardenError
 
 from .access import authorize, membership_grant, membership_revoke
 from .admin_scope import SUPERUSER, ReadOnlyScopedAdmin, ScopedAdmin, ScopedInline

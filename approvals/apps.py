@@ -6,4 +6,12 @@ class ApprovalsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self):
+        from core import hooks
+
         from . import signals  # noqa: F401  (logins and admin fixes into the audit log)
+        from .services import approval_request_for_operation, approval_request_for_operations, approvals_withdraw
+
+        # The broker and the engine call these inside their transactions, by name (core.hooks).
+        hooks.provide(hooks.APPROVAL_REQUEST_FOR_OPERATION, approval_request_for_operation)
+        hooks.provide(hooks.APPROVAL_REQUEST_FOR_OPERATIONS, approval_request_for_operations)
+        hooks.provide(hooks.APPROVALS_WITHDRAW, approvals_withdraw)

@@ -40,8 +40,9 @@ def approvals_expire(now) -> int:
 
 def _expire(request_id: int, now) -> int:
     from tools.broker import operations_decided
+    from tools.saga import run_operations_send
 
-    from .services import _wake_parked_task, run_operations_send
+    from .services import _wake_parked_task
 
     run_id = ApprovalRequest.objects.values_list("run_id", flat=True).get(id=request_id)
     with transaction.atomic():

@@ -15,7 +15,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from runs import outbound
+from core import outbound
 
 from .models import ApprovalRequest, Membership, Notification
 

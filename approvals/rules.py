@@ -5,7 +5,7 @@ rule may stand in for a reviewer there: only where its creator could have approv
 from django.conf import settings
 from django.utils import timezone
 
-from runs.errors import Forbidden, InvalidInput, NotFound
+from core.errors import Forbidden, InvalidInput, NotFound
 
 from .access import authorize
 from .audit import audit

@@ -9,18 +9,17 @@ import logging
 from django.db import transaction
 from django.utils import timezone
 
-from runs import events
-from runs.errors import Conflict, Forbidden, InvalidInput, NotFound
+from core import bus
+from core.errors import Conflict, Forbidden, InvalidInput, NotFound
 from runs.models import Run, Task
-from runs.services.outbox import outbox_add
 from runs.services.runs import run_transition, task_set_ready
 from tools.gate import Verdict, strictest
+from tools.saga import run_operations_send
 
 from .models import ApprovalRequest
 from .notify import notifications_add
 
 log = logging.getLogger("warden.approvals")
-RUN_OPERATIONS = "run_operations"
 
 
 def _describe(op) -> str:
@@ -58,7 +57,7 @@ def approval_request_for_operation(op, *, parent: ApprovalRequest | None = None,
     expiry, what a rejection does). Inside the intent's (or the bundle's) transaction. ``requested_by_id``:
     whose action asked for the call (the run's starter, or the operator who compensated); they may not
     decide it."""
-    events.run_changed(op.run_id)
+    bus.run_changed(op.run_id)
     request = ApprovalRequest.objects.create(
         run_id=op.run_id,
         task_id=op.task_id if op.kind == "action" and not op.proposed else None,
@@ -100,7 +99,7 @@ def approval_request_for_operations(
     compensation), with one item per operation that can also be decided alone. The parent asks for the
     strictest of its items' verdicts: the largest quorum, admins only if any item is, the soonest expiry,
     a failed task on rejection if any item says so."""
-    events.run_changed(run.id)
+    bus.run_changed(run.id)
     lines = [title] + [f"{n}. {_describe(op)}" for n, op in enumerate(operations, 1)]
     parent = ApprovalRequest.objects.create(
         run=run,
@@ -120,7 +119,7 @@ def approval_request_for_operations(
 def approvals_withdraw(*, run: Run, reason: str) -> int:
     """The run moved on (cancelled, compensated): nobody needs to decide any more, and nothing it still
     meant to do will be done. Run locked."""
-    events.run_changed(run.id)
+    bus.run_changed(run.id)
     from tools.broker import operations_decided
     from tools.models import ToolOperation
 
@@ -242,7 +241,7 @@ def decider_refusal(approval: ApprovalRequest, *, run: Run, user) -> str:
 
 def _decide(approval, run, user, approve, note, edited, now) -> str:
     """Record the decision on this request (and on each pending item of a parent); returns its outcome."""
-    events.run_changed(run.id)
+    bus.run_changed(run.id)
     from .models import Decision
 
     items = (
@@ -370,13 +369,3 @@ def _wake_parked_task(run: Run, request: ApprovalRequest, reason: str, now) -> N
     if run.status == Run.Status.WAITING_FOR_APPROVAL:
         run_transition(run=run, to=Run.Status.RUNNING, reason=reason, now=now)
     task_set_ready(task=task, now=now)  # sends it; a run paused for a human holds it until resumed
-
-
-def run_operations_send(run: Run) -> None:
-    """Wake the supervisor's executor for this run (inside the deciding transaction)."""
-    from django.conf import settings
-
-    Run.objects.filter(id=run.id).update(
-        ops_lease_expires_at=timezone.now() + timezone.timedelta(seconds=settings.WARDEN["REDRIVE_AFTER_SECONDS"])
-    )
-    outbox_add(actor=RUN_OPERATIONS, kwargs={"run_id": run.id})

@@ -8,6 +8,8 @@ from django.contrib.auth.signals import user_logged_in, user_logged_out, user_lo
 from django.db.models.signals import post_save
 from django.dispatch import receiver
 
+from core.bus import access_changed
+
 from .admin_scope import ScopedAdmin
 from .audit import audit
 
@@ -21,8 +23,6 @@ def _logged_in(sender, request, user, **kwargs):
 def _logged_out(sender, request, user, **kwargs):
     if user is not None:
         audit(actor=user, action="logout", target=user.get_username(), request=request)
-        from runs.events import access_changed
-
         access_changed(user.id)  # its open dashboard sockets close now, not at their next heartbeat
 
 
@@ -57,6 +57,4 @@ def _user_saved(sender, instance, created, **kwargs):
     heartbeat; their sessions no longer authenticate (Django refuses inactive users) and their API
     tokens stop working (approvals/tokens.py)."""
     if not created and not instance.is_active:
-        from runs.events import access_changed
-
         access_changed(instance.id)

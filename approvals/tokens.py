@@ -5,7 +5,7 @@ import secrets
 
 from django.utils import timezone
 
-from runs.errors import Forbidden
+from core.errors import Forbidden
 
 from .audit import audit
 from .models import ApiToken

@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # `import approvals` (Django's app registry) finds the app, not this script.
 sys.path.insert(0, str(ROOT))
 
-from dashboard import (  # noqa: E402  (bench/dashboard.py)
+from live_push import (  # noqa: E402  (bench/live_push.py)
     best_effort,
     children,
     cpu_seconds,

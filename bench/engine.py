@@ -33,7 +33,7 @@ os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/0")
 os.environ.setdefault("WARDEN_QUEUE_NAMESPACE", f"warden-bench-{os.getpid()}")
 os.environ["DJANGO_SETTINGS_MODULE"] = "config.settings.base"
 
-from dashboard import best_effort  # noqa: E402  (bench/dashboard.py)
+from live_push import best_effort  # noqa: E402  (bench/live_push.py)
 
 
 def ensure_database(url: str, create: bool = True) -> None:

@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/run.py [--quick] [--only engine,approvals,dashboard] [--json]
 
-Runs bench/engine.py, bench/approval_resume.py and bench/dashboard.py one after the other, each in its own
+Runs bench/engine.py, bench/approval_resume.py and bench/live_push.py one after the other, each in its own
 process with its own database (warden_bench_run_engine, warden_bench_run_appr, warden_bench_run_dash:
 dropped and recreated, dropped at the end) and its own queue namespace on Redis db 13. Each benchmark
 starts and stops its own workers (and the dashboard its ASGI server). Their output is shown as it comes,
@@ -30,7 +30,7 @@ ROOT = HERE.parent
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 BENCHES = ("engine", "approvals", "dashboard")
 # Not bench/approval_resume.py: a script of that name would shadow the approvals app on sys.path.
-SCRIPTS = {"engine": "engine.py", "approvals": "approval_resume.py", "dashboard": "dashboard.py"}
+SCRIPTS = {"engine": "engine.py", "approvals": "approval_resume.py", "dashboard": "live_push.py"}
 DATABASES = {
     "engine": "warden_bench_run_engine",
     "approvals": "warden_bench_run_appr",
@@ -109,7 +109,7 @@ def run_one(name: str, args, timeout: float) -> tuple[dict | None, int, float]:
 
 def cleanup(name: str, args, pid: int) -> None:
     """What the benchmark should have cleaned up itself, in case it was killed."""
-    from dashboard import best_effort
+    from live_push import best_effort
 
     reap_leftovers()
     best_effort(f"drop the database {DATABASES[name]}", drop_database, args.postgres, DATABASES[name])

@@ -11,14 +11,14 @@ from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 from ninja.security import HttpBearer
 
-import runs.api_external  # noqa: F401  (its operations join the reads router)
-from approvals.api import router as approvals_router
+import api.external  # noqa: F401  (its operations join the reads router)
+from api.approvals import router as approvals_router
+from api.reads import router as runs_reads_router
+from api.runs import router as runs_router
+from api.tools import router as tools_router
 from approvals.tokens import api_token_authenticate
-from runs.api import router as runs_router
-from runs.api_reads import router as runs_reads_router
-from runs.errors import Conflict, Forbidden, InvalidInput, NotFound
+from core.errors import Conflict, Forbidden, InvalidInput, NotFound
 from runs.transitions import TransitionNotAllowed
-from tools.api import router as tools_router
 
 
 class RateLimited(Exception):
@@ -138,6 +138,21 @@ class WardenAPI(NinjaAPI):
                         }
                     )
         return schema
+
+    # Operation ids are named after the module that first served them (ninja's default); the routers
+    # moved to api/ (the HTTP layer) but clients generated from the schema keep their names.
+    OPERATION_ID_MODULES = {
+        "api.runs": "runs.api",
+        "api.reads": "runs.api_reads",
+        "api.external": "runs.api_external",
+        "api.tools": "tools.api",
+        "api.approvals": "approvals.api",
+    }
+
+    def get_openapi_operation_id(self, operation) -> str:
+        func = operation.view_func
+        module = self.OPERATION_ID_MODULES.get(func.__module__, func.__module__)
+        return f"{module}_{func.__name__}".replace(".", "_")
 
 
 api = WardenAPI(

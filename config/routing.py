@@ -1,6 +1,6 @@
 from django.urls import path
 
-from runs.consumers import RunConsumer, RunListConsumer
+from dashboard.consumers import RunConsumer, RunListConsumer
 
 websocket_urlpatterns = [
     path("ws/runs/", RunListConsumer.as_asgi()),

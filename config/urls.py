@@ -3,7 +3,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 from django.views.generic import RedirectView
 
-from approvals import views as approvals_views
+from dashboard.views import queue as approvals_views
 
 from .api import api
 
@@ -15,6 +15,6 @@ urlpatterns = [
     path("approvals/", approvals_views.queue, name="approvals-queue"),
     path("approvals/new", approvals_views.queue_new, name="approvals-new"),
     path("approvals/<int:request_id>/decide", approvals_views.decide, name="approvals-decide"),
-    path("", include("runs.urls")),
+    path("", include("dashboard.urls")),
     path("", RedirectView.as_view(pattern_name="runs:list", permanent=False), name="home"),
 ]

@@ -8,9 +8,10 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
 from approvals.admin_scope import ReadOnlyScopedAdmin, ScopedAdmin, ScopedInline, SuperuserAdmin, SuperuserReadOnlyAdmin
+from core.errors import WardenError
+from core.outbound import url_refusal
 from tools.models import ToolOperation
 
-from .errors import WardenError
 from .models import (
     Artifact,
     BlackboardEntry,
@@ -29,7 +30,6 @@ from .models import (
     WebhookDelivery,
     WebhookEndpoint,
 )
-from .outbound import url_refusal
 from .services import run_cancel, run_resume, task_retry
 from .services.runs import RUN_BUDGET_FIELDS, run_budget_set
 from .transitions import TransitionNotAllowed
@@ -47,7 +47,7 @@ def _project_id(obj) -> int:
     return obj.project_id if isinstance(obj, Run) else obj.run.project_id
 
 
-def _apply(modeladmin, request, queryset, service, id_arg="run_id", access="operate", **kwargs):
+def admin_action_apply(modeladmin, request, queryset, service, id_arg="run_id", access="operate", **kwargs):
     """Run a service on each selected row the user's role allows, and record each in the audit log."""
     from approvals.access import authorize
     from approvals.audit import audit
@@ -178,11 +178,11 @@ class RunAdmin(RunData):
 
     @admin.action(description="Cancel the selected runs")
     def cancel_runs(self, request, queryset):
-        _apply(self, request, queryset, run_cancel, reason=f"cancelled by {request.user} in the admin")
+        admin_action_apply(self, request, queryset, run_cancel, reason=f"cancelled by {request.user} in the admin")
 
     @admin.action(description="Resume the selected runs (needs attention → running)")
     def resume_runs(self, request, queryset):
-        _apply(self, request, queryset, run_resume, reason=f"resumed by {request.user} in the admin")
+        admin_action_apply(self, request, queryset, run_resume, reason=f"resumed by {request.user} in the admin")
 
     @admin.action(description="Compensate the selected runs (undo committed effects; corrections need approval)")
     def compensate_runs(self, request, queryset):
@@ -192,7 +192,7 @@ class RunAdmin(RunData):
 
         if request.POST.get("confirm") == "yes":
             reason = f"compensation requested by {request.user}"
-            _apply(self, request, queryset, run_compensate, reason=reason, by=request.user)
+            admin_action_apply(self, request, queryset, run_compensate, reason=reason, by=request.user)
             return None
         # First show exactly what would be undone or corrected; nothing changes until confirmed.
         from approvals.access import authorize
@@ -256,7 +256,9 @@ class TaskAdmin(RunData):
 
     @admin.action(description="Retry the selected failed tasks")
     def retry_tasks(self, request, queryset):
-        _apply(self, request, queryset, task_retry, id_arg="task_id", reason=f"retried by {request.user} in the admin")
+        admin_action_apply(
+            self, request, queryset, task_retry, id_arg="task_id", reason=f"retried by {request.user} in the admin"
+        )
 
 
 @admin.register(Span)
@@ -291,7 +293,7 @@ class ArtifactAdmin(RunData):
     def reject_artifacts(self, request, queryset):
         from .services.artifacts import artifact_reject
 
-        _apply(self, request, queryset, artifact_reject, id_arg="artifact_id")
+        admin_action_apply(self, request, queryset, artifact_reject, id_arg="artifact_id")
 
 
 @admin.register(QuarantinedResult)
@@ -459,4 +461,4 @@ class BlackboardEntryAdmin(RunData):
         def blackboard_decide(*, entry_id):
             entry_decide(entry_id=entry_id, verdict=verdict, note=f"{verdict} in the admin by {by}", by=by)
 
-        _apply(self, request, queryset, blackboard_decide, id_arg="entry_id")
+        admin_action_apply(self, request, queryset, blackboard_decide, id_arg="entry_id")

@@ -17,8 +17,9 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from . import events
-from .errors import InvalidInput, NotFound
+from core import bus
+from core.errors import InvalidInput, NotFound
+
 from .models import Artifact, BlackboardEntry, Run, Task
 
 WRITE, VERIFY = "blackboard.write", "blackboard.verify"
@@ -171,5 +172,5 @@ def entry_decide(*, entry_id: int, verdict: str, note: str = "", by: str = "an o
             raise NotFound(f"blackboard entry {entry_id} does not exist")
         entry.verification, entry.verified_by, entry.note = verdict, by[:100], note
         entry.save(update_fields=["verification", "verified_by", "note"])
-        events.run_changed(entry.run_id)
+        bus.run_changed(entry.run_id)
     return entry

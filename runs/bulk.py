@@ -13,9 +13,9 @@ from django.db.models import Count, F
 from approvals.access import authorize, project_ids
 from approvals.audit import audit
 from approvals.models import ApprovalRequest
+from core.errors import Forbidden, NotFound, WardenError
 from tools.saga import COMPENSABLE_FROM, compensation_plan, run_compensate
 
-from .errors import Forbidden, NotFound, WardenError
 from .models import Run, Task
 from .selectors import set_aside_by_replan
 from .services import run_cancel, task_retry

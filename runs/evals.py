@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 
 from django.db import transaction
 
-from .errors import InvalidInput
+from core.errors import InvalidInput
+
 from .models import EvalCase, EvalResult, EvalRun, EvalSuite, Run
 from .services import run_start
 

@@ -20,10 +20,10 @@ from django.utils import timezone
 from django.utils.text import slugify
 
 from agents.models import Agent, Workflow
+from core import bus
+from core.errors import Conflict, Forbidden, InvalidInput, NotFound
 from tools.models import ToolOperation
 
-from . import events
-from .errors import Conflict, Forbidden, InvalidInput, NotFound
 from .models import Run, Span, Task
 from .services import sql
 from .services.runs import run_transition
@@ -83,7 +83,7 @@ def external_task_open(*, run_id: int, key: str, agent: str, objective: str = ""
             run=run, task=task, parent_id=root, kind=Span.Kind.TASK, name=f"task {key}", status=Span.Status.RUNNING,
             started_at=now, attempt=1, attributes={"agent": agent_row.slug, "external": True},
         )  # fmt: skip
-        events.run_changed(run.id)
+        bus.run_changed(run.id)
         return task
 
 
@@ -118,7 +118,7 @@ def external_span_report(
         )
         sql.add_usage("runs_task", owner.id, **usage)
         sql.add_usage("runs_run", run.id, **usage)
-        events.run_changed(run.id)
+        bus.run_changed(run.id)
         return span
 
 
@@ -209,7 +209,7 @@ def external_operation_started(*, operation_id: int) -> ToolOperation:
             raise Conflict(f"operation {operation_id} may not be carried out: {why}")
         op.status, op.started_at, op.attempts = OS.EXECUTING, timezone.now(), op.attempts + 1
         op.save(update_fields=["status", "started_at", "attempts"])
-        events.run_changed(op.run_id)
+        bus.run_changed(op.run_id)
         return op
 
 
@@ -229,12 +229,12 @@ def external_operation_outcome(
         if committed:
             changes.update(result=result, external_id=external_id[:200], committed_at=now)
         ToolOperation.objects.filter(id=op.id).update(**changes)
-        events.run_changed(op.run_id)
+        bus.run_changed(op.run_id)
         if final == OS.AMBIGUOUS:
-            from tools.broker import _emit_ambiguous
+            from tools.broker import operation_ambiguous_announce
 
             op.status, op.status_reason = final, error
-            _emit_ambiguous(op)
+            operation_ambiguous_announce(op)
         op.refresh_from_db()
         if op.compensates_id:
             _undo_reported(op, error or ("the agent cannot tell whether it happened" if ambiguous else "failed"))
@@ -243,10 +243,10 @@ def external_operation_outcome(
 
 def _undo_reported(op: ToolOperation, failure: str) -> None:
     """The agent carried out one step of a compensation (inside the reporting transaction)."""
-    from tools.saga import _supervised_failed, run_operations
+    from tools.saga import operation_supervised_failed, run_operations
 
     if op.status != OS.COMMITTED:
-        _supervised_failed(op.run, op, failure)  # the run needs a human; the original is marked
+        operation_supervised_failed(op.run, op, failure)  # the run needs a human; the original is marked
         return
     ToolOperation.objects.filter(id=op.compensates_id).update(
         status=OS.COMPENSATED,

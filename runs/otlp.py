@@ -28,7 +28,8 @@ def _nanos(moment) -> str:
     return str(int(moment.timestamp() * 1_000_000) * 1000)
 
 
-def _attribute(key: str, value) -> dict:
+def otlp_attribute(key: str, value) -> dict:
+    """One OTLP/JSON attribute, typed by the value."""
     if isinstance(value, bool):
         return {"key": key, "value": {"boolValue": value}}
     if isinstance(value, int):
@@ -72,7 +73,7 @@ def _span(span: dict, run: Run, agents: dict[int, str], models: dict[int, str]) 
         "kind": KIND_CLIENT if kind in ("model_call", "tool_call") else KIND_INTERNAL,
         "startTimeUnixNano": _nanos(span["started_at"]),
         "endTimeUnixNano": _nanos(span["ended_at"] or span["started_at"]),
-        "attributes": [_attribute(k, v) for k, v in attributes],
+        "attributes": [otlp_attribute(k, v) for k, v in attributes],
         "status": {"code": STATUS_CODE.get(span["status"], 0)},
     }
     if span["parent_id"]:
@@ -89,9 +90,9 @@ def run_otlp(run: Run) -> dict:
     models = {t.id: t.agent.provider for t in tasks}
     resource = {
         "attributes": [
-            _attribute("service.name", "warden"),
-            _attribute("warden.project", run.project.slug),
-            _attribute("warden.workflow", run.workflow.slug),
+            otlp_attribute("service.name", "warden"),
+            otlp_attribute("warden.project", run.project.slug),
+            otlp_attribute("warden.workflow", run.workflow.slug),
         ]
     }
     return {

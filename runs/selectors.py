@@ -2,7 +2,8 @@
 
 from django.db.models import Prefetch, Q
 
-from .errors import NotFound
+from core.errors import NotFound
+
 from .models import Run, Task
 
 

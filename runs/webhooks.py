@@ -22,9 +22,9 @@ from django.db.models import Q
 from django.utils import timezone
 
 from approvals.audit import audit
+from core import outbound
+from core.errors import InvalidInput
 
-from . import outbound
-from .errors import InvalidInput
 from .models import Run, WebhookDelivery, WebhookEndpoint
 from .services import sql
 from .services.outbox import outbox_add

@@ -211,7 +211,7 @@ def events_publisher_stopped(django_db_setup, django_db_blocker):
     """The live-update publisher thread holds a database connection: it ends before the test database
     is dropped (PostgreSQL refuses to drop a database in use)."""
     yield
-    from runs.events import publisher
+    from dashboard.live import publisher
 
     publisher.stop()
 

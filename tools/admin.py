@@ -6,8 +6,8 @@ from django.contrib import admin
 from django.core.exceptions import PermissionDenied
 
 from approvals.admin_scope import ScopedAdmin, SuperuserAdmin, SuperuserReadOnlyAdmin
-from runs.admin import RunData, _apply
-from runs.errors import WardenError
+from core.errors import WardenError
+from runs.admin import RunData, admin_action_apply
 
 from .classifications import classification_refusal, tool_classification_remove, tool_classification_set
 from .models import (
@@ -47,7 +47,9 @@ class ToolOperationAdmin(RunData):
 
     def _resolve(self, request, queryset, committed: bool):
         note = f"checked by {request.user}"
-        _apply(self, request, queryset, operation_resolve, id_arg="operation_id", committed=committed, note=note)
+        admin_action_apply(
+            self, request, queryset, operation_resolve, id_arg="operation_id", committed=committed, note=note
+        )
 
     @admin.action(description="Resolve the selected ambiguous operations: the effect happened")
     def resolve_committed(self, request, queryset):

@@ -22,9 +22,9 @@ from django.utils import timezone
 from django.utils.crypto import salted_hmac
 from pydantic import ValidationError
 
-from runs import events
-from runs.circuit import Breaker, rate_wait
-from runs.errors import LeaseLost, StepFailure, TransientFailure
+from core import bus, hooks
+from core.circuit import Breaker, rate_wait
+from core.errors import LeaseLost, StepFailure, TransientFailure
 from runs.faults import crash_now, fault_fire_once, faults_at
 from runs.models import Run
 from runs.services import sql
@@ -248,10 +248,8 @@ def tool_call(
             started_at=timezone.now() if status == OS.EXECUTING else None,
         )
         if status == OS.AWAITING_APPROVAL:
-            from approvals.services import approval_request_for_operation
-
             starter = Run.objects.filter(id=run.id).values_list("started_by_id", flat=True).get()
-            approval_request_for_operation(op, requested_by_id=starter)
+            hooks.call(hooks.APPROVAL_REQUEST_FOR_OPERATION, op, requested_by_id=starter)
     if status == OS.PROPOSED:
         return _proposed(op)
     if status == OS.AWAITING_APPROVAL:
@@ -445,12 +443,13 @@ def _set(op: ToolOperation, **changes) -> None:
     for name, value in changes.items():
         setattr(op, name, value)
     ToolOperation.objects.filter(id=op.id).update(**changes)
-    events.run_changed(op.run_id)
+    bus.run_changed(op.run_id)
     if changes.get("status") == OS.AMBIGUOUS:
-        _emit_ambiguous(op)
+        operation_ambiguous_announce(op)
 
 
-def _emit_ambiguous(op: ToolOperation) -> None:
+def operation_ambiguous_announce(op: ToolOperation) -> None:
+    """Tell the project's webhooks that a write may or may not have happened (a person may have to look)."""
     from runs.models import Run
     from runs.webhooks import webhook_emit
 

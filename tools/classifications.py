@@ -13,7 +13,7 @@ from django.db import transaction
 from approvals.access import authorize
 from approvals.audit import audit
 from approvals.models import Project
-from runs.errors import InvalidInput
+from core.errors import InvalidInput
 
 from .models import ToolClassification, ToolOperation
 from .registry import TOOLS

@@ -31,7 +31,7 @@ from django.utils import timezone
 
 from approvals.access import role_of
 from approvals.models import AllowRule, ApprovalPolicy, ApprovalRequest
-from runs.errors import NotFound
+from core.errors import NotFound
 from runs.models import Run
 from runs.services import sql
 

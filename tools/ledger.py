@@ -5,7 +5,7 @@ forgot the gate fails loudly instead of sending a call nobody judged.
 """
 
 from approvals.audit import audit
-from runs import events
+from core import bus
 from runs.models import Run
 
 from .gate import REFUSE, Verdict
@@ -37,5 +37,5 @@ def operation_record(*, verdict: Verdict, run_id: int, project_id: int | None = 
             target=f"operation {op.id}",
             detail={"rule": verdict.allow_rule, "tool": op.tool, "arguments_hash": op.arguments_hash},
         )
-    events.run_changed(run_id)
+    bus.run_changed(run_id)
     return op

@@ -17,14 +17,14 @@ from django.utils import timezone
 
 from agents.models import Workflow
 from approvals.models import ApprovalRequest
-from approvals.services import approval_request_for_operations, approvals_withdraw, run_operations_send
-from runs import events
-from runs.errors import Conflict, LeaseLost, NotFound, StepFailure, TransientFailure
+from core import bus, hooks
+from core.errors import Conflict, LeaseLost, NotFound, StepFailure, TransientFailure
 from runs.heartbeat import lease_keeper
 from runs.models import Run, Task
 from runs.selectors import set_aside_by_replan
 from runs.services import sql
 from runs.services.leases import worker_id
+from runs.services.outbox import outbox_add
 from runs.services.runs import run_transition
 
 from .broker import Faults, _unseal, approval_recheck, arguments_hash, operation_execute, reconcile
@@ -39,6 +39,7 @@ COMPENSABLE_FROM = (Run.Status.NEEDS_ATTENTION, Run.Status.FAILED, Run.Status.CA
 SUPERVISED = Q(proposed=True) | Q(kind__in=[Kind.COMPENSATION, Kind.CORRECTION])
 INLINE_RETRIES = 3
 UNDO_REFUSED = "its undo was refused by the gate"
+RUN_OPERATIONS = "run_operations"  # the executor's actor (tools/actors.py)
 
 
 # --- propose mode ------------------------------------------------------------------------------------
@@ -63,7 +64,8 @@ def proposals_bundle_if_any(run: Run, now) -> bool:
     proposals.sort(key=lambda op: (op.reversibility == Reversibility.IRREVERSIBLE, op.task.key, op.step))
     for order, op in enumerate(proposals, 1):
         ToolOperation.objects.filter(id=op.id).update(status=OS.AWAITING_APPROVAL, order=order)
-    approval_request_for_operations(
+    hooks.call(
+        hooks.APPROVAL_REQUEST_FOR_OPERATIONS,
         run=run,
         operations=proposals,
         kind=ApprovalRequest.Kind.BUNDLE,
@@ -163,7 +165,7 @@ def run_compensate(*, run_id: int, reason: str = "compensation requested by an o
         Task.objects.filter(run=run).exclude(status__in=Task.TERMINAL).update(
             status=Task.Status.CANCELLED, status_reason="run compensated", finished_at=now
         )
-        approvals_withdraw(run=run, reason="the run is being compensated")
+        hooks.call(hooks.APPROVALS_WITHDRAW, run=run, reason="the run is being compensated")
         ToolOperation.objects.filter(run=run, status__in=[OS.PROPOSED, OS.APPROVED], kind=Kind.ACTION).update(
             status=OS.REJECTED, status_reason="not done: the run was compensated", ended_at=now
         )
@@ -185,7 +187,8 @@ def run_compensate(*, run_id: int, reason: str = "compensation requested by an o
                     waiting.append(op)
             ToolOperation.objects.filter(id=original.id).update(status=OS.COMPENSATING, status_reason="")
         if waiting:
-            approval_request_for_operations(
+            hooks.call(
+                hooks.APPROVAL_REQUEST_FOR_OPERATIONS,
                 run=run,
                 operations=waiting,
                 kind=ApprovalRequest.Kind.CORRECTION,
@@ -243,7 +246,7 @@ def operation_resolve(*, operation_id: int, committed: bool, note: str) -> ToolO
         op.status_reason = f"resolved by an operator: {verdict}" + (f" ({note})" if note else "")
         op.ended_at = timezone.now()
         op.save(update_fields=["status", "status_reason", "ended_at"])
-        events.run_changed(op.run_id)
+        bus.run_changed(op.run_id)
     return op
 
 
@@ -319,7 +322,7 @@ def run_operations(run_id: int) -> None:
 
 
 def _execute_supervised(run: Run, op: ToolOperation, fence: ExecutorFence | None = None) -> bool:
-    events.run_changed(run.id)
+    bus.run_changed(run.id)
     spec = TOOLS[op.tool]
     if op.status == OS.APPROVED and approval_recheck(op) is not None:
         return True  # rejected just now: its verdict is not satisfied (any more); the others go on
@@ -344,11 +347,11 @@ def _execute_supervised(run: Run, op: ToolOperation, fence: ExecutorFence | None
         except TransientFailure as exc:
             op.refresh_from_db()
             if attempt == INLINE_RETRIES:
-                return _supervised_failed(run, op, f"{exc} ({attempt} attempts)")
+                return operation_supervised_failed(run, op, f"{exc} ({attempt} attempts)")
             time.sleep(settings.WARDEN["RETRY_BASE_SECONDS"] * attempt / 4)
         except StepFailure as exc:
             op.refresh_from_db()
-            return _supervised_failed(run, op, str(exc))
+            return operation_supervised_failed(run, op, str(exc))
     if op.compensates_id:
         ToolOperation.objects.filter(id=op.compensates_id).update(
             status=OS.COMPENSATED, status_reason=f"{op.kind} {op.id} ({op.tool}) committed", ended_at=timezone.now()
@@ -356,11 +359,13 @@ def _execute_supervised(run: Run, op: ToolOperation, fence: ExecutorFence | None
     return True
 
 
-def _supervised_failed(run: Run, op: ToolOperation, message: str) -> bool:
+def operation_supervised_failed(run: Run, op: ToolOperation, message: str) -> bool:
+    """An operation the supervisor executes failed for good: mark it (and what it compensates) failed and
+    hand the run to a person (needs attention)."""
     now = timezone.now()
     with transaction.atomic():
         locked = Run.objects.select_for_update().get(id=run.id)
-        events.run_changed(run.id)
+        bus.run_changed(run.id)
         if op.status != OS.AMBIGUOUS:
             ToolOperation.objects.filter(id=op.id).update(status=OS.FAILED, status_reason=message[:4000], ended_at=now)
         what = "proposal" if op.kind == Kind.ACTION else op.kind
@@ -388,7 +393,7 @@ def _settle(run_id: int) -> None:
     now = timezone.now()
     with transaction.atomic():
         run = Run.objects.select_for_update().get(id=run_id)
-        events.run_changed(run_id)
+        bus.run_changed(run_id)
         ops = ToolOperation.objects.filter(run=run)
         if ops.filter(status__in=[OS.APPROVED, OS.EXECUTING, OS.AMBIGUOUS]).filter(SUPERVISED).exists():
             return  # approved meanwhile: the message that approval sent will do it
@@ -461,3 +466,11 @@ def compensate_by_policy(now) -> int:
         except Conflict as exc:
             log.info("run %s: not compensated by policy yet: %s", run.id, exc)
     return started
+
+
+def run_operations_send(run: Run) -> None:
+    """Wake the supervisor's executor for this run (inside the deciding transaction)."""
+    Run.objects.filter(id=run.id).update(
+        ops_lease_expires_at=timezone.now() + timezone.timedelta(seconds=settings.WARDEN["REDRIVE_AFTER_SECONDS"])
+    )
+    outbox_add(actor=RUN_OPERATIONS, kwargs={"run_id": run.id})

@@ -56,6 +56,7 @@ INSTALLED_APPS = [
     "agents",
     "tools",
     "approvals",
+    "dashboard",  # pages, live push and insight: on top, imported by no app below it
 ]
 
 MIDDLEWARE = [

@@ -2,8 +2,9 @@
 
 from django.db import transaction
 
-from .. import events
-from ..errors import NotFound
+from core import bus
+from core.errors import NotFound
+
 from ..models import Artifact
 
 
@@ -17,5 +18,5 @@ def artifact_reject(*, artifact_id: int, reason: str = "rejected by an operator"
         artifact.verification = Artifact.Verification.REJECTED
         artifact.provenance = {**artifact.provenance, "rejected": reason[:1000]}
         artifact.save(update_fields=["verification", "provenance"])
-        events.run_changed(artifact.run_id)
+        bus.run_changed(artifact.run_id)
     return artifact

@@ -11,8 +11,9 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from .. import events
-from ..errors import BudgetExceeded, LeaseLost, StepFailure, TransientFailure
+from core import bus
+from core.errors import BudgetExceeded, LeaseLost, StepFailure, TransientFailure
+
 from ..models import QuarantinedResult, Run, Span, Task
 from ..transitions import check_task_transition
 from . import sql
@@ -242,7 +243,7 @@ def _finish_generic(lease: Lease, run: Run, task: Task, *, step, response, start
         ],
     )
     sql.end_spans([lease.span_id, lease.task_span_id], now=now, status=Span.Status.OK)
-    events.run_changed(run.id)
+    bus.run_changed(run.id)
     dependents = sql.loads(completed[0])
     ready = _dependents_count_down(run.id, [int(i) for i in dependents], now) if dependents else []
     return run_usage, plan_version, held_back, ready
@@ -357,7 +358,7 @@ def fail_task(*, task: Task, run: Run, failure_class: str, reason: str, now) -> 
         lease_owner="",
         lease_expires_at=None,
     )
-    events.run_changed(run.id)
+    bus.run_changed(run.id)
     Span.objects.filter(task=task, kind=Span.Kind.TASK, ended_at__isnull=True).update(
         ended_at=now, status=Span.Status.ERROR, attributes={"error": reason[:2000]}
     )
@@ -397,7 +398,7 @@ def task_fail_or_retry(lease: Lease, exc: StepFailure) -> None:
         with transaction.atomic():
             run, task = _lock_own_task(lease)
             sql.end_spans([lease.span_id], now=now, status=Span.Status.ERROR, attributes={"error": reason[:2000]})
-            events.run_changed(run.id)
+            bus.run_changed(run.id)
             retryable = isinstance(exc, TransientFailure) or exc.failure_class == "transient"
             if retryable and task.attempts < task.max_attempts + task.recoveries and run.status == Run.Status.RUNNING:
                 delay = retry_delay_seconds(task.attempts)
@@ -429,7 +430,7 @@ def _cancel_own(task: Task, run: Run, now) -> None:
         lease_expires_at=None,
     )
     Span.objects.filter(task=task, ended_at__isnull=True).update(ended_at=now, status=Span.Status.ERROR)
-    events.run_changed(run.id)
+    bus.run_changed(run.id)
     run_finish_cancel_if_idle(run=run, now=now)
 
 

@@ -18,10 +18,10 @@ from dramatiq.middleware import TimeLimitExceeded
 from agents.gateway import ModelRequest, ModelResponse, model_complete
 from agents.models import Agent
 from agents.prompts import build_prompt
+from core import bus
+from core.errors import BudgetExceeded, InvalidInput, LeaseLost, StepFailure, TransientFailure
 
-from .. import events
 from ..blackboard import MEMORY_TOOLS, knowledge, memory_tool_call
-from ..errors import BudgetExceeded, InvalidInput, LeaseLost, StepFailure, TransientFailure
 from ..faults import crash_now
 from ..heartbeat import lease_keeper
 from ..models import Artifact, Payload, Run, Span, Task
@@ -503,7 +503,7 @@ def _journal(
     except LeaseLost:
         quarantine(lease, task, step=step, body=body)
         raise
-    events.run_changed(lease.run_id)  # committed by now: the PostgreSQL path is a single statement
+    bus.run_changed(lease.run_id)  # committed by now: the PostgreSQL path is a single statement
     state.apply({"step": step, "kind": kind, "name": name, "body": body})
     return run_usage, task_usage
 
@@ -550,7 +550,7 @@ def _journal_generic(p: dict, body, body_json: str) -> tuple[Usage, Usage]:
 
 
 def _error_span(lease: Lease, *, kind: str, name: str, started, message: str) -> None:
-    events.run_changed(lease.run_id)
+    bus.run_changed(lease.run_id)
     Span.objects.create(
         run_id=lease.run_id,
         task_id=lease.task_id,

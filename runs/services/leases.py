@@ -14,8 +14,9 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from .. import events
-from ..errors import BudgetExceeded
+from core import bus
+from core.errors import BudgetExceeded
+
 from ..faults import fault_fire_once, faults_at
 from ..models import Run, Span, Task
 from . import sql
@@ -340,7 +341,7 @@ def task_reserve(*, run_id: int, task_id: int, owner: str):
 def record_lease_expiry(*, task: Task, now) -> None:
     """The trace's record that a worker lost this task's lease. Call with the task locked."""
     Task.objects.filter(id=task.id).update(recoveries=task.recoveries + 1)
-    events.run_changed(task.run_id)
+    bus.run_changed(task.run_id)
     task.recoveries += 1
     Span.objects.filter(task=task, kind=Span.Kind.ATTEMPT, ended_at__isnull=True).update(
         ended_at=now, status=Span.Status.ERROR

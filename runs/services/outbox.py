@@ -9,7 +9,7 @@ import logging
 import dramatiq
 from django.db import transaction
 
-from runs import events
+from core import bus
 
 from ..models import Outbox
 
@@ -20,7 +20,7 @@ def outbox_add(*, actor: str, kwargs: dict, delay_ms: int = 0) -> Outbox:
     """Call inside the transaction whose commit decides that the message must leave."""
     row = Outbox.objects.create(actor=actor, kwargs=kwargs, delay_ms=delay_ms)
     if "run_id" in kwargs:
-        events.run_changed(kwargs["run_id"])
+        bus.run_changed(kwargs["run_id"])
     transaction.on_commit(lambda: outbox_deliver(rows=[row]))
     return row
 

@@ -15,7 +15,8 @@ from django.db import close_old_connections, connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from .. import events
+from core import bus
+
 from ..models import Outbox, Run, Span, Task
 from ..transitions import check_task_transition
 from .completion import fail_task
@@ -33,7 +34,7 @@ def _seconds_ago(now, seconds: float):
 
 def _recovery_span(*, run_id: int, task_id: int | None, name: str, now, **attributes) -> None:
     """A recovery in the trace: under the task's span when it concerns a task, else under the run's."""
-    events.run_changed(run_id)
+    bus.run_changed(run_id)
     spans = Span.objects.filter(run_id=run_id)
     parent_id = None
     if task_id:
@@ -73,7 +74,7 @@ def expire_leases(now) -> int:
                 check_task_transition(task.status, Task.Status.CANCELLED)
                 Task.objects.filter(id=task.id).update(status=Task.Status.CANCELLED, finished_at=now)
                 Span.objects.filter(task=task, ended_at__isnull=True).update(ended_at=now, status=Span.Status.ERROR)
-                events.run_changed(run.id)
+                bus.run_changed(run.id)
                 run_finish_cancel_if_idle(run=run, now=now)
             elif task.recoveries > settings.WARDEN["MAX_RECOVERIES"]:
                 fail_task(
@@ -155,7 +156,7 @@ def reap_cancelled(now) -> int:
                 lease_expires_at=None,
                 finished_at=now,
             )
-            events.run_changed(run.id)
+            bus.run_changed(run.id)
             Span.objects.filter(run=run, ended_at__isnull=True).exclude(kind=Span.Kind.RUN).update(
                 ended_at=now, status=Span.Status.ERROR
             )

@@ -17,8 +17,8 @@ writes, an open provider breaker, crashes. A failing planner is never re-planned
 import json
 
 from agents.models import Agent, Workflow
+from core import bus
 
-from .. import events
 from ..models import Artifact, Run, Span, Task
 from ..schemas import PLAN_OUTPUT_SCHEMA, PlannedTaskIn
 from .outbox import outbox_add
@@ -110,7 +110,7 @@ def replan(*, run: Run, task: Task, failure_class: str, reason: str, now) -> str
     else:
         Run.objects.filter(id=run.id).update(status_reason=note)
         run.status_reason = note
-    events.run_changed(run.id)
+    bus.run_changed(run.id)
     return ""
 
 

@@ -11,7 +11,8 @@ really happens again — the preview lists those second effects before anyone co
 from django.db import transaction
 from django.utils import timezone
 
-from ..errors import Conflict, InvalidInput, NotFound, WardenError
+from core.errors import Conflict, InvalidInput, NotFound, WardenError
+
 from ..models import Run, Span, Task
 from .runs import task_retry_locked
 

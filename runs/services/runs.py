@@ -9,9 +9,9 @@ from pydantic import ValidationError
 
 from agents.models import Agent, Workflow
 from agents.planning import plan_validate, pydantic_errors
+from core import bus, hooks
+from core.errors import Conflict, InvalidInput
 
-from .. import events
-from ..errors import Conflict, InvalidInput
 from ..models import Run, Span, Task
 from ..schemas import PLAN_OUTPUT_SCHEMA, BudgetIn, RunInputIn
 from ..transitions import check_run_transition, check_task_transition
@@ -27,7 +27,7 @@ def run_transition(*, run: Run, to: str, reason: str = "", now=None) -> Run:
     check_run_transition(run.status, to)
     now = now or timezone.now()
     log.info("run %s: %s -> %s (%s)", run.id, run.status, to, reason)
-    events.run_changed(run.id)
+    bus.run_changed(run.id)
     run.status, run.status_reason = to, reason
     changes = {"status": to, "status_reason": reason}
     if to in Run.TERMINAL:
@@ -222,9 +222,7 @@ def run_cancel(*, run_id: int, reason: str = "cancelled by operator") -> Run:
         Task.objects.filter(run=run).exclude(status__in=[*Task.TERMINAL, Task.Status.RUNNING]).update(
             status=Task.Status.CANCELLED, status_reason=reason, finished_at=now
         )
-        from approvals.services import approvals_withdraw  # approvals build on the engine
-
-        approvals_withdraw(run=run, reason=f"the run was cancelled: {reason}")
+        hooks.call(hooks.APPROVALS_WITHDRAW, run=run, reason=f"the run was cancelled: {reason}")
         run_finish_cancel_if_idle(run=run, now=now)
     return run
 
@@ -274,7 +272,7 @@ def run_budget_set(*, run_id: int, changes: dict, actor=None, request=None) -> R
             request=request,
             detail={"before": before, "after": changes},
         )
-        events.run_changed(run_id)
+        bus.run_changed(run_id)
     return run
 
 

@@ -11,7 +11,7 @@ from datetime import UTC
 
 from django.db import connection
 
-from runs import events
+from core import bus
 
 USAGE_FIELDS = (
     "steps_used",
@@ -124,7 +124,7 @@ def insert_span(
     payload_id=None,
 ) -> int:
     """Insert a span; with ``parent_id=RUN_ROOT`` its parent is the run's root span."""
-    events.run_changed(run_id)
+    bus.run_changed(run_id)
     j = jsonb()
     parent_sql, parent_params = (ROOT_SPAN_SQL, [run_id]) if parent_id is RUN_ROOT else ("%s", [parent_id])
     return fetchone(

@@ -3,7 +3,7 @@
 import pytest
 
 from agents.gateway import ModelRequest, model_complete
-from runs.errors import StepFailure, TransientFailure
+from core.errors import StepFailure, TransientFailure
 
 
 def ask(script, turn=1, attempt=1, **context):

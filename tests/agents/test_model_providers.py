@@ -11,7 +11,7 @@ import pytest
 
 from agents.gateway import ModelRequest, circuit_reset, model_complete
 from agents.models import Agent, ModelPrice, Workflow
-from runs.errors import StepFailure
+from core.errors import StepFailure
 from runs.models import Run, Span
 from runs.services import run_start
 from tests.conftest import wait_for
@@ -192,12 +192,12 @@ def test_over_the_providers_rate_limit_a_step_waits_or_is_retried_later_without_
     import random
     import types
 
-    import runs.circuit
-    from runs.errors import TransientFailure
+    import core.circuit
+    from core.errors import TransientFailure
 
     minute = 60 * random.randint(10**6, 10**7)  # a window of its own, whatever the shared cache holds
     clock = types.SimpleNamespace(time=lambda: minute + 5.0)  # 55 s left in the window
-    monkeypatch.setattr(runs.circuit, "time", clock)
+    monkeypatch.setattr(core.circuit, "time", clock)
     settings.WARDEN = {**settings.WARDEN, "MODEL_RATE_PER_MINUTE": {"openai": 2}, "MODEL_RETRY_CAP_SECONDS": 2.0}
     for _ in range(2):
         provider.answer(body=completion(content="{}"))

@@ -3,7 +3,7 @@
 import pytest
 
 from agents.planning import plan_validate
-from runs.errors import InvalidInput
+from core.errors import InvalidInput
 
 
 def plan(*tasks):

@@ -9,7 +9,7 @@ from django.db import connection
 from approvals.access import default_project, membership_grant
 from approvals.models import ApprovalRequest, AuditEvent, Decision
 from approvals.services import approval_decide
-from runs.errors import Conflict, Forbidden, InvalidInput
+from core.errors import Conflict, Forbidden, InvalidInput
 from runs.models import Run, Task
 from runs.services import run_start
 from tests.conftest import decide, wait_for

@@ -227,7 +227,7 @@ def test_allow_rules_cover_matching_calls_are_revocable_and_irreversible_tools_n
 
 
 def test_a_policy_can_reserve_the_decision_for_admins(demo_tx, worker, reviewer):
-    from runs.errors import Forbidden
+    from core.errors import Forbidden
 
     ApprovalPolicy.objects.create(name="big refunds", tool="email.send", decided_by_role="admin")
     script = [{"tool": "email.send", "arguments": REFUND}, {"final": {"outcome": "{last}"}}]
@@ -242,7 +242,7 @@ def test_a_policy_can_reserve_the_decision_for_admins(demo_tx, worker, reviewer)
 
 
 def test_with_several_matching_policies_the_strictest_applies_on_each_point(demo_tx, worker, reviewer):
-    from runs.errors import Forbidden
+    from core.errors import Forbidden
 
     # One rule sets the shortest expiry; others, without one, reserve the decision for admins and fail
     # the task on rejection. Neither may be lost to the rule that set the expiry.

@@ -9,8 +9,8 @@ from jsonschema import Draft202012Validator, FormatChecker
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
+from api.runs import RunIn
 from config.api import api
-from runs.api import RunIn
 from runs.schemas import BodyIn, RunInputIn
 
 # As served (JSON), so that response codes are strings a JSON pointer can reach.

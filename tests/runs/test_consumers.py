@@ -1,4 +1,4 @@
-"""The dashboard's websockets (runs/consumers.py) and what runs/events.py publishes through them: who may
+"""The dashboard's websockets (dashboard/consumers.py) and what dashboard/live.py publishes through them: who may
 open one, hellos and pushes with their sequence numbers, nothing before commit or after a rollback,
 access lost while connected, and the runs list's per-project groups. Both channel layers: the in-memory
 one (embedded) and channels-redis (scaled, REDIS_URL set).
@@ -23,8 +23,9 @@ from django.utils import timezone
 from approvals.access import default_project, membership_grant, membership_revoke
 from approvals.models import Project
 from config.asgi import application
-from runs import events
-from runs.consumers import DENIED, RunConsumer, RunListConsumer
+from core import bus
+from dashboard import live, presence
+from dashboard.consumers import DENIED, RunConsumer, RunListConsumer
 from runs.models import Span
 from tests.runs.test_run_page import build_run
 
@@ -77,7 +78,7 @@ def change(run, *, new_span: bool = True, fail: bool = False) -> int | None:
                     run=run, task_id=attempt.task_id, parent=attempt, kind=Span.Kind.TOOL_CALL, name="crm.read",
                     started_at=timezone.now(), ended_at=timezone.now(),
                 )  # fmt: skip
-            events.run_changed(run.id)
+            bus.run_changed(run.id)
             if fail:
                 raise RuntimeError("rolled back")
     except RuntimeError:
@@ -86,7 +87,7 @@ def change(run, *, new_span: bool = True, fail: bool = False) -> int | None:
 
 
 def publish():
-    events.publisher.flush()
+    live.publisher.flush()
 
 
 @pytest.fixture
@@ -150,7 +151,7 @@ async def test_a_member_gets_a_hello_then_each_committed_change_with_the_next_nu
     hello = await received(communicator)
     assert hello["hello"] is True
     seq = hello["seq"]
-    assert seq == await db(events.seq_current, events.run_seq_name(run.id))
+    assert seq == await db(presence.seq_current, presence.run_seq_name(run.id))
 
     await db(change, run)
     await db(publish)
@@ -189,12 +190,12 @@ def test_the_push_is_registered_on_commit_once_per_transaction_and_dropped_on_ro
     db, django_capture_on_commit_callbacks, monkeypatch
 ):
     pushed = []
-    monkeypatch.setattr(events.publisher, "push", pushed.append)
+    monkeypatch.setattr(live.publisher, "push", pushed.append)
     with django_capture_on_commit_callbacks(execute=False) as callbacks:
         with transaction.atomic():
-            events.run_changed(7)
-            events.run_changed(7)  # the same run twice in one transaction: one push
-            events.run_changed(8)
+            bus.run_changed(7)
+            bus.run_changed(7)  # the same run twice in one transaction: one push
+            bus.run_changed(8)
         assert pushed == []  # committed (a savepoint here), but the outer transaction is still open
     assert len(callbacks) == 2
     for callback in callbacks:
@@ -205,7 +206,7 @@ def test_the_push_is_registered_on_commit_once_per_transaction_and_dropped_on_ro
     with django_capture_on_commit_callbacks(execute=True) as callbacks:
         try:
             with transaction.atomic():
-                events.run_changed(9)
+                bus.run_changed(9)
                 raise RuntimeError("rolled back")
         except RuntimeError:
             pass

@@ -7,7 +7,7 @@ import pytest
 from django.test import override_settings
 
 from agents.models import Agent, Workflow
-from runs.errors import TransientFailure
+from core.errors import TransientFailure
 from runs.models import Artifact, QuarantinedResult, Run, Span, Task
 from runs.services import run_cancel, run_resume, run_start, sweep_once, task_retry
 from tests.conftest import wait_for

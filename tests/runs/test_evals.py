@@ -64,7 +64,7 @@ def test_the_multi_agent_workflow_is_compared_with_its_single_agent_baseline(sui
 
 
 def test_a_baseline_evaluation_of_a_suite_without_baselines_is_refused(suite, operator):
-    from runs.errors import InvalidInput
+    from core.errors import InvalidInput
     from runs.evals import eval_start
 
     suite.cases.update(baseline_workflow=None)
@@ -90,7 +90,7 @@ def test_an_outsider_sees_no_suite_and_a_viewer_cannot_run_one(suite, client, dj
 
 
 def test_a_run_naming_an_unknown_model_version_is_refused(demo):
-    from runs.errors import InvalidInput
+    from core.errors import InvalidInput
     from runs.services import run_start
 
     with pytest.raises(InvalidInput, match="unknown model version"):

@@ -11,8 +11,8 @@ from django.utils import timezone
 from agents.models import Workflow
 from approvals.access import membership_grant, project_ids
 from approvals.models import ApprovalRequest, Project
-from runs import charts
-from runs.insight import insight_choices, insight_compute, percentile, period_start, step_bins, step_width
+from dashboard import charts
+from dashboard.insight import insight_choices, insight_compute, percentile, period_start, step_bins, step_width
 from runs.models import Run, Task
 from runs.services import run_start
 from tools.models import ToolOperation

@@ -4,7 +4,7 @@ in the sandbox systems, from outside the engine."""
 
 import pytest
 
-from runs.errors import Conflict, InvalidInput
+from core.errors import Conflict, InvalidInput
 from runs.models import Run, Span, Task
 from runs.services import run_start, task_retry, task_retry_from, task_retry_from_preview, task_retry_preview
 from tests.conftest import wait_for

@@ -1,4 +1,4 @@
-"""The dashboard's operator actions on a run (runs/views/run_actions.py), from the outside: who may open
+"""The dashboard's operator actions on a run (dashboard/views/run_actions.py), from the outside: who may open
 and confirm each page, what the preview says, what a confirmed action does and records, and that a
 refusal, a GET or a request without its CSRF token changes nothing."""
 

@@ -20,8 +20,8 @@ from agents.demo import load_demo_workflows
 from agents.models import Agent, Workflow
 from approvals.access import default_project, membership_grant
 from approvals.models import ApprovalRequest, Project
+from dashboard.views.run_page import PREVIEW_CHARS, run_push
 from runs.models import Artifact, Payload, Run, Span, Task
-from runs.views.run_page import PREVIEW_CHARS, run_push
 from tools.models import ToolOperation
 
 K = Span.Kind

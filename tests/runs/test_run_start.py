@@ -44,7 +44,7 @@ def test_a_viewer_cannot_start_runs(demo, client, django_user_model):
 
 
 def test_where_drill_faults_are_off_a_run_asking_for_one_is_refused(demo, settings):
-    from runs.errors import InvalidInput
+    from core.errors import InvalidInput
     from runs.services import run_start
 
     settings.WARDEN = {**settings.WARDEN, "DRILL_FAULTS": False}

@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from approvals.access import default_project, membership_grant
 from approvals.models import ApprovalRequest, AuditEvent, Project
-from runs.listing import PAGE_SIZE, run_row_html
+from dashboard.listing import PAGE_SIZE, run_row_html
 from runs.models import Run, Task
 from runs.services import run_start
 from tools.models import ToolOperation

@@ -3,7 +3,7 @@
 import pytest
 from django.db import transaction
 
-from runs.errors import Conflict
+from core.errors import Conflict
 from runs.models import Run, Task
 from runs.services import run_cancel, run_resume, run_start, run_transition, task_retry
 from runs.transitions import RUN_TRANSITIONS, TASK_TRANSITIONS, TransitionNotAllowed, check_task_transition

@@ -338,8 +338,8 @@ def test_the_xss_corpus_stays_text_on_every_dashboard_page(
             assert python_text(payload) in text  # the artifact's content
         # The same run as a large one is drawn: tasks first, their subtrees fetched when opened.
         with monkeypatch.context() as m:
-            m.setattr("runs.trace.FULL_TREE_MAX", 2)
-            m.setattr("runs.trace.EAGER_SUBTREE_MAX", 1)
+            m.setattr("dashboard.trace.FULL_TREE_MAX", 2)
+            m.setattr("dashboard.trace.EAGER_SUBTREE_MAX", 1)
             page.page.evaluate("localStorage.clear()")
             page.goto(f"/runs/{rid}/")
             done = page.open_everything()

@@ -5,7 +5,7 @@ import dataclasses
 
 import pytest
 
-from runs.errors import StepFailure
+from core.errors import StepFailure
 from runs.models import Run, Task
 from runs.services import run_start
 from tests.conftest import wait_for
@@ -55,7 +55,7 @@ def test_a_tool_over_its_rate_limit_is_refused(call, monkeypatch):
     monkeypatch.setitem(registry.TOOLS, "search.query", dataclasses.replace(spec, rate_per_minute=2))
     # A fixed clock inside one minute window of its own, so a window boundary cannot split the calls.
     now = 60.0 * random.randrange(10**6, 10**7) + 1
-    monkeypatch.setattr("runs.circuit.time", types.SimpleNamespace(time=lambda: now, sleep=time.sleep))
+    monkeypatch.setattr("core.circuit.time", types.SimpleNamespace(time=lambda: now, sleep=time.sleep))
     outcomes = [call("search.query", {"query": f"checkout {n}"}) for n in range(3)]
     assert [o.error["code"] if o.error else "ok" for o in outcomes] == ["ok", "ok", "rate_limited"]
     assert 0 < outcomes[-1].error["retry_after"] <= 60
@@ -131,7 +131,7 @@ def test_a_workflow_that_compensates_on_failure_does_so_without_waiting_for_a_hu
 
 
 def test_a_slow_system_past_the_deadline_is_reconciled_then_called_again_with_the_same_key(call, monkeypatch):
-    from runs.errors import TransientFailure
+    from core.errors import TransientFailure
 
     spec = registry.TOOLS["tickets.create"]
     monkeypatch.setitem(registry.TOOLS, "tickets.create", dataclasses.replace(spec, timeout_seconds=0.05))
@@ -153,7 +153,7 @@ def test_a_slow_system_past_the_deadline_is_reconciled_then_called_again_with_th
 def test_a_worker_that_lost_its_lease_after_writing_the_intent_does_not_make_the_call(call):
     """A worker frozen between its intent and its call wakes after another took the task over: the
     call must not leave a second time (the e-mail service would send it twice)."""
-    from runs.errors import LeaseLost
+    from core.errors import LeaseLost
 
     task = Task.objects.get(run=call.run, key="plan")
     task.allowed_tools = ["email.send"]

@@ -35,7 +35,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from runs.errors import StepFailure, TransientFailure
+from core.errors import StepFailure, TransientFailure
 from runs.services import run_start
 from tests.runs.test_engine import scripted_workflow
 from tools import broker

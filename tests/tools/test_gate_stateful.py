@@ -30,7 +30,7 @@ from agents.models import Agent
 from approvals.access import authorize, membership_grant, membership_revoke, role_of
 from approvals.models import AllowRule, ApprovalPolicy, ApprovalRequest, Membership, Project
 from approvals.services import approval_decide
-from runs.errors import WardenError
+from core.errors import WardenError
 from runs.models import Run
 from runs.services import run_start
 from tests.conftest import SQLITE

@@ -9,6 +9,8 @@ from django.conf import settings
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
 from django.core.management.base import BaseCommand
 
+from config.asgi import application
+
 
 class Command(BaseCommand):
     help = "Serve the dashboard and API (and, in embedded mode, run the workers in this process)."
@@ -20,12 +22,8 @@ class Command(BaseCommand):
         parser.add_argument("--no-worker", action="store_true", help="Serve only, even in embedded mode")
 
     def handle(self, host, port, threads, no_worker, **options):
-        from config.asgi import application
-
         worker = None
         if not settings.WARDEN_SCALED and not no_worker:
-            import runs.actors  # noqa: F401  (registers the actors on the in-memory broker)
-
             worker = dramatiq.Worker(dramatiq.get_broker(), worker_threads=threads, worker_timeout=100)
             worker.start()  # boots the recovery sweeper too (RecoverySweeperMiddleware)
             self.stdout.write(f"embedded mode: {threads} worker threads and the recovery sweeper in this process")

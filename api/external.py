@@ -9,15 +9,14 @@ from typing import Any, Literal
 from ninja import Field, Query, Schema, Status
 from pydantic import ConfigDict
 
+from api.reads import router as reads_router
+from api.runs import RunOut, run_for, run_out
 from approvals.access import authorize
+from core.errors import NotFound
+from runs import external
+from runs.schemas import BodyIn, PathId, QueryWhole, Whole
+from runs.selectors import run_get
 from tools.models import ToolOperation
-
-from . import external
-from .api import RunOut, run_for, run_out
-from .api_reads import router as reads_router
-from .errors import NotFound
-from .schemas import BodyIn, PathId, QueryWhole, Whole
-from .selectors import run_get
 
 # One router per path: the task listing (a read) and the task opening share /runs/{run_id}/tasks.
 router = reads_router

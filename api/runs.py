@@ -6,15 +6,15 @@ from typing import Any
 from ninja import Field, Query, Router, Schema, Status
 from pydantic import ConfigDict
 
+from agents.models import Workflow
 from approvals.access import authorize, authorize_token, default_project, visible_rows
 from approvals.audit import audit
 from approvals.models import Project
-
-from .errors import NotFound
-from .models import Run, Task
-from .schemas import BodyIn, BudgetIn, PathId, QueryWhole, Whole
-from .selectors import run_get
-from .services import run_cancel, run_resume, run_start, task_retry, task_retry_from
+from core.errors import NotFound
+from runs.models import Run, Task
+from runs.schemas import BodyIn, BudgetIn, PathId, QueryWhole, Whole
+from runs.selectors import run_get
+from runs.services import run_cancel, run_resume, run_start, task_retry, task_retry_from
 
 router = Router(tags=["runs"])
 
@@ -199,7 +199,6 @@ def _project(slug: str | None, workflow: str) -> Project:
         if project is None:
             raise NotFound(f"project {slug} does not exist")
         return project
-    from agents.models import Workflow
 
     wf = Workflow.objects.filter(slug=workflow).select_related("project").first()
     return (wf.project if wf and wf.project_id else None) or default_project()

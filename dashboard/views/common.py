@@ -4,7 +4,7 @@ from django.core.exceptions import PermissionDenied
 from django.http import Http404
 
 from approvals.access import authorize
-from runs.errors import Forbidden, NotFound
+from core.errors import Forbidden, NotFound
 from runs.models import Run
 
 

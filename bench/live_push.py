@@ -2,14 +2,14 @@
 
 Prints each figure next to a reference measured in the same run:
   (1) push latency to 50 websocket viewers of one run, from the commit of a change (a span inserted in
-      a transaction that calls runs.events.run_changed) to its arrival on each socket, p50/p99, and the
+      a transaction that calls dashboard.live.run_changed) to its arrival on each socket, p50/p99, and the
       pushes lost — against a bare channel_layer.group_send to the same 50 sockets;
   (2) engine steps/s with 50 viewers on the runs being executed, against the same workload unwatched;
   (3) the server-side render of a run page of 1,000 tasks / 10,000 spans;
   (4) the runs list (first page, a status filter, a deep keyset page) over 100,000 runs;
 and the resident memory of the ASGI server and the worker processes.
 
-    .venv/bin/python bench/dashboard.py [--viewers 50] [--events 200] [--runs-list 100000] [--quick] [--json]
+    .venv/bin/python bench/live_push.py [--viewers 50] [--events 200] [--runs-list 100000] [--quick] [--json]
 
 It creates its own database (`warden_bench_dash` by default; dropped at the end unless --keep), starts
 its own ASGI server (`manage.py serve`, scaled mode) and `rundramatiq` workers, and stops them itself.
@@ -396,8 +396,8 @@ def push_latency(args, port: int, sessionid: str, fixtures, proc_server) -> dict
     from django.db import transaction
     from django.utils import timezone
 
-    import runs.views.run_page as run_page
-    from runs import events
+    import dashboard.views.run_page as run_page
+    from dashboard import live, presence
     from runs.models import Run, Task
     from runs.services import sql
 
@@ -407,7 +407,7 @@ def push_latency(args, port: int, sessionid: str, fixtures, proc_server) -> dict
     # Instrument the publisher in this process (the bench is a publisher like any worker): time spent
     # rendering a push and sending it to the group.
     timings = {"render": [], "send": []}
-    real_push, real_send = run_page.run_push, events.publisher.send
+    real_push, real_send = run_page.run_push, live.publisher.send
 
     def timed_push(run_id):
         t = time.perf_counter()
@@ -423,14 +423,14 @@ def push_latency(args, port: int, sessionid: str, fixtures, proc_server) -> dict
         finally:
             timings["send"].append((time.perf_counter() - t, len(text)))
 
-    run_page.run_push, events.publisher.send = timed_push, timed_send
+    run_page.run_push, live.publisher.send = timed_push, timed_send
 
     viewers = Viewers(port, sessionid, [run.id] * args.viewers)
     try:
         interval = 1 / args.rate
         layer = get_channel_layer()
         loop = asyncio.new_event_loop()
-        group = events.run_group(run.id)
+        group = presence.run_group(run.id)
         cpu_server0, cpu_view0 = cpu_seconds([proc_server.pid]), viewers.cpu()
 
         # Reference: a bare group_send of a tiny message to the same sockets.
@@ -466,7 +466,7 @@ def push_latency(args, port: int, sessionid: str, fixtures, proc_server) -> dict
         warm: dict = {}
         for i in range(3):
             change(900_000 + i, warm)
-            events.publisher.flush()
+            live.publisher.flush()
             time.sleep(0.2)
         time.sleep(1)
         viewers.dump()
@@ -479,7 +479,7 @@ def push_latency(args, port: int, sessionid: str, fixtures, proc_server) -> dict
         for i in range(args.events):
             time.sleep(max(0.0, t0 + i * interval - time.monotonic()))
             change(i, committed)
-        events.publisher.flush()
+        live.publisher.flush()
         time.sleep(3)
         dash = viewers.dump()
         cpu_server_dash = cpu_seconds([proc_server.pid]) - cpu_server1
@@ -487,7 +487,7 @@ def push_latency(args, port: int, sessionid: str, fixtures, proc_server) -> dict
         cpu_self_dash = time.process_time() - cpu_self1
     finally:
         viewers.stop()
-        run_page.run_push, events.publisher.send = real_push, real_send
+        run_page.run_push, live.publisher.send = real_push, real_send
         Run.objects.filter(id=run.id).update(status=Run.Status.COMPLETED, finished_at=timezone.now())
         Task.objects.filter(id=task.id).update(status=Task.Status.COMPLETED, finished_at=timezone.now())
 
@@ -801,9 +801,9 @@ def push_render(run) -> float:
     from django.db import transaction
     from django.utils import timezone
 
+    from dashboard.views.run_page import run_push
     from runs.models import Span
     from runs.services import sql
-    from runs.views.run_page import run_push
 
     attempt = Span.objects.filter(run=run, kind="attempt", status="ok").order_by("-id").first()
     run_push(run.id)  # the watermark

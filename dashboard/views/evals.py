@@ -11,11 +11,11 @@ from django.views.decorators.http import require_GET, require_POST
 from agents.models import ModelVersion
 from approvals.access import visible_rows
 from approvals.audit import audit
-from runs.errors import WardenError
+from core.errors import WardenError
+from dashboard.insight import fmt_duration, fmt_usd
+from runs.evals import comparison, eval_start
+from runs.models import EvalSuite
 
-from ..evals import comparison, eval_start
-from ..insight import fmt_duration, fmt_usd
-from ..models import EvalSuite
 from .common import authorized
 
 

@@ -1,7 +1,7 @@
 """The run page: header and budgets, live trace tree, timeline, ledger, attribution and artifacts.
 
 Reads are a fixed handful of queries whatever the run's size (spans as light rows, payloads on demand).
-``run_push`` renders what changed since the last push, for runs.events to send to the run's viewers.
+``run_push`` renders what changed since the last push, for dashboard.live to send to the run's viewers.
 """
 
 import json
@@ -20,11 +20,8 @@ from django.utils.html import format_html_join
 from django.utils.safestring import mark_safe
 from django.views.decorators.http import require_GET
 
-from runs import events
-from runs.models import Artifact, BlackboardEntry, Run, Span, Task
-from runs.retention import stored_bytes_sql
-from runs.services import sql
-from runs.trace import (
+from dashboard import presence
+from dashboard.trace import (
     CONTAINERS,
     FULL_TREE_MAX,
     ONLY_CHOICES,
@@ -43,6 +40,9 @@ from runs.trace import (
     tree_filter,
     tree_html,
 )
+from runs.models import Artifact, BlackboardEntry, Run, Span, Task
+from runs.retention import stored_bytes_sql
+from runs.services import sql
 from tools.gate import Verdict
 from tools.models import ToolOperation
 
@@ -278,7 +278,7 @@ def header_context(run: Run, now, summary: dict | None = None) -> dict:
 
 def run_context(run: Run, *, q: str = "", only: str = "") -> dict:
     # The number first, then the data: a push numbered up to this one was rendered before these reads.
-    seq = events.seq_current(events.run_seq_name(run.id))
+    seq = presence.seq_current(presence.run_seq_name(run.id))
     now = timezone.now()
     tasks = list(_tasks(run.id))
     only = only if only in ONLY_CHOICES else ""
@@ -336,7 +336,7 @@ def _params(request) -> tuple[str, str]:
 def run_detail(request, run_id: int):
     run = run_for_view(request, run_id)
     # Announce the viewer before reading: a change committed from now on is pushed to this page.
-    events.watching(events.run_presence(run.id))
+    presence.watching(presence.run_presence(run.id))
     q, only = _params(request)
     return render(request, TEMPLATE, run_context(run, q=q, only=only))
 
@@ -346,7 +346,7 @@ def run_detail(request, run_id: int):
 def run_live(request, run_id: int):
     """Everything that moves on the page, re-rendered from the database (after a gap or a reconnect)."""
     run = run_for_view(request, run_id)
-    events.watching(events.run_presence(run.id))
+    presence.watching(presence.run_presence(run.id))
     q, only = _params(request)
     return render(request, TEMPLATE + "#run-live", run_context(run, q=q, only=only))
 

@@ -9,7 +9,8 @@ from django.views.decorators.http import require_GET, require_POST
 from django.views.decorators.vary import vary_on_headers
 
 from approvals import access
-from runs import bulk, events, listing
+from dashboard import listing, presence
+from runs import bulk
 from runs.models import Run
 
 
@@ -17,9 +18,9 @@ from runs.models import Run
 @require_GET
 @vary_on_headers("HX-Request")
 def run_list(request):
-    # Announce the viewer, then read the numbers, then the data (runs/events.py says why).
-    events.watching(events.LIST_PRESENCE)
-    seqs_json = json.dumps(events.list_seqs(access.project_ids(request.user, "view")))
+    # Announce the viewer, then read the numbers, then the data (dashboard/live.py says why).
+    presence.watching(presence.LIST_PRESENCE)
+    seqs_json = json.dumps(presence.list_seqs(access.project_ids(request.user, "view")))
     choices = listing.filter_choices(request.user)
     filters = listing.filters_parse(request.GET, **choices)
     rows = list(listing.runs_for_list(user=request.user, filters=filters))

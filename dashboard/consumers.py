@@ -16,8 +16,8 @@ from django.utils.module_loading import import_string
 
 from approvals.access import authorize, project_ids
 from approvals.models import Project
-from runs import events
-from runs.errors import WardenError
+from core.errors import WardenError
+from dashboard import live, presence
 from runs.models import Run
 
 # Close codes: the browser does not reconnect to a socket it may not open.
@@ -69,8 +69,8 @@ class _Consumer(AsyncWebsocketConsumer):
         if not await self.allowed(user):
             await self.refuse()
             return
-        if events._in_memory(self.channel_layer):
-            events.publisher.server_loop = asyncio.get_running_loop()
+        if live._in_memory(self.channel_layer):
+            live.publisher.server_loop = asyncio.get_running_loop()
         # Join before the hello, so nothing falls between the number it reports and the first push.
         for group in [f"user-{user.id}", *self.data_groups()]:
             await self.join(group)
@@ -130,12 +130,12 @@ class RunConsumer(_Consumer):
         return await database_sync_to_async(_may_view_run)(user, self.run_id)
 
     def data_groups(self) -> list[str]:
-        return [events.run_group(self.run_id)]
+        return [presence.run_group(self.run_id)]
 
     async def hello(self, beat: bool = False):
         def current():
-            events.watching(events.run_presence(self.run_id))
-            return events.seq_current(events.run_seq_name(self.run_id))
+            presence.watching(presence.run_presence(self.run_id))
+            return presence.seq_current(presence.run_seq_name(self.run_id))
 
         seq = await database_sync_to_async(current)()
         await self.send(text_data=json.dumps({"seq": seq, "beat" if beat else "hello": True}))
@@ -155,12 +155,12 @@ class RunListConsumer(_Consumer):
         return True
 
     def data_groups(self) -> list[str]:
-        return [events.list_group(p) for p in self.projects]
+        return [presence.list_group(p) for p in self.projects]
 
     async def hello(self, beat: bool = False):
         def current():
-            events.watching(events.LIST_PRESENCE)
-            return {str(p): events.seq_current(events.list_seq_name(p)) for p in self.projects}
+            presence.watching(presence.LIST_PRESENCE)
+            return {str(p): presence.seq_current(presence.list_seq_name(p)) for p in self.projects}
 
         seqs = await database_sync_to_async(current)()
         await self.send(text_data=json.dumps({"seqs": seqs, "beat" if beat else "hello": True}))

@@ -8,20 +8,20 @@ from django.conf import settings
 from ninja import Field, Query, Router, Schema, Status
 from pydantic import ConfigDict
 
+from api.external import ExternalOperationOut, IntentIn
+from api.external import operation_out as external_out
+from api.runs import RunOut, run_for, run_out
 from approvals.access import authorize, authorize_token, project_ids, visible_rows
 from approvals.audit import audit
-from runs.api import RunOut, run_for, run_out
-from runs.api_external import ExternalOperationOut, IntentIn
-from runs.api_external import operation_out as external_out
-from runs.errors import NotFound
+from approvals.models import Project
+from core.errors import NotFound
 from runs.external import external_operation_intent
 from runs.schemas import BodyIn, PathId, QueryWhole
 from runs.selectors import run_get
-
-from .classifications import TOOL_NAME, TOOL_NAME_RULE, tool_classification_set
-from .gate import Verdict
-from .models import SandboxCall, ToolClassification, ToolOperation
-from .saga import compensation_plan, operation_resolve, run_compensate
+from tools.classifications import TOOL_NAME, TOOL_NAME_RULE, tool_classification_set
+from tools.gate import Verdict
+from tools.models import SandboxCall, ToolClassification, ToolOperation
+from tools.saga import compensation_plan, operation_resolve, run_compensate
 
 router = Router(tags=["ledger"])
 
@@ -474,8 +474,6 @@ def list_tool_classes(request):
     summary="Classify a tool outside Warden's registry (project admins; unclassified tools wait for a reviewer)",
 )
 def classify_tool(request, payload: ToolClassIn):
-    from approvals.models import Project
-
     project = Project.objects.filter(slug=payload.project).first()
     if project is None:
         raise NotFound(f"project {payload.project} does not exist")

@@ -8,9 +8,8 @@ from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
 from approvals.access import project_ids
-
-from .. import charts
-from ..insight import DEFAULT_DAYS, PERIODS, Insight, fmt_duration, fmt_usd, insight_choices, insight_compute
+from dashboard import charts
+from dashboard.insight import DEFAULT_DAYS, PERIODS, Insight, fmt_duration, fmt_usd, insight_choices, insight_compute
 
 
 class InsightFilters(forms.Form):

@@ -8,7 +8,7 @@ from django.shortcuts import redirect, render
 from agents.models import Workflow
 from approvals.access import authorize, default_project, project_ids
 from approvals.audit import audit
-from runs.errors import WardenError
+from core.errors import WardenError
 from runs.services import run_start as service_run_start
 
 EXAMPLE_INPUT = '{"faults": [], "propose_tools": []}'

@@ -10,14 +10,13 @@ from django.http import HttpResponseNotAllowed
 from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
-from runs.errors import NotFound, WardenError
+from approvals.access import authorize, project_ids
+from approvals.models import ApprovalRequest
+from approvals.services import approval_decide, decider_refusal
+from core.errors import NotFound, WardenError
 from runs.models import Span
 from tools.gate import Verdict, strictest
 from tools.models import ToolOperation
-
-from .access import authorize, project_ids
-from .models import ApprovalRequest
-from .services import approval_decide, decider_refusal
 
 POLL_SECONDS = 3
 

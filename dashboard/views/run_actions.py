@@ -21,8 +21,8 @@ from django.views.decorators.http import require_http_methods
 
 from approvals.audit import audit
 from approvals.models import ApprovalRequest
+from core.errors import Conflict, Forbidden, InvalidInput, NotFound, WardenError
 from runs import blackboard, services
-from runs.errors import Conflict, Forbidden, InvalidInput, NotFound, WardenError
 from runs.models import Artifact, BlackboardEntry, Run, Task
 from runs.transitions import RUN_TRANSITIONS, TransitionNotAllowed
 from tools import saga

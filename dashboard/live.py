@@ -1,11 +1,11 @@
 """What the dashboard learns, sent only after commit.
 
-A service that changes a run calls ``run_changed(run_id)`` inside its transaction. After commit the run
-id goes to this process's publisher thread, which coalesces bursts, renders the changed parts of the run
-page (and the run's row of the runs list) once, and sends them through the channel layer to the run's
-group and its project's list group. The worker that committed pays for a queue put, nothing more, and
-nothing is rendered or sent while nobody watches (viewers announce themselves with a short-lived
-presence key, refreshed while their socket is open).
+A service that changes a run calls ``core.bus.run_changed(run_id)`` inside its transaction. After commit
+the run id reaches this module's listener (registered by ``dashboard.apps``) and goes to this process's
+publisher thread, which coalesces bursts, renders the changed parts of the run page (and the run's row of
+the runs list) once, and sends them through the channel layer to the run's group and its project's list
+group. The worker that committed pays for a queue put, nothing more, and nothing is rendered or sent
+while nobody watches (viewers announce themselves in ``dashboard.presence``).
 
 The socket is lossy by nature (a full channel, a Redis reconnect, a closed tab): every push carries a
 per-run sequence number from a shared counter, and a browser that sees a gap, or reconnects, re-renders
@@ -23,88 +23,23 @@ from contextlib import contextmanager
 from channels.layers import get_channel_layer
 from django.conf import settings
 from django.core.cache import cache
-from django.db import close_old_connections, connection, transaction
+from django.db import close_old_connections, connection
 
-from .shared import tolerant
+from core.errors import NotFound
+from dashboard.listing import run_row_html
+from dashboard.presence import (
+    LIST_PRESENCE,
+    PRESENCE_SECONDS,
+    list_group,
+    list_seq_name,
+    run_group,
+    run_presence,
+    run_seq_name,
+    seq_next,
+)
+from dashboard.views.run_page import mark_forget, run_push
 
 log = logging.getLogger("warden.events")
-
-PRESENCE_SECONDS = 60
-LIST_PRESENCE = "watch:runs"
-
-
-def run_group(run_id: int) -> str:
-    return f"run-{run_id}"
-
-
-def list_group(project_id: int) -> str:
-    return f"runs-{project_id}"
-
-
-def run_presence(run_id: int) -> str:
-    return f"watch:run:{run_id}"
-
-
-def run_seq_name(run_id: int) -> str:
-    return f"run-{run_id}"
-
-
-def list_seq_name(project_id: int) -> str:
-    return f"project-{project_id}"
-
-
-def seq_current(name: str) -> int:
-    return tolerant(lambda: cache.get(f"seq:{name}", 0), 0)
-
-
-def seq_next(name: str) -> int:
-    key = f"seq:{name}"
-    try:
-        return cache.incr(key)
-    except ValueError:
-        cache.add(key, 0, timeout=None)
-        return cache.incr(key)
-
-
-def list_seqs(project_ids: list[int] | None) -> dict[str, int]:
-    """The runs list's sequence number per project (``None``: every project, for a superuser)."""
-    if project_ids is None:
-        from approvals.models import Project
-
-        project_ids = list(Project.objects.values_list("id", flat=True))
-    keys = {f"seq:{list_seq_name(p)}": str(p) for p in project_ids}
-    found = tolerant(lambda: cache.get_many(list(keys)), {})
-    return {p: found.get(k, 0) for k, p in keys.items()}
-
-
-def watching(*keys: str) -> None:
-    """Announce a viewer (a page being rendered, an open socket) so changes are published."""
-    tolerant(lambda: cache.set_many(dict.fromkeys(keys, 1), timeout=PRESENCE_SECONDS), None)
-
-
-def run_changed(run_id: int) -> None:
-    """Call in the transaction that changed the run: its viewers learn after commit, never on rollback.
-
-    Registered once per run and transaction. Django replaces its list of commit hooks on commit and
-    on every rollback, so the list's identity tells whether our earlier registration is still alive.
-    """
-    conn = transaction.get_connection()
-    if not conn.in_atomic_block:
-        publisher.push(run_id)
-        return
-    hooks = conn.run_on_commit
-    state = getattr(conn, "_warden_changed", None)
-    if state is None or state[0] is not hooks:
-        state = conn._warden_changed = (hooks, set())
-    if run_id in state[1]:
-        return
-    state[1].add(run_id)
-    transaction.on_commit(lambda: publisher.push(run_id))
-
-
-def access_changed(user_id: int) -> None:
-    """A membership of this user changed: their open sockets check again what they may see."""
-    transaction.on_commit(lambda: publisher.push_user(user_id))
 
 
 class Publisher:
@@ -220,8 +155,6 @@ _forgotten: dict[int, float] = {}
 def _forget_mark(run_id: int) -> None:
     """Nobody watches this run: its watermark would go stale, and the next viewer's first push would
     carry everything since. Dropped (once a minute at most per process), the next push is a re-render."""
-    from runs.views.run_page import mark_forget
-
     now = time.monotonic()
     if now - _forgotten.get(run_id, -PRESENCE_SECONDS) >= PRESENCE_SECONDS:
         _forgotten[run_id] = now
@@ -232,10 +165,6 @@ def _forget_mark(run_id: int) -> None:
 
 def publish(run_id: int) -> None:
     """Render what changed in the run and send it to whoever watches. Runs in the publisher thread."""
-    from runs.errors import NotFound
-    from runs.listing import run_row_html
-    from runs.views.run_page import run_push
-
     present = cache.get_many([run_presence(run_id), LIST_PRESENCE])
     if run_presence(run_id) not in present:
         _forget_mark(run_id)
@@ -288,3 +217,13 @@ def _run_lock(run_id: int, wait: float = 5.0, hold: float = 10.0):
                 lock.release()
             except Exception:  # expired meanwhile (redis LockNotOwnedError): nothing of ours to release
                 log.warning("publish lock of run %s expired before its release", run_id)
+
+
+def run_changed(run_id: int) -> None:
+    """The listener of ``core.bus.run_changed``: called after the commit that changed the run."""
+    publisher.push(run_id)
+
+
+def access_changed(user_id: int) -> None:
+    """The listener of ``core.bus.access_changed``: the user's open sockets check again what they may see."""
+    publisher.push_user(user_id)

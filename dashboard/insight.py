@@ -33,10 +33,10 @@ from django.utils import timezone
 
 from agents.models import Workflow
 from approvals.models import ApprovalRequest, Project
+from runs.models import Run, Task
 from tools.models import ToolOperation
 
 from .charts import Bin
-from .models import Run, Task
 
 PERIODS = (7, 30, 90)
 DEFAULT_DAYS = 30

@@ -17,7 +17,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.safestring import SafeString, mark_safe
 
-from .models import Span
+from runs.models import Span
 
 SPAN_FIELDS = (
     "id",

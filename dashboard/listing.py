@@ -19,10 +19,9 @@ from django.utils import timezone
 from agents.models import Workflow
 from approvals.access import project_ids, visible_rows
 from approvals.models import ApprovalRequest, Project
-
-from .errors import NotFound
-from .models import Run, Task
-from .selectors import set_aside_by_replan
+from core.errors import NotFound
+from runs.models import Run, Task
+from runs.selectors import set_aside_by_replan
 
 PAGE_SIZE = 50
 SEARCH_MAX_LENGTH = 200

@@ -8,7 +8,7 @@ import time
 from django.conf import settings
 from django.core.cache import cache
 
-from .shared import tolerant
+from core.cache import tolerant
 
 log = logging.getLogger("warden.circuit")
 

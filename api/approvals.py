@@ -6,12 +6,14 @@ from typing import Any, Literal
 from ninja import Field, Query, Router, Schema, Status
 from pydantic import ConfigDict
 
-from runs.errors import NotFound
+from agents.models import Agent
+from approvals.access import authorize, authorize_token, visible_rows
+from approvals.models import AllowRule, ApprovalRequest, Project
+from approvals.rules import allow_rule_create, allow_rule_revoke
+from approvals.services import approval_decide
+from core.errors import NotFound
+from runs.models import Run
 from runs.schemas import BodyIn, PathId, QueryWhole, Whole
-
-from .access import authorize, authorize_token, visible_rows
-from .models import ApprovalRequest
-from .services import approval_decide
 
 router = Router(tags=["approvals"])
 
@@ -268,8 +270,6 @@ def allow_rule_out(rule) -> dict:
 
 @router.get("/allow-rules", response=list[AllowRuleOut], summary="Standing allow rules of my projects")
 def list_allow_rules(request):
-    from .models import AllowRule
-
     authorize_token(request.auth, "read", what="allow rules", request=request)
     rows = visible_rows(AllowRule.objects.select_related("project", "agent", "created_by"), request.auth.user)
     return [allow_rule_out(rule) for rule in rows[:500]]
@@ -277,12 +277,6 @@ def list_allow_rules(request):
 
 @router.post("/allow-rules", response={201: AllowRuleOut}, summary="Always allow a tool call without review")
 def create_allow_rule(request, payload: AllowRuleIn):
-    from agents.models import Agent
-    from runs.models import Run
-
-    from .models import Project
-    from .rules import allow_rule_create
-
     project = Project.objects.filter(slug=payload.project).first()
     if project is None:
         raise NotFound(f"project {payload.project} does not exist")
@@ -310,8 +304,6 @@ def create_allow_rule(request, payload: AllowRuleIn):
 
 @router.post("/allow-rules/{rule_id}/revoke", response=AllowRuleOut, summary="Revoke an allow rule")
 def revoke_allow_rule(request, rule_id: PathId):
-    from .rules import allow_rule_revoke
-
     return allow_rule_out(
         allow_rule_revoke(user=request.auth.user, rule_id=rule_id, token=request.auth, request=request)
     )

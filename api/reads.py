@@ -10,15 +10,14 @@ from ninja import Field, Query, Router, Schema
 from pydantic import ConfigDict
 
 from agents.models import Agent, Workflow
+from api.runs import keyset_page, run_for
 from approvals.access import authorize_token, project_ids, visible_rows
 from approvals.models import AuditEvent, Project
-
-from .api import keyset_page, run_for
-from .insight import Figures, insight_choices, insight_compute
-from .models import Artifact, Span, Task
-from .otlp import SCOPE, _attribute, run_otlp, span_id, trace_id
-from .schemas import PathId, QueryWhole
-from .trace import SPAN_FIELDS
+from dashboard.insight import Figures, insight_choices, insight_compute
+from dashboard.trace import SPAN_FIELDS
+from runs.models import Artifact, Span, Task
+from runs.otlp import SCOPE, otlp_attribute, run_otlp, span_id, trace_id
+from runs.schemas import PathId, QueryWhole
 
 router = Router(tags=["runs"])
 
@@ -174,9 +173,9 @@ OTLP_EXAMPLE = {
         {
             "resource": {
                 "attributes": [
-                    _attribute("service.name", "warden"),
-                    _attribute("warden.project", "default"),
-                    _attribute("warden.workflow", "deploy-review"),
+                    otlp_attribute("service.name", "warden"),
+                    otlp_attribute("warden.project", "default"),
+                    otlp_attribute("warden.workflow", "deploy-review"),
                 ]
             },
             "scopeSpans": [
@@ -192,7 +191,7 @@ OTLP_EXAMPLE = {
                             "startTimeUnixNano": "1773479527170000000",
                             "endTimeUnixNano": "1773479529904000000",
                             "attributes": [
-                                _attribute(key, value)
+                                otlp_attribute(key, value)
                                 for key, value in [
                                     ("warden.span.kind", "model_call"),
                                     ("warden.run.id", 42),

@@ -1,0 +1,35 @@
+"""Calls a lower layer makes into an upper one inside its own transaction.
+
+The broker writes an operation that must wait for a reviewer, and the engine cancels a run whose
+approvals must be withdrawn, in the same transaction as the upper layer's rows; an after-commit event
+would leave a window where the operation waits for a request that does not exist. So the upper layer
+(approvals) provides these functions at start-up (its AppConfig.ready) and the lower layers call them by
+name, without importing it. A call with no provider raises: a missing approvals app can never let an
+operation go out unrecorded.
+"""
+
+from collections.abc import Callable
+
+from django.core.exceptions import ImproperlyConfigured
+
+# operation, requested_by_id → the ApprovalRequest created for one operation that waits for a reviewer
+APPROVAL_REQUEST_FOR_OPERATION = "approval_request_for_operation"
+# run, operations, kind, title, requested_by_id → one parent request for several operations (a bundle)
+APPROVAL_REQUEST_FOR_OPERATIONS = "approval_request_for_operations"
+# run (locked), reason → how many pending requests were withdrawn
+APPROVALS_WITHDRAW = "approvals_withdraw"
+
+_providers: dict[str, Callable] = {}
+
+
+def provide(name: str, function: Callable) -> None:
+    """Register the one function that answers ``name`` (at start-up)."""
+    _providers[name] = function
+
+
+def call(name: str, *args, **kwargs):
+    try:
+        function = _providers[name]
+    except KeyError:
+        raise ImproperlyConfigured(f"nothing provides {name!r}: is the approvals app installed?") from None
+    return function(*args, **kwargs)

@@ -1,0 +1,14 @@
+from django.apps import AppConfig
+
+
+class DashboardConfig(AppConfig):
+    name = "dashboard"
+
+    def ready(self):
+        # The dashboard listens to what the engine announces (core.bus); the engine never imports it.
+        from core import bus
+
+        from . import live
+
+        bus.on_run_changed(live.run_changed)
+        bus.on_access_changed(live.access_changed)
