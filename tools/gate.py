@@ -191,14 +191,15 @@ class _Facts:
     workflow: str
     tool_policies: dict
     started_by_id: int | None
-    policies_may_match: bool  # an enabled approval policy of this run's scope names the tool (or every write)
+    policies_may_match: bool  # an enabled approval policy of this run's scope names the tool, or every tool
 
 
 # Hand-written, like the engine's hot path (runs/services/sql.py): the gate is asked at every tool call,
 # and most calls match no approval policy, so the policies themselves are loaded only when one might.
+# "Might" ignores whether the call is a write: a caller's claim can still make it one (tool_classify).
 _FACTS_SQL = (
     "SELECT r.project_id, p.slug, r.workflow_id, w.slug, w.tool_policies, r.started_by_id, "
-    "EXISTS (SELECT 1 FROM approvals_approvalpolicy a WHERE a.enabled AND (a.tool = %s OR (a.tool = '' AND %s)) "
+    "EXISTS (SELECT 1 FROM approvals_approvalpolicy a WHERE a.enabled AND (a.tool = %s OR a.tool = '') "
     "AND (a.project_id IS NULL OR a.project_id = r.project_id) "
     "AND (a.workflow_id IS NULL OR a.workflow_id = r.workflow_id)) "
     "FROM runs_run r JOIN approvals_project p ON p.id = r.project_id JOIN agents_workflow w ON w.id = r.workflow_id "
@@ -206,8 +207,8 @@ _FACTS_SQL = (
 )
 
 
-def _facts(run_id: int, tool: str, is_write: bool) -> _Facts:
-    row = sql.fetchone(_FACTS_SQL, [tool, is_write, run_id])
+def _facts(run_id: int, tool: str) -> _Facts:
+    row = sql.fetchone(_FACTS_SQL, [tool, run_id])
     if row is None:
         raise NotFound(f"run {run_id} does not exist")
     project_id, project, workflow_id, workflow, policies, started_by, may_match = row
@@ -231,8 +232,7 @@ def gate(
     """The verdict on one call of ``tool`` with these (validated) ``arguments`` in run ``run_id``.
     ``allowed_tools``: the task's allowlist (trusted configuration), for an agent's call; ``corrects``:
     the tool whose effect a correction follows."""
-    spec = TOOLS.get(tool)
-    facts = _facts(run_id, tool, spec is None or spec.is_write)
+    facts = _facts(run_id, tool)
     found = tool_classify(
         project_id=facts.project_id,
         tool=tool,

@@ -55,6 +55,13 @@ def test_a_policy_for_every_tool_covers_writes_and_a_named_one_covers_a_read(run
     assert judge(run, "crm.read", {"customer_id": "c"}).decision == APPROVAL
 
 
+def test_a_read_claimed_as_a_write_meets_the_policies_for_every_write(run):
+    """A caller's claim may raise a read to a write; the policies for every write then apply to it."""
+    ApprovalPolicy.objects.create(name="all writes", quorum=2)
+    verdict = judge(run, "crm.read", {"customer_id": "c"}, claimed_class="non_idempotent_write")
+    assert (verdict.decision, verdict.tool_class, verdict.quorum) == (APPROVAL, "non_idempotent_write", 2)
+
+
 def test_the_workflows_trusted_policy_and_propose_mode_raise_it(run):
     assert judge(run, origin=Origin.PROPOSAL).decision == APPROVAL  # the run's input asked for a person
     Workflow.objects.filter(slug="gated").update(
