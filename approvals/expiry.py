@@ -8,9 +8,12 @@ from django.db import transaction
 from django.utils import timezone
 
 from runs.models import Run
+from tools.broker import operations_decided
+from tools.saga import run_operations_send
 
 from .models import ApprovalPolicy, ApprovalRequest, Notification
 from .notify import notifications_add
+from .services import _wake_parked_task
 
 log = logging.getLogger("warden.approvals")
 PENDING = ApprovalRequest.Status.PENDING
@@ -39,11 +42,6 @@ def approvals_expire(now) -> int:
 
 
 def _expire(request_id: int, now) -> int:
-    from tools.broker import operations_decided
-    from tools.saga import run_operations_send
-
-    from .services import _wake_parked_task
-
     run_id = ApprovalRequest.objects.values_list("run_id", flat=True).get(id=request_id)
     with transaction.atomic():
         run = Run.objects.select_for_update().get(id=run_id)

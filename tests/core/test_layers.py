@@ -21,8 +21,6 @@ CYCLE_DODGES = {
     "agents/admin.py -> runs.services",
     "agents/providers.py -> runs.blackboard",
     "agents/providers.py -> tools.registry",
-    "approvals/expiry.py -> tools.broker",
-    "approvals/expiry.py -> tools.saga",
     "approvals/rules.py -> tools.registry",
     "approvals/services.py -> agents.planning",
     "approvals/services.py -> runs.webhooks",
