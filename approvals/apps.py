@@ -1,13 +1,13 @@
 from django.apps import AppConfig
 
+from core import hooks
+
 
 class ApprovalsConfig(AppConfig):
     name = "approvals"
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self):
-        from core import hooks
-
         from . import signals  # noqa: F401  (logins and admin fixes into the audit log)
         from .services import approval_request_for_operation, approval_request_for_operations, approvals_withdraw
 

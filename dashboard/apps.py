@@ -1,13 +1,13 @@
 from django.apps import AppConfig
 
+from core import bus
+
 
 class DashboardConfig(AppConfig):
     name = "dashboard"
 
     def ready(self):
         # The dashboard listens to what the engine announces (core.bus); the engine never imports it.
-        from core import bus
-
         from . import live
 
         bus.on_run_changed(live.run_changed)
