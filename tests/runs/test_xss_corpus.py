@@ -212,7 +212,10 @@ class Browser:
             if lazy.count():
                 # "intersect once": htmx fetches the children when the link shows (now, or once scrolled to)
                 link = lazy.first
-                url = link.get_attribute("hx-get")
+                try:
+                    url = link.get_attribute("hx-get", timeout=2000)
+                except PlaywrightError:  # swapped out between the count and the read: look again
+                    continue
                 try:
                     link.scroll_into_view_if_needed(timeout=2000)
                 except PlaywrightError:  # already swapped out: its children arrived
