@@ -14,6 +14,7 @@ from tools.saga import run_operations_send
 from .models import ApprovalPolicy, ApprovalRequest, Notification
 from .notify import notifications_add
 from .services import _wake_parked_task
+from .transitions import APPROVAL_REQUEST
 
 log = logging.getLogger("warden.approvals")
 PENDING = ApprovalRequest.Status.PENDING
@@ -59,8 +60,7 @@ def _expire(request_id: int, now) -> int:
         requests = [request, *request.items.select_for_update().filter(status=PENDING)]
         reason = "not done: nobody decided before the request expired"
         for item in requests:
-            item.status, item.decided_at, item.note = ApprovalRequest.Status.EXPIRED, now, "expired"
-            item.save(update_fields=["status", "decided_at", "note"])
+            APPROVAL_REQUEST.move(item, ApprovalRequest.Status.EXPIRED, decided_at=now, note="expired")
             operations_decided(approval_ids=[item.id], approved=False, reason=reason, now=now)
         log.info("approval %s expired", request.id)
         if request.task_id:

@@ -8,16 +8,24 @@ import logging
 
 from django.db import transaction
 from django.utils import timezone
+from pydantic import ValidationError
 
+from agents.planning import pydantic_errors
 from core import bus
 from core.errors import Conflict, Forbidden, InvalidInput, NotFound
 from runs.models import Run, Task
 from runs.services.runs import run_transition, task_set_ready
-from tools.gate import Verdict, strictest
+from runs.webhooks import webhook_emit
+from tools.broker import arguments_hash, operations_decided
+from tools.gate import Origin, Verdict, gate, strictest
+from tools.models import ToolOperation
+from tools.registry import TOOLS, redact
 from tools.saga import run_operations_send
+from tools.transitions import OPERATION
 
 from .models import ApprovalRequest
 from .notify import notifications_add
+from .transitions import APPROVAL_REQUEST
 
 log = logging.getLogger("warden.approvals")
 
@@ -77,7 +85,6 @@ def approval_request_for_operation(op, *, parent: ApprovalRequest | None = None,
 
 
 def _emit(request: ApprovalRequest, event: str) -> None:
-    from runs.webhooks import webhook_emit
 
     project_id = Run.objects.filter(id=request.run_id).values_list("project_id", flat=True).first()
     data = {
@@ -120,18 +127,21 @@ def approvals_withdraw(*, run: Run, reason: str) -> int:
     """The run moved on (cancelled, compensated): nobody needs to decide any more, and nothing it still
     meant to do will be done. Run locked."""
     bus.run_changed(run.id)
-    from tools.broker import operations_decided
-    from tools.models import ToolOperation
-
     now = timezone.now()
     pending = ApprovalRequest.objects.filter(run=run, status=ApprovalRequest.Status.PENDING)
     ids = list(pending.values_list("id", flat=True))
-    pending.update(status=ApprovalRequest.Status.WITHDRAWN, decided_at=now, note=reason[:1000])
+    APPROVAL_REQUEST.move_where(pending, ApprovalRequest.Status.WITHDRAWN, decided_at=now, note=reason[:1000])
     OS = ToolOperation.Status
-    not_done = {"status": OS.REJECTED, "status_reason": f"not done: {reason}"[:1000], "ended_at": now}
-    operations_decided(approval_ids=ids, approved=False, reason=not_done["status_reason"], now=now)
+    why = f"not done: {reason}"[:1000]
+    operations_decided(approval_ids=ids, approved=False, reason=why, now=now)
     # Proposals not bundled yet, and approved agent calls nobody has started: they will not be done either.
-    ToolOperation.objects.filter(run=run, kind="action", status__in=[OS.PROPOSED, OS.APPROVED]).update(**not_done)
+    OPERATION.move_where(
+        ToolOperation.objects.filter(run=run, kind="action"),
+        OS.REJECTED,
+        sources=[OS.PROPOSED, OS.APPROVED],
+        status_reason=why,
+        ended_at=now,
+    )
     return len(ids)
 
 
@@ -276,17 +286,14 @@ def _decide(approval, run, user, approve, note, edited, now) -> str:
 
 
 def _settle_item(item, run, user, approve, note, now) -> None:
-    from tools.broker import operations_decided
-
     # Only approvals of the arguments as they now are count (what the gate checks again before the call).
     approvals = item.decisions.filter(verdict="approve", arguments_hash=item.arguments_hash).count()
     if approve and approvals < item.quorum:
         return  # waits for more reviewers
     verdict = "approved" if approve else "rejected"
     reason = f"rejected by reviewer: {note}" if not approve else f"approved by {user}" + (f": {note}" if note else "")
-    item.status = ApprovalRequest.Status.APPROVED if approve else ApprovalRequest.Status.REJECTED
-    item.decided_at, item.decided_by, item.note = now, user, note[:4000]
-    item.save(update_fields=["status", "decided_at", "decided_by", "note"])
+    decided = ApprovalRequest.Status.APPROVED if approve else ApprovalRequest.Status.REJECTED
+    APPROVAL_REQUEST.move(item, decided, decided_at=now, decided_by=user, note=note[:4000])
     operations_decided(approval_ids=[item.id], approved=approve, reason=reason, now=now)
     log.info("approval %s (%s) of run %s %s", item.id, item.kind, run.id, verdict)
     if item.parent_id is None:
@@ -300,9 +307,8 @@ def _settle_parent(parent, run, user, note, now) -> None:
     if parent.status != ApprovalRequest.Status.PENDING or parent.items.filter(status="pending").exists():
         return
     approved = parent.items.filter(status="approved").exists()
-    parent.status = ApprovalRequest.Status.APPROVED if approved else ApprovalRequest.Status.REJECTED
-    parent.decided_at, parent.decided_by, parent.note = now, user, note[:4000]
-    parent.save(update_fields=["status", "decided_at", "decided_by", "note"])
+    decided = ApprovalRequest.Status.APPROVED if approved else ApprovalRequest.Status.REJECTED
+    APPROVAL_REQUEST.move(parent, decided, decided_at=now, decided_by=user, note=note[:4000])
     _emit(parent, "approval.decided")
     if parent.kind == ApprovalRequest.Kind.BUNDLE and run.status == Run.Status.WAITING_FOR_APPROVAL:
         run_transition(run=run, to=Run.Status.RUNNING, reason=f"proposals decided by {user}", now=now)
@@ -313,13 +319,6 @@ def _apply_edit(item, edited: dict, *, run: Run, user) -> None:
     """Approve-with-edits: validated against the tool's schema; both versions are kept on the ledger row.
     The gate judges the edited call again: its verdict becomes the stricter of the two, and a reviewer
     who may not decide the stricter one cannot make the edit."""
-    from pydantic import ValidationError
-
-    from tools.broker import arguments_hash
-    from tools.gate import Origin, gate
-    from tools.models import ToolOperation
-    from tools.registry import TOOLS, redact
-
     op = ToolOperation.objects.select_for_update().get(approval=item)
     spec = TOOLS[op.tool]
     if set(edited) & spec.secret_fields:
@@ -327,8 +326,6 @@ def _apply_edit(item, edited: dict, *, run: Run, user) -> None:
     try:
         args = spec.arguments.model_validate({**op.arguments, **edited}).model_dump()
     except ValidationError as exc:
-        from agents.planning import pydantic_errors
-
         raise InvalidInput(
             f"the edited arguments are invalid for {op.tool}", pydantic_errors(exc, "arguments")
         ) from exc

@@ -14,12 +14,14 @@ from approvals.access import authorize, project_ids
 from approvals.audit import audit
 from approvals.models import ApprovalRequest
 from core.errors import Forbidden, NotFound, WardenError
-from tools.saga import COMPENSABLE_FROM, compensation_plan, run_compensate
+from tools.models import ToolOperation
+from tools.saga import COMPENSABLE_FROM, UNKNOWN_OUTCOME, compensation_plan, run_compensate, run_compensate_refusal
 
 from .models import Run, Task
+from .refusals import run_cancel_refusal, run_retry_failed_refusal, short
 from .selectors import set_aside_by_replan
 from .services import run_cancel, task_retry
-from .transitions import RUN_TRANSITIONS, TransitionNotAllowed
+from .transitions import TransitionNotAllowed
 
 MAX_RUNS = 500
 ACTIONS = {
@@ -54,26 +56,15 @@ def _label(status: str) -> str:
     return Run.Status(status).label.lower()
 
 
-def _why_not(action: str, run: Run, tasks: Counter, plan: dict | None) -> str:
-    """Why ``action`` would not touch ``run`` ('' when it would)."""
-    status = run.status
+def _why_not(action: str, run: Run, failed: list[Task], running: list[str], unresolved: list[int]) -> str:
+    """Why ``action`` would not touch ``run`` ('' when it would): the services' own rules."""
     if action == "cancel":
-        if Run.Status.CANCELLING in RUN_TRANSITIONS[status]:
-            return ""
-        if run.is_terminal:
-            return "already finished"
-        return "already being cancelled" if status == Run.Status.CANCELLING else f"a {status} run cannot be cancelled"
-    if action == "retry":
-        if run.is_terminal:
-            return "finished: its tasks cannot be retried"
-        return "" if tasks[Task.Status.FAILED] else "no failed task"
-    if status not in COMPENSABLE_FROM:
-        return "only a run that needs attention, failed or was cancelled can be compensated"
-    if tasks[Task.Status.RUNNING]:
-        return "tasks still running"
-    if plan and plan["unresolved"]:
-        return "operations of uncertain outcome to resolve first"
-    return ""
+        refused = run_cancel_refusal(run)
+    elif action == "retry":
+        refused = run_retry_failed_refusal(run, failed)
+    else:
+        refused = run_compensate_refusal(run, running=running, unresolved=unresolved)
+    return "" if refused is None else short(refused, run)
 
 
 def bulk_preview(*, user, action: str, run_ids: list[int]) -> Preview:
@@ -91,12 +82,13 @@ def bulk_preview(*, user, action: str, run_ids: list[int]) -> Preview:
         .order_by()
     ):
         tasks[run_id][status] = n
+    facts = _facts(action, runs)
     preview = Preview(action=action)
     will, skipped, plans = Counter(), Counter(), {}
     for run in runs:
         if action == "compensate" and run.status in COMPENSABLE_FROM:
             plans[run.id] = compensation_plan(run.id)
-        why = _why_not(action, run, tasks[run.id], plans.get(run.id))
+        why = _why_not(action, run, *facts.get(run.id, ([], [], [])))
         if why:
             skipped[(run.status, why)] += 1
         else:
@@ -132,6 +124,28 @@ def bulk_preview(*, user, action: str, run_ids: list[int]) -> Preview:
             (sum(len(p["cannot_undo"]) for p in chosen_plans), "effects that cannot be undone (no undo planned)"),
         ]
     return preview
+
+
+def _facts(action: str, runs: list[Run]) -> dict[int, tuple[list, list, list]]:
+    """What the refusals read, per run: (failed tasks of its plan, running task keys, unresolved operation
+    ids), each fetched in one statement for the whole selection."""
+    facts = {run.id: ([], [], []) for run in runs}
+    ids = [run.id for run in runs]
+    if action == "retry":
+        plan = {run.id: run.plan_version for run in runs}
+        for task in Task.objects.filter(run_id__in=ids, status=Task.Status.FAILED).only(
+            "id", "run_id", "key", "status", "plan_version"
+        ):
+            if task.plan_version == plan[task.run_id]:
+                facts[task.run_id][0].append(task)
+    elif action == "compensate":
+        for run_id, key in Task.objects.filter(run_id__in=ids, status=Task.Status.RUNNING).values_list("run_id", "key"):
+            facts[run_id][1].append(key)
+        for run_id, op_id in ToolOperation.objects.filter(
+            run_id__in=ids, status__in=UNKNOWN_OUTCOME, kind=ToolOperation.Kind.ACTION
+        ).values_list("run_id", "id"):
+            facts[run_id][2].append(op_id)
+    return facts
 
 
 @dataclass

@@ -23,10 +23,12 @@ from agents.models import Agent, Workflow
 from core import bus
 from core.errors import Conflict, Forbidden, InvalidInput, NotFound
 from tools.models import ToolOperation
+from tools.transitions import OPERATION
 
 from .models import Run, Span, Task
 from .services import sql
 from .services.runs import run_transition
+from .transitions import TASK
 
 OS = ToolOperation.Status
 
@@ -207,8 +209,7 @@ def external_operation_started(*, operation_id: int) -> ToolOperation:
         why = gate_satisfied(op)
         if why:
             raise Conflict(f"operation {operation_id} may not be carried out: {why}")
-        op.status, op.started_at, op.attempts = OS.EXECUTING, timezone.now(), op.attempts + 1
-        op.save(update_fields=["status", "started_at", "attempts"])
+        OPERATION.move(op, OS.EXECUTING, started_at=timezone.now(), attempts=op.attempts + 1)
         bus.run_changed(op.run_id)
         return op
 
@@ -225,15 +226,12 @@ def external_operation_outcome(
         if op.status != OS.EXECUTING:
             raise Conflict(f"operation {operation_id} is {op.status}: start it (after its approval) before reporting")
         now = timezone.now()
-        changes = {"status": final, "ended_at": now, "status_reason": error[:4000]}
-        if committed:
-            changes.update(result=result, external_id=external_id[:200], committed_at=now)
-        ToolOperation.objects.filter(id=op.id).update(**changes)
+        receipt = {"result": result, "external_id": external_id[:200], "committed_at": now} if committed else {}
+        OPERATION.move(op, final, ended_at=now, status_reason=error[:4000], **receipt)
         bus.run_changed(op.run_id)
         if final == OS.AMBIGUOUS:
             from tools.broker import operation_ambiguous_announce
 
-            op.status, op.status_reason = final, error
             operation_ambiguous_announce(op)
         op.refresh_from_db()
         if op.compensates_id:
@@ -243,16 +241,12 @@ def external_operation_outcome(
 
 def _undo_reported(op: ToolOperation, failure: str) -> None:
     """The agent carried out one step of a compensation (inside the reporting transaction)."""
-    from tools.saga import operation_supervised_failed, run_operations
+    from tools.saga import operation_compensated, operation_supervised_failed, run_operations
 
     if op.status != OS.COMMITTED:
         operation_supervised_failed(op.run, op, failure)  # the run needs a human; the original is marked
         return
-    ToolOperation.objects.filter(id=op.compensates_id).update(
-        status=OS.COMPENSATED,
-        status_reason=f"{op.kind} {op.id} ({op.tool}) reported done by the agent",
-        ended_at=timezone.now(),
-    )
+    operation_compensated(op, f"{op.kind} {op.id} ({op.tool}) reported done by the agent")
     # Settle after commit, as the executor does: the run is compensated once nothing is left to do.
     transaction.on_commit(lambda: run_operations(op.run_id))
 
@@ -268,7 +262,7 @@ def external_run_finish(*, run_id: int, completed: bool, reason: str = "") -> Ru
         Span.objects.filter(task__in=open_tasks, ended_at__isnull=True).update(
             ended_at=now, status=Span.Status.OK if completed else Span.Status.ERROR
         )
-        open_tasks.update(status=status, finished_at=now, status_reason=reason[:4000])
+        TASK.move_where(open_tasks, status, sources=[Task.Status.RUNNING], finished_at=now, status_reason=reason[:4000])
         to = Run.Status.COMPLETED if completed else Run.Status.NEEDS_ATTENTION
         run_transition(run=run, to=to, reason=reason or ("completed by the agent" if completed else "failed"), now=now)
         return run

@@ -1,6 +1,10 @@
-"""The run and task state machines: one table each, and the checks that apply them."""
+"""The run and task state machines: one table each (core/machine.py applies them)."""
+
+from core.machine import StateMachine, TransitionNotAllowed
 
 from .models import Run, Task
+
+__all__ = ["RUN", "TASK", "RUN_TRANSITIONS", "TASK_TRANSITIONS", "TransitionNotAllowed"]
 
 RS, TS = Run.Status, Task.Status
 
@@ -23,7 +27,10 @@ TASK_TRANSITIONS: dict[str, frozenset[str]] = {
     TS.PENDING: frozenset({TS.READY, TS.CANCELLED, TS.SUPERSEDED}),
     TS.READY: frozenset({TS.RUNNING, TS.FAILED, TS.CANCELLED, TS.SUPERSEDED}),
     # running -> ready: a lease expired (crash) or the attempt handed its rest to a fresh message
-    TS.RUNNING: frozenset({TS.COMPLETED, TS.RETRY_WAIT, TS.READY, TS.FAILED, TS.CANCELLED, TS.WAITING_FOR_APPROVAL}),
+    # running -> running: a new holder claims a task whose lease expired (under a new fencing token)
+    TS.RUNNING: frozenset(
+        {TS.RUNNING, TS.COMPLETED, TS.RETRY_WAIT, TS.READY, TS.FAILED, TS.CANCELLED, TS.WAITING_FOR_APPROVAL}
+    ),
     TS.RETRY_WAIT: frozenset({TS.RUNNING, TS.READY, TS.FAILED, TS.CANCELLED}),
     TS.WAITING_FOR_APPROVAL: frozenset({TS.READY, TS.FAILED, TS.CANCELLED}),
     TS.FAILED: frozenset({TS.READY}),  # an operator's retry
@@ -33,19 +40,5 @@ TASK_TRANSITIONS: dict[str, frozenset[str]] = {
 }
 
 
-class TransitionNotAllowed(Exception):
-    """A state machine refused a change; the message names the machine and both states."""
-
-    def __init__(self, machine: str, current: str, to: str):
-        self.machine, self.current, self.to = machine, current, to
-        super().__init__(f"{machine} cannot go from {current} to {to}")
-
-
-def check_run_transition(current: str, to: str) -> None:
-    if to not in RUN_TRANSITIONS[current]:
-        raise TransitionNotAllowed("run", current, to)
-
-
-def check_task_transition(current: str, to: str) -> None:
-    if to not in TASK_TRANSITIONS[current]:
-        raise TransitionNotAllowed("task", current, to)
+RUN = StateMachine("run", Run.Status.values, RUN_TRANSITIONS)
+TASK = StateMachine("task", Task.Status.values, TASK_TRANSITIONS)

@@ -34,6 +34,7 @@ from .gate import REFUSE, Origin, Verdict, gate, gate_satisfied
 from .ledger import operation_record
 from .models import SealedArguments, ToolOperation
 from .registry import REDACTED, TOOLS, ToolSpec, redact
+from .transitions import OPERATION
 
 log = logging.getLogger("warden.tools")
 OS = ToolOperation.Status
@@ -407,7 +408,7 @@ def approval_recheck(op: ToolOperation) -> ToolOutcome | None:
     why = gate_satisfied(op)
     if not why:
         return None
-    _set(op, status=OS.REJECTED, status_reason=f"not done: {why}"[:1000], ended_at=timezone.now())
+    _set(op, OS.REJECTED, status_reason=f"not done: {why}"[:1000], ended_at=timezone.now())
     log.warning("operation %s not executed: %s", op.id, why)
     return _refuse("rejected", f"{op.tool} was not done: {why}")
 
@@ -416,13 +417,13 @@ def reconcile(op: ToolOperation, spec: ToolSpec, faults: Faults | None = None) -
     """An intent without a receipt: ask the system by key. Committed → its answer (recorded as the
     receipt); not committed → None, and the caller may call again with the same key."""
     if spec.lookup is None or (faults is not None and faults.no_lookup):
-        _set(op, status=OS.AMBIGUOUS, status_reason="no receipt, and the tool has no status lookup: a human must check")
+        _set(op, OS.AMBIGUOUS, status_reason="no receipt, and the tool has no status lookup: a human must check")
         raise StepFailure(
             f"{op.tool} ({op.idempotency_key}) may or may not have happened: a human must check", "ambiguous"
         )
     found = spec.lookup(op.idempotency_key)
     if found is None:
-        _set(op, status=OS.APPROVED, status_reason="reconciled: not committed; calling again with the same key")
+        _set(op, OS.APPROVED, status_reason="reconciled: not committed; calling again with the same key")
         log.info("reconciled %s %s: not committed", op.tool, op.idempotency_key)
         return None
     log.info("reconciled %s %s: committed", op.tool, op.idempotency_key)
@@ -432,19 +433,19 @@ def reconcile(op: ToolOperation, spec: ToolSpec, faults: Faults | None = None) -
 def operations_decided(*, approval_ids, approved: bool, reason: str, now) -> int:
     """The ledger side of a decision (approval, rejection, withdrawal, expiry): the operations waiting on
     these requests may go, or are recorded as not done. Call inside the deciding transaction."""
-    return ToolOperation.objects.filter(approval_id__in=list(approval_ids), status=OS.AWAITING_APPROVAL).update(
-        status=OS.APPROVED if approved else OS.REJECTED,
+    return OPERATION.move_where(
+        ToolOperation.objects.filter(approval_id__in=list(approval_ids)),
+        OS.APPROVED if approved else OS.REJECTED,
+        sources=[OS.AWAITING_APPROVAL],
         status_reason=reason[:1000],
         ended_at=None if approved else now,
     )
 
 
-def _set(op: ToolOperation, **changes) -> None:
-    for name, value in changes.items():
-        setattr(op, name, value)
-    ToolOperation.objects.filter(id=op.id).update(**changes)
+def _set(op: ToolOperation, to: str, **changes) -> None:
+    OPERATION.move(op, to, **changes)
     bus.run_changed(op.run_id)
-    if changes.get("status") == OS.AMBIGUOUS:
+    if to == OS.AMBIGUOUS:
         operation_ambiguous_announce(op)
 
 
@@ -472,14 +473,12 @@ def operation_execute(op: ToolOperation, spec: ToolSpec, args: dict, faults: Fau
         return refused
     _fenced(fence)  # before the intent is marked again: a stale caller leaves the row as its successor found it
     now = timezone.now()
-    changed = (
-        ToolOperation.objects.filter(id=op.id, attempts=op.attempts)
-        .exclude(status__in=ToolOperation.TERMINAL - {OS.FAILED})
-        .update(status=OS.EXECUTING, attempts=op.attempts + 1, started_at=now, status_reason="")
-    )
+    # A compare-and-set on attempts: of two callers of the same intent, one makes the call.
+    fields = {"attempts": op.attempts + 1, "started_at": now, "status_reason": ""}
+    changed = OPERATION.move_where(ToolOperation.objects.filter(id=op.id, attempts=op.attempts), OS.EXECUTING, **fields)
     if not changed:
         raise TransientFailure(f"{op.tool} ({op.idempotency_key}) is being executed elsewhere")
-    op.status, op.attempts, op.status_reason = OS.EXECUTING, op.attempts + 1, ""
+    OPERATION.assign(op, OS.EXECUTING, **fields)
     faults.crash("after_intent")
     return _call_and_receipt(op, spec, args, faults, fence=fence)
 
@@ -488,7 +487,7 @@ def _call_and_receipt(op: ToolOperation, spec: ToolSpec, args: dict, faults: Fau
     """The one place an operation's call leaves: its verdict satisfied, its caller's lease held."""
     why = gate_satisfied(op)
     if why:  # never reached by a correct caller; the last line of defence of the promise
-        _set(op, status=OS.REJECTED, status_reason=f"not done: {why}"[:1000], ended_at=timezone.now())
+        _set(op, OS.REJECTED, status_reason=f"not done: {why}"[:1000], ended_at=timezone.now())
         return _refuse("rejected", f"{op.tool} was not done: {why}")
     _fenced(fence)
     try:
@@ -496,10 +495,10 @@ def _call_and_receipt(op: ToolOperation, spec: ToolSpec, args: dict, faults: Fau
     except (sandbox.SystemTimeout, sandbox.SystemTransient) as exc:
         if spec.is_write and isinstance(exc, sandbox.SystemTimeout):
             return _timed_out(op, spec, faults, exc)
-        _set(op, status=OS.FAILED, status_reason=str(exc), ended_at=timezone.now())
+        _set(op, OS.FAILED, status_reason=str(exc), ended_at=timezone.now())
         raise TransientFailure(f"{op.tool}: {exc}") from exc
     except sandbox.SystemError_ as exc:
-        _set(op, status=OS.FAILED, status_reason=str(exc), ended_at=timezone.now())
+        _set(op, OS.FAILED, status_reason=str(exc), ended_at=timezone.now())
         raise StepFailure(f"{op.tool}: {exc}", "permanent") from exc
     faults.crash("after_call")
     outcome = _receipt(op, spec, result)
@@ -509,7 +508,7 @@ def _call_and_receipt(op: ToolOperation, spec: ToolSpec, args: dict, faults: Fau
 
 def _timed_out(op: ToolOperation, spec: ToolSpec, faults: Faults, exc: Exception) -> ToolOutcome:
     """A write that timed out may have happened: ask the system before anything else."""
-    _set(op, status=OS.AMBIGUOUS, status_reason=str(exc))
+    _set(op, OS.AMBIGUOUS, status_reason=str(exc))
     found = reconcile(op, spec, faults)
     if found is not None:
         return found
@@ -540,7 +539,7 @@ def _receipt(op: ToolOperation, spec: ToolSpec, result: dict, reason: str = "") 
     # One write: the receipt and the concrete undo land together.
     _set(
         op,
-        status=OS.COMMITTED,
+        OS.COMMITTED,
         status_reason=(reason or op.status_reason)
         if outcome.error is None
         else f"{reason} {outcome.error['message']}".strip(),

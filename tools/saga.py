@@ -18,7 +18,7 @@ from django.utils import timezone
 from agents.models import Workflow
 from approvals.models import ApprovalRequest
 from core import bus, hooks
-from core.errors import Conflict, LeaseLost, NotFound, StepFailure, TransientFailure
+from core.errors import Conflict, LeaseLost, NotFound, StepFailure, TransientFailure, WardenError
 from runs.heartbeat import lease_keeper
 from runs.models import Run, Task
 from runs.selectors import set_aside_by_replan
@@ -26,16 +26,19 @@ from runs.services import sql
 from runs.services.leases import worker_id
 from runs.services.outbox import outbox_add
 from runs.services.runs import run_transition
+from runs.transitions import TASK
 
 from .broker import Faults, _unseal, approval_recheck, arguments_hash, operation_execute, reconcile
 from .gate import APPROVAL, REFUSE, Origin, gate
 from .ledger import operation_record
 from .models import ToolOperation
 from .registry import TOOLS, Reversibility
+from .transitions import OPERATION
 
 log = logging.getLogger("warden.saga")
 OS, Kind = ToolOperation.Status, ToolOperation.Kind
 COMPENSABLE_FROM = (Run.Status.NEEDS_ATTENTION, Run.Status.FAILED, Run.Status.CANCELLED)
+UNKNOWN_OUTCOME = (OS.EXECUTING, OS.AMBIGUOUS)  # an action in these may or may not have happened
 SUPERVISED = Q(proposed=True) | Q(kind__in=[Kind.COMPENSATION, Kind.CORRECTION])
 INLINE_RETRIES = 3
 UNDO_REFUSED = "its undo was refused by the gate"
@@ -63,7 +66,7 @@ def proposals_bundle_if_any(run: Run, now) -> bool:
         return False
     proposals.sort(key=lambda op: (op.reversibility == Reversibility.IRREVERSIBLE, op.task.key, op.step))
     for order, op in enumerate(proposals, 1):
-        ToolOperation.objects.filter(id=op.id).update(status=OS.AWAITING_APPROVAL, order=order)
+        OPERATION.move(op, OS.AWAITING_APPROVAL, order=order)
     hooks.call(
         hooks.APPROVAL_REQUEST_FOR_OPERATIONS,
         run=run,
@@ -81,8 +84,9 @@ def proposals_drop(run: Run, *, reason: str) -> int:
     finished): its proposals are recorded as not done, never left pending. Call with the run locked."""
     if not _has_proposals(run.id):
         return 0
-    return ToolOperation.objects.filter(run=run, status=OS.PROPOSED).update(
-        status=OS.REJECTED, status_reason=f"not executed: {reason}"[:1000], ended_at=timezone.now()
+    why = f"not executed: {reason}"[:1000]
+    return OPERATION.move_where(
+        run.operations.all(), OS.REJECTED, sources=[OS.PROPOSED], status_reason=why, ended_at=timezone.now()
     )
 
 
@@ -132,12 +136,34 @@ def compensation_plan(run_id: int) -> dict:
             correct.append({**item, "needs_approval": True})
         else:
             cannot.append(item)
-    unresolved = list(
-        ToolOperation.objects.filter(
-            run_id=run_id, status__in=[OS.EXECUTING, OS.AMBIGUOUS], kind=Kind.ACTION
-        ).values_list("id", flat=True)
-    )
-    return {"undo": undo, "correct": correct, "cannot_undo": cannot, "unresolved": unresolved}
+    return {"undo": undo, "correct": correct, "cannot_undo": cannot, "unresolved": compensation_unresolved(run_id)}
+
+
+def compensation_unresolved(run_id: int) -> list[int]:
+    """The run's actions whose outcome is unknown: a compensation waits until someone resolves them."""
+    unknown = ToolOperation.objects.filter(run_id=run_id, status__in=UNKNOWN_OUTCOME, kind=Kind.ACTION)
+    return list(unknown.values_list("id", flat=True))
+
+
+def run_compensate_refusal(run: Run, *, running: list[str], unresolved: list[int]) -> WardenError | None:
+    """A run may be compensated once it stopped (needs attention, failed, cancelled), no task of it still
+    runs (``running``: their keys) and no operation's outcome is unknown (``unresolved``: their ids)."""
+    if run.status not in COMPENSABLE_FROM:
+        return Conflict(
+            f"run {run.id} is {run.status}; only a run that needs attention, failed or was cancelled can be "
+            "compensated (cancel a running run first)"
+        )
+    if running:
+        return Conflict(f"tasks {', '.join(running)} are still running; compensate when they have stopped")
+    if unresolved:
+        return Conflict(f"operations {unresolved} may or may not have happened; resolve them before compensating")
+    return None
+
+
+def operation_resolve_refusal(op: ToolOperation) -> WardenError | None:
+    if op.status in (OS.AMBIGUOUS, OS.EXECUTING):
+        return None
+    return Conflict(f"operation {op.id} is {op.status}; only an ambiguous one can be resolved")
 
 
 def run_compensate(*, run_id: int, reason: str = "compensation requested by an operator", by=None) -> Run:
@@ -149,25 +175,19 @@ def run_compensate(*, run_id: int, reason: str = "compensation requested by an o
         run = Run.objects.select_for_update().select_related("workflow").filter(id=run_id).first()
         if run is None:
             raise NotFound(f"run {run_id} does not exist")
-        if run.status not in COMPENSABLE_FROM:
-            raise Conflict(
-                f"run {run.id} is {run.status}; only a run that needs attention, failed or was cancelled can be "
-                "compensated (cancel a running run first)"
-            )
         running = list(run.tasks.filter(status=Task.Status.RUNNING).values_list("key", flat=True))
-        if running:
-            raise Conflict(f"tasks {', '.join(running)} are still running; compensate when they have stopped")
         plan = compensation_plan(run.id)
-        if plan["unresolved"]:
-            raise Conflict(
-                f"operations {plan['unresolved']} may or may not have happened; resolve them before compensating"
-            )
-        Task.objects.filter(run=run).exclude(status__in=Task.TERMINAL).update(
-            status=Task.Status.CANCELLED, status_reason="run compensated", finished_at=now
-        )
+        refused = run_compensate_refusal(run, running=running, unresolved=plan["unresolved"])
+        if refused is not None:
+            raise refused
+        TASK.move_where(run.tasks.all(), Task.Status.CANCELLED, status_reason="run compensated", finished_at=now)
         hooks.call(hooks.APPROVALS_WITHDRAW, run=run, reason="the run is being compensated")
-        ToolOperation.objects.filter(run=run, status__in=[OS.PROPOSED, OS.APPROVED], kind=Kind.ACTION).update(
-            status=OS.REJECTED, status_reason="not done: the run was compensated", ended_at=now
+        OPERATION.move_where(
+            ToolOperation.objects.filter(run=run, kind=Kind.ACTION),
+            OS.REJECTED,
+            sources=[OS.PROPOSED, OS.APPROVED],
+            status_reason="not done: the run was compensated",
+            ended_at=now,
         )
         order = ToolOperation.objects.filter(run=run).exclude(kind=Kind.ACTION).count()
         waiting = []
@@ -177,7 +197,7 @@ def run_compensate(*, run_id: int, reason: str = "compensation requested by an o
             original = originals[item["operation"]]
             retry = original.compensations.filter(status=OS.FAILED).first()
             if retry is not None:  # a compensation that failed before: try it again, same key and verdict
-                ToolOperation.objects.filter(id=retry.id).update(status=OS.APPROVED, status_reason="retried")
+                OPERATION.move(retry, OS.APPROVED, status_reason="retried")
             elif not original.compensations.exists():
                 op = _undo_record(run, original, item, order=order + 1)
                 if op is None:
@@ -185,7 +205,7 @@ def run_compensate(*, run_id: int, reason: str = "compensation requested by an o
                 order += 1
                 if op.gate == APPROVAL:
                     waiting.append(op)
-            ToolOperation.objects.filter(id=original.id).update(status=OS.COMPENSATING, status_reason="")
+            OPERATION.move(original, OS.COMPENSATING, status_reason="")
         if waiting:
             hooks.call(
                 hooks.APPROVAL_REQUEST_FOR_OPERATIONS,
@@ -239,13 +259,12 @@ def operation_resolve(*, operation_id: int, committed: bool, note: str) -> ToolO
         op = ToolOperation.objects.select_for_update().filter(id=operation_id).first()
         if op is None:
             raise NotFound(f"operation {operation_id} does not exist")
-        if op.status not in (OS.AMBIGUOUS, OS.EXECUTING):
-            raise Conflict(f"operation {operation_id} is {op.status}; only an ambiguous one can be resolved")
+        refused = operation_resolve_refusal(op)
+        if refused is not None:
+            raise refused
         verdict = "committed" if committed else "not committed"
-        op.status = OS.COMMITTED if committed else OS.FAILED
-        op.status_reason = f"resolved by an operator: {verdict}" + (f" ({note})" if note else "")
-        op.ended_at = timezone.now()
-        op.save(update_fields=["status", "status_reason", "ended_at"])
+        why = f"resolved by an operator: {verdict}" + (f" ({note})" if note else "")
+        OPERATION.move(op, OS.COMMITTED if committed else OS.FAILED, status_reason=why, ended_at=timezone.now())
         bus.run_changed(op.run_id)
     return op
 
@@ -353,10 +372,15 @@ def _execute_supervised(run: Run, op: ToolOperation, fence: ExecutorFence | None
             op.refresh_from_db()
             return operation_supervised_failed(run, op, str(exc))
     if op.compensates_id:
-        ToolOperation.objects.filter(id=op.compensates_id).update(
-            status=OS.COMPENSATED, status_reason=f"{op.kind} {op.id} ({op.tool}) committed", ended_at=timezone.now()
-        )
+        operation_compensated(op, f"{op.kind} {op.id} ({op.tool}) committed")
     return True
+
+
+def operation_compensated(step: ToolOperation, why: str) -> None:
+    """The undo or correction ``step`` committed: the operation it compensates is compensated."""
+    OPERATION.move_where(
+        ToolOperation.objects.filter(id=step.compensates_id), OS.COMPENSATED, status_reason=why, ended_at=timezone.now()
+    )
 
 
 def operation_supervised_failed(run: Run, op: ToolOperation, message: str) -> bool:
@@ -366,12 +390,20 @@ def operation_supervised_failed(run: Run, op: ToolOperation, message: str) -> bo
     with transaction.atomic():
         locked = Run.objects.select_for_update().get(id=run.id)
         bus.run_changed(run.id)
-        if op.status != OS.AMBIGUOUS:
-            ToolOperation.objects.filter(id=op.id).update(status=OS.FAILED, status_reason=message[:4000], ended_at=now)
+        # An ambiguous one stays so (a person must say whether it happened); one refused before its call
+        # stays rejected.
+        OPERATION.move_where(
+            ToolOperation.objects.filter(id=op.id).exclude(status=OS.AMBIGUOUS),
+            OS.FAILED,
+            status_reason=message[:4000],
+            ended_at=now,
+        )
         what = "proposal" if op.kind == Kind.ACTION else op.kind
         if op.compensates_id:
-            ToolOperation.objects.filter(id=op.compensates_id).update(
-                status=OS.COMPENSATION_FAILED, status_reason=f"{op.kind} {op.id} failed: {message}"[:4000]
+            OPERATION.move_where(
+                ToolOperation.objects.filter(id=op.compensates_id),
+                OS.COMPENSATION_FAILED,
+                status_reason=f"{op.kind} {op.id} failed: {message}"[:4000],
             )
         if locked.status in (Run.Status.RUNNING, Run.Status.COMPENSATING):
             run_transition(
@@ -401,8 +433,11 @@ def _settle(run_id: int) -> None:
             if ops.filter(status=OS.AWAITING_APPROVAL).exists():
                 return  # corrections wait for a reviewer
             for correction in ops.filter(kind=Kind.CORRECTION, status=OS.REJECTED):
-                ToolOperation.objects.filter(id=correction.compensates_id, status=OS.COMPENSATING).update(
-                    status=OS.COMMITTED, status_reason=f"correction not sent: {correction.status_reason}"[:4000]
+                OPERATION.move_where(
+                    ToolOperation.objects.filter(id=correction.compensates_id),
+                    OS.COMMITTED,
+                    sources=[OS.COMPENSATING],
+                    status_reason=f"correction not sent: {correction.status_reason}"[:4000],
                 )
             undone = ops.filter(status=OS.COMPENSATED).count()
             reason = f"compensated: {undone} effects undone or corrected"

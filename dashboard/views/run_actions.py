@@ -21,10 +21,11 @@ from django.views.decorators.http import require_http_methods
 
 from approvals.audit import audit
 from approvals.models import ApprovalRequest
-from core.errors import Conflict, Forbidden, InvalidInput, NotFound, WardenError
+from core.errors import Forbidden, InvalidInput, NotFound, WardenError
 from runs import blackboard, services
 from runs.models import Artifact, BlackboardEntry, Run, Task
-from runs.transitions import RUN_TRANSITIONS, TransitionNotAllowed
+from runs.refusals import run_cancel_refusal, run_resume_refusal
+from runs.transitions import TransitionNotAllowed
 from tools import saga
 from tools.models import ToolOperation
 from tools.registry import TOOLS
@@ -109,9 +110,9 @@ def _confirm(request, run: Run, template: str, context, act, *, action: str, tar
 
 def _cancel_preview(run: Run) -> dict:
     tasks = list(run.tasks.select_related("agent").order_by("id"))
-    refusal = "" if Run.Status.CANCELLING in RUN_TRANSITIONS[run.status] else f"run {run.id} is {run.status}"
+    refused = run_cancel_refusal(run)
     return {
-        "refusal": refusal and f"{refusal}: it cannot be cancelled",
+        "refusal": "" if refused is None else str(refused),
         "running": [t for t in tasks if t.status == Task.Status.RUNNING],
         "queued": [t for t in tasks if t.status not in Task.TERMINAL and t.status != Task.Status.RUNNING],
         "approvals": list(
@@ -145,16 +146,10 @@ def cancel(request, run_id: int):
 # --- resume -----------------------------------------------------------------------------------------------
 
 
-def _resume_refusal(run: Run) -> str:
-    if run.status != Run.Status.NEEDS_ATTENTION:
-        return f"run {run.id} is {run.status}; only a run that needs attention can be resumed"
-    return ""
-
-
 def _resume_preview(run: Run) -> dict:
     tasks = list(run.tasks.select_related("agent").order_by("id"))
     return {
-        "refusal": _resume_refusal(run),
+        "refusal": str(run_resume_refusal(run) or ""),
         "failed": [t for t in tasks if t.status == Task.Status.FAILED],
         "blocked": [t for t in tasks if t.status == Task.Status.PENDING],
         "sent_again": [t for t in tasks if t.status in (Task.Status.READY, Task.Status.RETRY_WAIT)],
@@ -170,11 +165,6 @@ def resume(request, run_id: int):
 
     def act():
         reason = _reason(request, required=False, default=f"resumed by {request.user} from the dashboard")
-        # Checked under the run's lock, in the transaction run_resume joins: a run that waits for a
-        # decision (or runs) is not the operator's to resume.
-        refusal = _resume_refusal(Run.objects.select_for_update().get(id=run.id))
-        if refusal:
-            raise Conflict(refusal)
         services.run_resume(run_id=run.id, reason=reason)
         return _Done(f"Run {run.id} is running again.", {"reason": reason})
 
@@ -188,14 +178,7 @@ def resume(request, run_id: int):
 def _compensate_preview(run: Run) -> dict:
     plan = saga.compensation_plan(run.id)
     running = list(run.tasks.filter(status=Task.Status.RUNNING).values_list("key", flat=True))
-    refusal = ""
-    if run.status not in saga.COMPENSABLE_FROM:
-        refusal = f"run {run.id} is {run.status}; only a run that needs attention, failed or was cancelled "
-        refusal += "can be compensated"
-    elif running:
-        refusal = f"tasks {', '.join(running)} are still running; compensate when they have stopped"
-    elif plan["unresolved"]:
-        refusal = "some operations may or may not have happened: resolve them first"
+    refusal = str(saga.run_compensate_refusal(run, running=running, unresolved=plan["unresolved"]) or "")
     unresolved = ToolOperation.objects.filter(id__in=plan["unresolved"]).select_related("task").order_by("id")
     return {"plan": plan, "unresolved": list(unresolved), "refusal": refusal}
 
@@ -304,9 +287,7 @@ def operation_resolve(request, run_id: int, operation_id: int):
     def context():
         op.refresh_from_db()
         spec = TOOLS.get(op.tool)
-        refusal = ""
-        if op.status not in (OS.AMBIGUOUS, OS.EXECUTING):
-            refusal = f"operation {op.id} is {op.status}; only an ambiguous one can be resolved"
+        refusal = str(saga.operation_resolve_refusal(op) or "")
         return {
             "op": op,
             "arguments": json.dumps(op.arguments, indent=1, sort_keys=True, default=str),

@@ -41,10 +41,12 @@ from dashboard.trace import (
     tree_html,
 )
 from runs.models import Artifact, BlackboardEntry, Run, Span, Task
+from runs.refusals import run_cancel_refusal, run_resume_refusal
 from runs.retention import stored_bytes_sql
 from runs.services import sql
 from tools.gate import Verdict
 from tools.models import ToolOperation
+from tools.saga import COMPENSABLE_FROM, compensation_unresolved, run_compensate_refusal
 
 from .common import run_for_view
 
@@ -270,10 +272,21 @@ def header_context(run: Run, now, summary: dict | None = None) -> dict:
         "multiple": f"{multiple:.2f}×" if multiple else "—",
         "estimate": money(estimate) if estimate else "—",
         "stored": int(summary["stored"] or 0),  # bytes of span bodies, payloads and artifacts
-        "can_cancel": run.status in ("pending", "running", "waiting_for_approval", "needs_attention"),
-        "can_resume": run.status == "needs_attention",
-        "can_compensate": run.status in ("needs_attention", "failed", "cancelled"),
+        # The buttons offered are the services' own rules (runs/refusals.py, tools/saga.py).
+        "can_cancel": run_cancel_refusal(run) is None,
+        "can_resume": run_resume_refusal(run) is None,
+        **_compensate_offer(run),
     }
+
+
+def _compensate_offer(run: Run) -> dict:
+    """The Compensate button, or (for a stopped run something still holds up) why it is not offered."""
+    if run.status not in COMPENSABLE_FROM:  # most runs: no query
+        refused = run_compensate_refusal(run, running=[], unresolved=[])
+        return {"can_compensate": refused is None, "compensate_refusal": ""}
+    running = list(run.tasks.filter(status=Task.Status.RUNNING).values_list("key", flat=True))
+    refused = run_compensate_refusal(run, running=running, unresolved=compensation_unresolved(run.id))
+    return {"can_compensate": refused is None, "compensate_refusal": str(refused or "")}
 
 
 def run_context(run: Run, *, q: str = "", only: str = "") -> dict:

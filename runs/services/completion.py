@@ -15,7 +15,7 @@ from core import bus
 from core.errors import BudgetExceeded, LeaseLost, StepFailure, TransientFailure
 
 from ..models import QuarantinedResult, Run, Span, Task
-from ..transitions import check_task_transition
+from ..transitions import RUN, TASK
 from . import sql
 from .leases import CRASH, Lease, Usage, claim, claim_candidate, start_crash_due
 from .outbox import outbox_add
@@ -63,6 +63,10 @@ def quarantine(lease: Lease, task: Task, *, step: int | None, body) -> None:
     log.warning("quarantined step %s of task %s (token %s): %s", step, lease.task_id, lease.token, reason)
 
 
+# The fast paths' moves, named from the table: the module does not load if the table stops allowing them.
+_RUNNING, _COMPLETED = Task.Status.RUNNING, TASK.edge(Task.Status.RUNNING, Task.Status.COMPLETED)
+_PENDING, _READY = Task.Status.PENDING, TASK.edge(Task.Status.PENDING, Task.Status.READY)
+
 _PG_FINISH = f"""
 WITH r AS (
     UPDATE runs_run SET steps_used = steps_used + 1, tokens_used = tokens_used + %(tokens)s,
@@ -70,10 +74,10 @@ WITH r AS (
     WHERE id = %(run)s
     RETURNING {sql.USAGE_COLUMNS}, plan_version, held_back
 ), t AS (
-    UPDATE runs_task SET status = 'completed', finished_at = %(now)s, lease_owner = '', lease_expires_at = NULL,
+    UPDATE runs_task SET status = '{_COMPLETED}', finished_at = %(now)s, lease_owner = '', lease_expires_at = NULL,
         status_reason = '', steps_used = steps_used + 1, tokens_used = tokens_used + %(tokens)s,
         cost_micros = cost_micros + %(cost)s
-    WHERE id = %(task)s AND fencing_token = %(token)s AND status = 'running'
+    WHERE id = %(task)s AND fencing_token = %(token)s AND status = '{_RUNNING}'
         AND EXISTS (SELECT 1 FROM r WHERE r.status <> 'cancelling')
     RETURNING id, dependents
 ), s AS (
@@ -90,9 +94,9 @@ WITH r AS (
     WHERE id = ANY(%(spans)s) AND EXISTS (SELECT 1 FROM t)
 ), d AS (
     UPDATE runs_task SET pending_deps = pending_deps - 1,
-        status = CASE WHEN pending_deps <= 1 THEN 'ready' ELSE status END,
+        status = CASE WHEN pending_deps <= 1 THEN '{_READY}' ELSE status END,
         ready_at = CASE WHEN pending_deps <= 1 THEN %(now)s ELSE ready_at END
-    WHERE id = ANY(%(dependents)s) AND status = 'pending' AND EXISTS (SELECT 1 FROM t)
+    WHERE id = ANY(%(dependents)s) AND status = '{_PENDING}' AND EXISTS (SELECT 1 FROM t)
     RETURNING id, status, key, fencing_token, attempts, continuing, agent_id
 )
 SELECT r.*, (SELECT count(*) FROM t),
@@ -118,7 +122,6 @@ def task_finish(lease: Lease, run: Run, task: Task, *, step: int, response, star
         "step": step,
         "inputs": sorted(task.depends_on),
     }
-    check_task_transition(Task.Status.RUNNING, Task.Status.COMPLETED)
     try:
         with transaction.atomic():
             if connection.vendor == "postgresql":
@@ -169,7 +172,8 @@ def task_finish(lease: Lease, run: Run, task: Task, *, step: int, response, star
                     body=body,
                     provenance=provenance,
                 )
-            run.status, run.plan_version = run_usage.status, plan_version
+            RUN.seen(run, run_usage.status)  # as the statement above read it
+            run.plan_version = plan_version
             if planned is not None:
                 from .runs import tasks_create
 
@@ -208,7 +212,7 @@ def _finish_generic(lease: Lease, run: Run, task: Task, *, step, response, start
         "UPDATE runs_task SET status = %s, finished_at = %s, lease_owner = '', lease_expires_at = NULL, "
         "status_reason = '', steps_used = steps_used + 1, tokens_used = tokens_used + %s, "
         "cost_micros = cost_micros + %s WHERE id = %s AND fencing_token = %s AND status = %s RETURNING dependents",
-        [Task.Status.COMPLETED, sql.ts(now), tokens, cost, task.id, lease.token, Task.Status.RUNNING],
+        [_COMPLETED, sql.ts(now), tokens, cost, task.id, lease.token, _RUNNING],
     )
     if completed is None:
         raise LeaseLost(f"task {task.id}: token {lease.token} no longer holds the lease")
@@ -259,7 +263,7 @@ def _dependents_count_down(run_id: int, ids: list[int], now) -> list:
         "ready_at = CASE WHEN pending_deps <= 1 THEN %s ELSE ready_at END "
         f"WHERE {where} AND status = %s "
         "RETURNING id, status, key, fencing_token, attempts, continuing, agent_id",
-        [Task.Status.READY, sql.ts(now), *params, Task.Status.PENDING],
+        [_READY, sql.ts(now), *params, _PENDING],
     )
     return [claim_candidate(run_id, r) for r in rows if r[1] == Task.Status.READY]
 
@@ -335,9 +339,9 @@ def task_park(lease: Lease, *, operation_id: int, reason: str) -> bool:
         status = ToolOperation.objects.filter(id=operation_id).values_list("status", flat=True).first()
         if status != ToolOperation.Status.AWAITING_APPROVAL:
             return False
-        check_task_transition(task.status, Task.Status.WAITING_FOR_APPROVAL)
-        Task.objects.filter(id=task.id).update(
-            status=Task.Status.WAITING_FOR_APPROVAL,
+        TASK.move(
+            task,
+            Task.Status.WAITING_FOR_APPROVAL,
             status_reason=reason[:4000],
             continuing=True,
             lease_owner="",
@@ -349,9 +353,9 @@ def task_park(lease: Lease, *, operation_id: int, reason: str) -> bool:
 
 def fail_task(*, task: Task, run: Run, failure_class: str, reason: str, now) -> None:
     """Fail a task for good and hand its run to a human. Call with the run (and task) locked."""
-    check_task_transition(task.status, Task.Status.FAILED)
-    Task.objects.filter(id=task.id).update(
-        status=Task.Status.FAILED,
+    TASK.move(
+        task,
+        Task.Status.FAILED,
         failure_class=failure_class,
         status_reason=reason[:4000],
         finished_at=now,
@@ -402,9 +406,9 @@ def task_fail_or_retry(lease: Lease, exc: StepFailure) -> None:
             retryable = isinstance(exc, TransientFailure) or exc.failure_class == "transient"
             if retryable and task.attempts < task.max_attempts + task.recoveries and run.status == Run.Status.RUNNING:
                 delay = retry_delay_seconds(task.attempts)
-                check_task_transition(task.status, Task.Status.RETRY_WAIT)
-                Task.objects.filter(id=task.id).update(
-                    status=Task.Status.RETRY_WAIT,
+                TASK.move(
+                    task,
+                    Task.Status.RETRY_WAIT,
                     failure_class=exc.failure_class,
                     status_reason=reason[:4000],
                     not_before=now + timezone.timedelta(seconds=delay),
@@ -421,9 +425,9 @@ def task_fail_or_retry(lease: Lease, exc: StepFailure) -> None:
 
 
 def _cancel_own(task: Task, run: Run, now) -> None:
-    check_task_transition(task.status, Task.Status.CANCELLED)
-    Task.objects.filter(id=task.id).update(
-        status=Task.Status.CANCELLED,
+    TASK.move(
+        task,
+        Task.Status.CANCELLED,
         status_reason="run cancelled",
         finished_at=now,
         lease_owner="",
@@ -450,9 +454,7 @@ def task_yield(lease: Lease) -> None:
     try:
         with transaction.atomic():
             run, task = _lock_own_task(lease)
-            Task.objects.filter(id=task.id).update(
-                status=Task.Status.READY, continuing=True, ready_at=now, lease_owner="", lease_expires_at=None
-            )
+            TASK.move(task, Task.Status.READY, continuing=True, ready_at=now, lease_owner="", lease_expires_at=None)
             outbox_add(actor=EXECUTE, kwargs={"run_id": run.id, "task_id": task.id})
     except LeaseLost:
         pass

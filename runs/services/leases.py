@@ -19,6 +19,7 @@ from core.errors import BudgetExceeded
 
 from ..faults import fault_fire_once, faults_at
 from ..models import Run, Span, Task
+from ..transitions import TASK
 from . import sql
 from .runs import run_transition
 
@@ -116,12 +117,13 @@ def claim(task: Task, *, owner: str, now) -> Lease | None:
     token = task.fencing_token + 1
     if connection.vendor == "postgresql" and attempt == 1 and not continuing:
         return _claim_fresh_pg(task, owner=owner, now=now, token=token)
+    running = TASK.edge(task.status, Task.Status.RUNNING)  # ready, waiting to retry, or its lease expired
     claimed = sql.execute(
         "UPDATE runs_task SET status = %s, attempts = %s, fencing_token = %s, lease_owner = %s, "
         "lease_expires_at = %s, heartbeat_at = %s, continuing = %s, started_at = COALESCE(started_at, %s), "
         "not_before = NULL WHERE id = %s AND fencing_token = %s AND status = %s",
         [
-            Task.Status.RUNNING,
+            running,
             attempt,
             token,
             owner,
@@ -186,9 +188,10 @@ def claim(task: Task, *, owner: str, now) -> Lease | None:
     )
 
 
-_PG_CLAIM_FRESH = """
+_RUNNING = TASK.edge(Task.Status.READY, Task.Status.RUNNING)  # a first claim: its task was ready
+_PG_CLAIM_FRESH = f"""
 WITH c AS (
-    UPDATE runs_task SET status = 'running', attempts = 1, fencing_token = %(token)s, lease_owner = %(owner)s,
+    UPDATE runs_task SET status = '{_RUNNING}', attempts = 1, fencing_token = %(token)s, lease_owner = %(owner)s,
         lease_expires_at = %(expires)s, heartbeat_at = %(now)s, continuing = false,
         started_at = COALESCE(started_at, %(now)s), not_before = NULL
     WHERE id = %(task)s AND fencing_token = %(old)s AND status = %(status)s
@@ -213,6 +216,7 @@ SELECT (SELECT id FROM ts), (SELECT id FROM a)
 
 def _claim_fresh_pg(task: Task, *, owner: str, now, token: int) -> Lease | None:
     """A first attempt's claim and its two spans in one statement (the hop between chained tasks)."""
+    TASK.check(task.status, _RUNNING)
     task_span_id, span_id = sql.fetchone(
         _PG_CLAIM_FRESH,
         {

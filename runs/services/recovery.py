@@ -18,7 +18,7 @@ from django.utils import timezone
 from core import bus
 
 from ..models import Outbox, Run, Span, Task
-from ..transitions import check_task_transition
+from ..transitions import TASK
 from .completion import fail_task
 from .leases import record_lease_expiry
 from .outbox import outbox_add, outbox_deliver
@@ -71,8 +71,7 @@ def expire_leases(now) -> int:
             )
             task.refresh_from_db()
             if run.status == Run.Status.CANCELLING:
-                check_task_transition(task.status, Task.Status.CANCELLED)
-                Task.objects.filter(id=task.id).update(status=Task.Status.CANCELLED, finished_at=now)
+                TASK.move(task, Task.Status.CANCELLED, finished_at=now)
                 Span.objects.filter(task=task, ended_at__isnull=True).update(ended_at=now, status=Span.Status.ERROR)
                 bus.run_changed(run.id)
                 run_finish_cancel_if_idle(run=run, now=now)
@@ -85,8 +84,7 @@ def expire_leases(now) -> int:
                     now=now,
                 )
             else:
-                check_task_transition(task.status, Task.Status.READY)
-                Task.objects.filter(id=task.id).update(status=Task.Status.READY, ready_at=now)
+                TASK.move(task, Task.Status.READY, ready_at=now)
                 if run.status == Run.Status.RUNNING:
                     outbox_add(actor=EXECUTE, kwargs={"run_id": run.id, "task_id": task.id})
             count += 1
@@ -148,8 +146,9 @@ def reap_cancelled(now) -> int:
             if run.status != Run.Status.CANCELLING:
                 continue
             stuck = list(run.tasks.select_for_update().exclude(status__in=Task.TERMINAL))
-            Task.objects.filter(id__in=[t.id for t in stuck]).update(
-                status=Task.Status.CANCELLED,
+            TASK.move_where(
+                Task.objects.filter(id__in=[t.id for t in stuck]),
+                Task.Status.CANCELLED,
                 status_reason="forced by the reaper after the grace period",
                 fencing_token=F("fencing_token") + 1,
                 lease_owner="",

@@ -21,6 +21,7 @@ from core import bus
 
 from ..models import Artifact, Run, Span, Task
 from ..schemas import PLAN_OUTPUT_SCHEMA, PlannedTaskIn
+from ..transitions import TASK
 from .outbox import outbox_add
 
 REPLANNABLE = frozenset({Task.FailureClass.VALIDATION, Task.FailureClass.LOOP, Task.FailureClass.PERMANENT})
@@ -68,8 +69,13 @@ def replan(*, run: Run, task: Task, failure_class: str, reason: str, now) -> str
     superseded = list(
         Task.objects.filter(run_id=run.id, status__in=NOT_STARTED, attempts=0).values_list("key", flat=True)
     )
-    Task.objects.filter(run_id=run.id, key__in=superseded).update(
-        status=Task.Status.SUPERSEDED, status_reason=why, finished_at=now, ready_at=None
+    TASK.move_where(
+        Task.objects.filter(run_id=run.id, key__in=superseded),
+        Task.Status.SUPERSEDED,
+        sources=NOT_STARTED,
+        status_reason=why,
+        finished_at=now,
+        ready_at=None,
     )
     objective = (
         f"Re-plan{': ' + run.goal if run.goal else ''}\nTask {task.key} failed ({failure_class}): {reason[:1000]}\n"

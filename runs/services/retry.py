@@ -11,16 +11,20 @@ really happens again — the preview lists those second effects before anyone co
 from django.db import transaction
 from django.utils import timezone
 
-from core.errors import Conflict, InvalidInput, NotFound, WardenError
+from approvals.models import ApprovalRequest
+from approvals.transitions import APPROVAL_REQUEST
+from core.errors import NotFound
+from tools.models import SealedArguments, ToolOperation
+from tools.transitions import OPERATION
 
 from ..models import Run, Span, Task
+from ..refusals import task_retry_refusal
 from .runs import task_retry_locked
 
 # Ledger statuses, as the broker and the saga use them (tools.models.ToolOperation.Status).
 HAPPENED = frozenset({"committed", "compensating", "compensated", "compensation_failed"})
 UNRESOLVED = frozenset({"executing", "ambiguous"})
 NOT_DONE_YET = frozenset({"proposed", "awaiting_approval", "approved"})
-RETRY_FROM_REFUSED_WHILE = frozenset({Run.Status.CANCELLING, Run.Status.COMPENSATING})
 
 
 def _run_id(task_id: int) -> int:
@@ -39,34 +43,10 @@ def _journal(task_id: int) -> list[dict]:
 
 
 def _operations(task_id: int, from_step: int):
-    from tools.models import ToolOperation  # the tools app builds on the engine
 
     return ToolOperation.objects.filter(task_id=task_id, kind=ToolOperation.Kind.ACTION, step__gte=from_step).order_by(
         "step", "id"
     )
-
-
-def _refusal(run: Run, task: Task, *, step: int | None, last: int, unresolved: list) -> WardenError | None:
-    """Why this retry would be refused now, or None. ``step`` None: a plain retry."""
-    if run.is_terminal:
-        return Conflict(f"run {run.id} is {run.status}; a task of a finished run cannot be retried")
-    if task.status != Task.Status.FAILED:
-        return Conflict(f"task {task.key} is {task.status}; only a failed task can be retried")
-    if step is None:
-        return None
-    if run.status in RETRY_FROM_REFUSED_WHILE:
-        return Conflict(f"run {run.id} is {run.status}; its tasks cannot be retried from an earlier step now")
-    if not 1 <= step <= last + 1:
-        message = (
-            f"task {task.key} has journaled steps 1 to {last}: a retry may start from step 1 to {last + 1}, not {step}"
-        )
-        return InvalidInput(message, [{"field": "step", "message": f"between 1 and {last + 1}"}])
-    if unresolved:
-        listed = ", ".join(f"{op.id} ({op.tool}, {op.status})" for op in unresolved)
-        return Conflict(
-            f"operations {listed} may or may not have happened: resolve them before executing their steps afresh"
-        )
-    return None
 
 
 def task_retry_from(*, task_id: int, step: int, reason: str = "retried by operator") -> Task:
@@ -75,9 +55,6 @@ def task_retry_from(*, task_id: int, step: int, reason: str = "retried by operat
     attention). Refused, changing nothing, for a task that is not failed, a step out of range, a run
     that is finished, cancelling or compensating, or an operation at or after ``step`` whose outcome is
     unknown (an operator resolves it first)."""
-    from approvals.models import ApprovalRequest  # approvals and tools build on the engine
-    from tools.models import SealedArguments, ToolOperation
-
     now = timezone.now()
     run_id = _run_id(task_id)
     with transaction.atomic():
@@ -87,7 +64,7 @@ def task_retry_from(*, task_id: int, step: int, reason: str = "retried by operat
         last = journal[-1].step if journal else 0
         ops = _operations(task.id, step)
         unresolved = list(ops.filter(status__in=UNRESOLVED))
-        refused = _refusal(run, task, step=step, last=last, unresolved=unresolved)
+        refused = task_retry_refusal(run, task, step=step, last=last, unresolved=unresolved)
         if refused is not None:
             raise refused
 
@@ -108,10 +85,10 @@ def task_retry_from(*, task_id: int, step: int, reason: str = "retried by operat
         why = f"not done: superseded by a retry from step {step}"
         pending = ops.filter(status__in=NOT_DONE_YET)
         approvals = [a for a in pending.values_list("approval_id", flat=True) if a]
-        ApprovalRequest.objects.filter(id__in=approvals, status=ApprovalRequest.Status.PENDING).update(
-            status=ApprovalRequest.Status.WITHDRAWN, decided_at=now, note=why
+        APPROVAL_REQUEST.move_where(
+            ApprovalRequest.objects.filter(id__in=approvals), ApprovalRequest.Status.WITHDRAWN, decided_at=now, note=why
         )
-        pending.update(status=ToolOperation.Status.REJECTED, status_reason=why, ended_at=now)
+        OPERATION.move_where(pending, ToolOperation.Status.REJECTED, status_reason=why, ended_at=now)
 
         task.journal_epoch += 1
         task.save(update_fields=["journal_epoch"])
@@ -178,7 +155,7 @@ def task_retry_preview(*, task_id: int, step: int | None = None) -> dict:
     first = last + 1 if plain else step
     ops = list(_operations(task.id, first))
     unresolved = [op for op in ops if op.status in UNRESOLVED]
-    refusal = _refusal(run, task, step=step, last=last, unresolved=unresolved)
+    refusal = task_retry_refusal(run, task, step=step, last=last, unresolved=unresolved)
     epoch = task.journal_epoch if plain else task.journal_epoch + 1
     operations = []
     for op in ops:

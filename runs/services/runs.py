@@ -10,11 +10,12 @@ from pydantic import ValidationError
 from agents.models import Agent, Workflow
 from agents.planning import plan_validate, pydantic_errors
 from core import bus, hooks
-from core.errors import Conflict, InvalidInput
+from core.errors import InvalidInput
 
 from ..models import Run, Span, Task
+from ..refusals import run_cancel_refusal, run_resume_refusal, task_retry_refusal
 from ..schemas import PLAN_OUTPUT_SCHEMA, BudgetIn, RunInputIn
-from ..transitions import check_run_transition, check_task_transition
+from ..transitions import RUN, TASK
 from . import sql
 from .outbox import outbox_add
 
@@ -24,11 +25,10 @@ log = logging.getLogger("warden.runs")
 
 def run_transition(*, run: Run, to: str, reason: str = "", now=None) -> Run:
     """Apply a run transition. Call inside transaction.atomic() with ``run`` locked (select_for_update)."""
-    check_run_transition(run.status, to)
     now = now or timezone.now()
     log.info("run %s: %s -> %s (%s)", run.id, run.status, to, reason)
+    RUN.assign(run, to, status_reason=reason)  # checks the move; the statement below writes it
     bus.run_changed(run.id)
-    run.status, run.status_reason = to, reason
     changes = {"status": to, "status_reason": reason}
     if to in Run.TERMINAL:
         run.finished_at = changes["finished_at"] = now
@@ -63,9 +63,7 @@ def _run_url(run_id: int) -> str:
 
 def task_set_ready(*, task: Task, now) -> None:
     """Mark a task ready and send it to a worker. Call inside transaction.atomic()."""
-    check_task_transition(task.status, Task.Status.READY)
-    task.status, task.ready_at, task.status_reason = Task.Status.READY, now, ""
-    task.save(update_fields=["status", "ready_at", "status_reason"])
+    TASK.move(task, Task.Status.READY, ready_at=now, status_reason="")
     outbox_add(actor=EXECUTE, kwargs={"run_id": task.run_id, "task_id": task.id})
 
 
@@ -218,10 +216,15 @@ def run_cancel(*, run_id: int, reason: str = "cancelled by operator") -> Run:
     now = timezone.now()
     with transaction.atomic():
         run = Run.objects.select_for_update().get(id=run_id)
-        run_transition(run=run, to=Run.Status.CANCELLING, reason=reason, now=now)
-        Task.objects.filter(run=run).exclude(status__in=[*Task.TERMINAL, Task.Status.RUNNING]).update(
-            status=Task.Status.CANCELLED, status_reason=reason, finished_at=now
-        )
+        refused = run_cancel_refusal(run)
+        if refused is not None:
+            raise refused
+        # A run that has not started has nothing to stop: it is cancelled at once.
+        to = Run.Status.CANCELLED if run.status == Run.Status.PENDING else Run.Status.CANCELLING
+        run_transition(run=run, to=to, reason=reason, now=now)
+        # Running attempts stop between steps (cooperatively); the rest is cancelled now.
+        queued = TASK.sources(Task.Status.CANCELLED) - {Task.Status.RUNNING}
+        TASK.move_where(run.tasks.all(), Task.Status.CANCELLED, sources=queued, status_reason=reason, finished_at=now)
         hooks.call(hooks.APPROVALS_WITHDRAW, run=run, reason=f"the run was cancelled: {reason}")
         run_finish_cancel_if_idle(run=run, now=now)
     return run
@@ -280,9 +283,9 @@ def run_resume(*, run_id: int, reason: str = "resumed by operator") -> Run:
     """Continue a run that needs attention."""
     with transaction.atomic():
         run = Run.objects.select_for_update().get(id=run_id)
-        if run.status != Run.Status.NEEDS_ATTENTION:
-            # A run waiting for approval moves on when the reviewers decide, not on an operator's resume.
-            raise Conflict(f"run {run.id} is {run.status}; only a run that needs attention can be resumed")
+        refused = run_resume_refusal(run)
+        if refused is not None:
+            raise refused
         _resume_locked(run=run, reason=reason, now=timezone.now())
     return run
 
@@ -300,17 +303,9 @@ def task_retry(*, task_id: int, reason: str = "retried by operator") -> Task:
 
 def task_retry_locked(*, run: Run, task: Task, reason: str, now) -> None:
     """task_retry's body. Call inside transaction.atomic() with ``run``, then ``task``, locked."""
-    if run.is_terminal:
-        raise Conflict(f"run {run.id} is {run.status}; a task of a finished run cannot be retried")
-    if run.status in (Run.Status.CANCELLING, Run.Status.COMPENSATING):
-        # No worker claims a task of such a run: it would sit ready for good.
-        raise Conflict(f"run {run.id} is {run.status}; its tasks cannot be retried now")
-    if task.plan_version < run.plan_version and task.status == Task.Status.FAILED:
-        raise Conflict(
-            f"task {task.key} belongs to plan {task.plan_version}, which plan {run.plan_version} replaced; "
-            "retry a task of the current plan"
-        )
-    check_task_transition(task.status, Task.Status.READY)
+    refused = task_retry_refusal(run, task)
+    if refused is not None:
+        raise refused
     task.max_attempts = max(task.max_attempts, task.attempts + 1)
     task.failure_class = ""
     task.save(update_fields=["max_attempts", "failure_class"])

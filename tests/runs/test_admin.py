@@ -45,7 +45,7 @@ def test_cancel_action_goes_through_the_engine(demo, admin_client):
         follow=True,
     )
     text = response.content.decode()
-    assert "cannot go from completed to cancelling" in text
+    assert f"run {finished.id} is completed; it cannot be cancelled (already finished)" in text
     running.refresh_from_db()
     assert running.status == Run.Status.CANCELLED
     assert set(running.tasks.values_list("status", flat=True)) == {Task.Status.CANCELLED}

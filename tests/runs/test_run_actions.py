@@ -226,7 +226,10 @@ def test_cancel_previews_then_cancels_with_the_reason_and_an_audit_row(demo, peo
     assert [str(m) for m in get_messages(response.wsgi_request)] == [f"Run {run.id} is cancelled."]
 
     response = client.post(url, {"reason": "again"})  # the state machine refuses: nothing changes
-    assert response.status_code == 409 and "run cannot go from cancelled to cancelling" in response.content.decode()
+    assert (
+        response.status_code == 409
+        and "is cancelled; it cannot be cancelled (already finished)" in response.content.decode()
+    )
     assert Run.objects.get(id=run.id).status_reason == "wrong service"
     assert AuditEvent.objects.filter(run=run, action="run_cancel", outcome="denied").count() == 1
 
@@ -313,7 +316,10 @@ def test_a_plain_retry_previews_the_failed_call_and_retries_with_the_same_keys(s
 
     before = state(scene.run)
     response = client.post(url, {})  # no longer failed
-    assert response.status_code == 409 and "task cannot go from ready to ready" in response.content.decode()
+    assert (
+        response.status_code == 409
+        and "task worker-3 is ready; only a failed task can be retried" in response.content.decode()
+    )
     assert state(scene.run) == before
 
 

@@ -6,7 +6,7 @@ from django.db import transaction
 from core.errors import Conflict
 from runs.models import Run, Task
 from runs.services import run_cancel, run_resume, run_start, run_transition, task_retry
-from runs.transitions import RUN_TRANSITIONS, TASK_TRANSITIONS, TransitionNotAllowed, check_task_transition
+from runs.transitions import RUN_TRANSITIONS, TASK, TASK_TRANSITIONS, TransitionNotAllowed
 
 
 def _to(run, status, reason="test"):
@@ -36,18 +36,18 @@ def test_illegal_transition_is_refused_with_a_named_error_and_changes_nothing(de
     _to(run, Run.Status.COMPLETED)
     with pytest.raises(TransitionNotAllowed, match="run cannot go from completed to running"):
         _to(run, Run.Status.RUNNING)
-    with pytest.raises(TransitionNotAllowed):
+    with pytest.raises(Conflict, match="it cannot be cancelled"):
         run_cancel(run_id=run.id)
     run.refresh_from_db()
     assert run.status == Run.Status.COMPLETED
     with pytest.raises(TransitionNotAllowed, match="task cannot go from completed to running"):
-        check_task_transition(Task.Status.COMPLETED, Task.Status.RUNNING)
+        TASK.check(Task.Status.COMPLETED, Task.Status.RUNNING)
 
 
 def test_replayed_transition_is_refused(demo):
     run = run_start(workflow="deploy-review")
     run_cancel(run_id=run.id)
-    with pytest.raises(TransitionNotAllowed, match="from cancelled to cancelling"):
+    with pytest.raises(Conflict, match="is cancelled; it cannot be cancelled"):
         run_cancel(run_id=run.id)
 
 

@@ -1,0 +1,83 @@
+"""Each "may I?" rule of the run actions, written once.
+
+A ``<service>_refusal`` is pure: it reads the facts it is given (a run, a task, what its caller counted)
+and returns the error the service raises, or None. The service calls it under its lock; the confirmation
+pages, the run page's buttons, the bulk preview and the API call the same function, so what they offer
+is what the service does (tests/runs/test_refusals.py drives every action through both).
+The compensation's and the resolution's rules live beside their services, in tools/saga.py.
+"""
+
+from core.errors import Conflict, InvalidInput, WardenError
+
+from .models import Run, Task
+from .transitions import RUN
+
+# No worker claims a task of such a run: a retried task would sit ready for good.
+NO_RETRY_WHILE = frozenset({Run.Status.CANCELLING, Run.Status.COMPENSATING})
+
+
+def run_cancel_refusal(run: Run) -> WardenError | None:
+    """A run is cancelled from any state the table lets reach cancelling (or, not started, cancelled)."""
+    if RUN.allowed(run.status, Run.Status.CANCELLING) or run.status == Run.Status.PENDING:
+        return None
+    why = {Run.Status.CANCELLING: "already being cancelled", Run.Status.COMPENSATING: "being compensated"}.get(
+        run.status, "already finished"
+    )
+    return Conflict(f"run {run.id} is {run.status}; it cannot be cancelled ({why})")
+
+
+def run_resume_refusal(run: Run) -> WardenError | None:
+    # A run waiting for approval moves on when the reviewers decide, not on an operator's resume.
+    if run.status == Run.Status.NEEDS_ATTENTION:
+        return None
+    return Conflict(f"run {run.id} is {run.status}; only a run that needs attention can be resumed")
+
+
+def task_retry_refusal(
+    run: Run, task: Task, *, step: int | None = None, last: int = 0, unresolved=()
+) -> WardenError | None:
+    """A failed task of the current plan, in a run that is not finished, cancelling or compensating; from
+    ``step`` (None: a plain retry): a step of its journal (``last`` is its last), with no operation of
+    unknown outcome (``unresolved``) at or after it."""
+    if run.is_terminal:
+        return Conflict(f"run {run.id} is {run.status}; a task of a finished run cannot be retried")
+    if task.status != Task.Status.FAILED:
+        return Conflict(f"task {task.key} is {task.status}; only a failed task can be retried")
+    if run.status in NO_RETRY_WHILE:
+        return Conflict(f"run {run.id} is {run.status}; its tasks cannot be retried now")
+    if task.plan_version < run.plan_version:
+        return Conflict(
+            f"task {task.key} belongs to plan {task.plan_version}, which plan {run.plan_version} replaced; "
+            "retry a task of the current plan"
+        )
+    if step is None:
+        return None
+    if not 1 <= step <= last + 1:
+        message = (
+            f"task {task.key} has journaled steps 1 to {last}: a retry may start from step 1 to {last + 1}, not {step}"
+        )
+        return InvalidInput(message, [{"field": "step", "message": f"between 1 and {last + 1}"}])
+    if unresolved:
+        listed = ", ".join(f"{op.id} ({op.tool}, {op.status})" for op in unresolved)
+        return Conflict(
+            f"operations {listed} may or may not have happened: resolve them before executing their steps afresh"
+        )
+    return None
+
+
+def run_retry_failed_refusal(run: Run, failed: list[Task]) -> WardenError | None:
+    """The bulk action "retry failed tasks": each failed task of the current plan, if every one may be."""
+    if not failed:
+        if run.is_terminal:
+            return Conflict(f"run {run.id} is {run.status}; a task of a finished run cannot be retried")
+        return Conflict(f"run {run.id} is {run.status}; no failed task")
+    for task in failed:
+        refused = task_retry_refusal(run, task)
+        if refused is not None:
+            return refused
+    return None
+
+
+def short(refusal: WardenError, run: Run) -> str:
+    """A refusal without its run's name, for lists that group runs by why they were skipped."""
+    return str(refusal).removeprefix(f"run {run.id} is {run.status}; ")

@@ -1,0 +1,31 @@
+"""The tool operation's state machine (core/machine.py applies it): an intent's life in the ledger."""
+
+from core.machine import StateMachine
+
+from .models import ToolOperation
+
+OS = ToolOperation.Status
+
+OPERATION_TRANSITIONS: dict[str, frozenset[str]] = {
+    # propose mode: bundled for one approval at the end, or dropped when the run ends without it
+    OS.PROPOSED: frozenset({OS.AWAITING_APPROVAL, OS.REJECTED}),
+    OS.AWAITING_APPROVAL: frozenset({OS.APPROVED, OS.REJECTED}),
+    # approved -> rejected: its approval no longer stands when the call is due, or the run moved on
+    OS.APPROVED: frozenset({OS.EXECUTING, OS.REJECTED}),
+    # executing -> executing: a new holder of the task calls again under the same key (a crash)
+    # executing -> approved: reconciled as not committed; called again with the same key
+    OS.EXECUTING: frozenset({OS.EXECUTING, OS.COMMITTED, OS.FAILED, OS.AMBIGUOUS, OS.APPROVED, OS.REJECTED}),
+    # ambiguous: reconciliation or an operator says whether it happened (ambiguous -> ambiguous: asked
+    # again, still no answer; its reason says why)
+    OS.AMBIGUOUS: frozenset({OS.AMBIGUOUS, OS.COMMITTED, OS.FAILED, OS.APPROVED, OS.EXECUTING}),
+    # failed -> executing: a retry; failed -> approved: a compensation step tried again
+    OS.FAILED: frozenset({OS.EXECUTING, OS.APPROVED, OS.REJECTED}),
+    OS.COMMITTED: frozenset({OS.COMPENSATING}),
+    # compensating -> committed: its correction was not sent, so the effect stands
+    OS.COMPENSATING: frozenset({OS.COMPENSATED, OS.COMPENSATION_FAILED, OS.COMMITTED}),
+    OS.COMPENSATION_FAILED: frozenset({OS.COMPENSATING}),  # compensated again
+    OS.REJECTED: frozenset(),
+    OS.COMPENSATED: frozenset(),
+}
+
+OPERATION = StateMachine("tool operation", OS.values, OPERATION_TRANSITIONS)
