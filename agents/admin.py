@@ -44,15 +44,14 @@ class WorkflowAdmin(ScopedAdmin):
     @admin.action(description="Start a run of each selected workflow (default goal and budget)")
     def start_runs(self, request, queryset):
         from approvals.access import authorize, default_project
-        from approvals.audit import audit
         from runs.services import run_start
 
         for workflow in queryset:
             project = workflow.project or default_project()
             try:
                 authorize(request.user, project.id, "start", what=f"project {project.slug}", request=request)
-                run = run_start(workflow=workflow.slug, started_by=request.user, project=project)
-                audit(actor=request.user, action="start", run=run, target=f"run {run.id}", request=request)
+                who = {"started_by": request.user, "via": "admin", "request": request}
+                run = run_start(workflow=workflow.slug, project=project, **who)
             except WardenError as exc:
                 self.message_user(request, f"{workflow.slug}: {exc}", messages.ERROR)
                 continue

@@ -8,7 +8,6 @@ from pydantic import ConfigDict
 
 from agents.models import Workflow
 from approvals.access import authorize, authorize_token, default_project, visible_rows
-from approvals.audit import audit
 from approvals.models import Project
 from core.errors import NotFound
 from runs.models import Run, Task
@@ -224,6 +223,8 @@ def create_run(request, payload: RunIn):
         budget=payload.budget.model_dump(exclude_none=True),
         started_by=request.auth.user,
         project=project,
+        via="api",
+        request=request,
     )
     return Status(201, run_out(run_get(run_id=run.id)))
 
@@ -355,26 +356,25 @@ class RetryIn(ReasonIn):
     )
 
 
-def _acted(request, run: Run, action: str, reason: str, **detail) -> dict:
-    audit(actor=request.auth.user, action=action, run=run, target=f"run {run.id}", request=request,
-          detail={"reason": reason, **detail})  # fmt: skip
-    return run_out(run_get(run_id=run.id))
+def _by(request) -> dict:
+    """Who acts, for the services' audit rows."""
+    return {"actor": request.auth.user, "via": "api", "request": request}
 
 
 @router.post("/runs/{run_id}/cancel", response={202: RunOut}, summary="Cancel a run (cooperatively, then forced)")
 def cancel_run(request, run_id: PathId, payload: ReasonIn):
     run = run_for(request, run_id, "operate")
     reason = payload.reason or f"cancelled by {request.auth.user} through the API"
-    run_cancel(run_id=run_id, reason=reason)
-    return Status(202, _acted(request, run, "run_cancel", reason))
+    run_cancel(run_id=run_id, reason=reason, **_by(request))
+    return Status(202, run_out(run_get(run_id=run.id)))
 
 
 @router.post("/runs/{run_id}/resume", response=RunOut, summary="Resume a run that needs attention")
 def resume_run(request, run_id: PathId, payload: ReasonIn):
     run = run_for(request, run_id, "operate")
     reason = payload.reason or f"resumed by {request.auth.user} through the API"
-    run_resume(run_id=run_id, reason=reason)
-    return _acted(request, run, "run_resume", reason)
+    run_resume(run_id=run_id, reason=reason, **_by(request))
+    return run_out(run_get(run_id=run.id))
 
 
 @router.post("/runs/{run_id}/tasks/{task_key}/retry", response=RunOut, summary="Retry a failed task")
@@ -385,7 +385,7 @@ def retry_task(request, run_id: PathId, task_key: str, payload: RetryIn):
         raise NotFound(f"run {run_id} has no task {task_key}")
     reason = payload.reason or f"retried by {request.auth.user} through the API"
     if payload.from_step is None:
-        task_retry(task_id=task.id, reason=reason)
-        return _acted(request, run, "task_retry", reason, task=task_key)
-    task_retry_from(task_id=task.id, step=payload.from_step, reason=reason)
-    return _acted(request, run, "task_retry_from", reason, task=task_key, from_step=payload.from_step)
+        task_retry(task_id=task.id, reason=reason, **_by(request))
+    else:
+        task_retry_from(task_id=task.id, step=payload.from_step, reason=reason, **_by(request))
+    return run_out(run_get(run_id=run.id))

@@ -12,7 +12,6 @@ from api.external import ExternalOperationOut, IntentIn
 from api.external import operation_out as external_out
 from api.runs import RunOut, run_for, run_out
 from approvals.access import authorize, authorize_token, project_ids, visible_rows
-from approvals.audit import audit
 from approvals.models import Project
 from core.errors import NotFound
 from runs.external import external_operation_intent
@@ -272,19 +271,11 @@ class CompensateIn(BodyIn):
     summary="Undo the run's committed effects (or, with dry_run, list them)",
 )
 def compensate(request, run_id: PathId, payload: CompensateIn):
-    run = run_for(request, run_id, "operate")
+    run_for(request, run_id, "operate")
     if payload.dry_run:
         return Status(200, compensation_plan(run_id))
     reason = payload.reason or f"compensation requested by {request.auth.user} through the API"
-    run_compensate(run_id=run_id, reason=reason, by=request.auth.user)
-    audit(
-        actor=request.auth.user,
-        action="compensate",
-        run=run,
-        target=f"run {run_id}",
-        request=request,
-        detail={"reason": reason},
-    )
+    run_compensate(run_id=run_id, reason=reason, actor=request.auth.user, via="api", request=request)
     return Status(202, run_out(run_get(run_id=run_id)))  # whoever may operate it may see the result
 
 
@@ -308,15 +299,8 @@ def resolve(request, operation_id: PathId, payload: ResolveIn):
         token=request.auth,
         request=request,
     )
-    op = operation_resolve(operation_id=operation_id, committed=payload.committed, note=payload.note)
-    audit(
-        actor=request.auth.user,
-        action="resolve",
-        run=found.run,
-        target=f"operation {operation_id}",
-        request=request,
-        detail={"committed": payload.committed, "note": payload.note},
-    )
+    who = {"actor": request.auth.user, "via": "api", "request": request}
+    op = operation_resolve(operation_id=operation_id, committed=payload.committed, note=payload.note, **who)
     return operation_out(ToolOperation.objects.select_related("task").get(id=op.id))
 
 

@@ -2,8 +2,13 @@
 
 import ipaddress
 import logging
+from contextlib import contextmanager
 
 from django.conf import settings
+from django.db import transaction
+
+from core.errors import Conflict
+from core.machine import TransitionNotAllowed
 
 from .models import AuditEvent
 
@@ -63,3 +68,28 @@ def audit(
     )
     log.info("audit: %s %s %s (%s)", event.actor_label or "system", action, target, outcome)
     return event
+
+
+# A service's refusals: recorded as denied, after its transaction rolled back (so that the row stays).
+REFUSALS = (Conflict, TransitionNotAllowed)
+
+
+@contextmanager
+def audited(action: str, *, actor, via: str = "", request=None, target: str, run_id=None, project_id=None, detail=None):
+    """The transaction of a service that records its own outcome: one audit row, ``done`` inside the
+    transaction it commits with, or ``denied`` (with why) after a refusal rolled it back. The service
+    fills in what it learns under its lock (``project_id``, more ``detail``); callers never audit.
+    A call with neither actor nor via (the engine acting on its own) is not audited."""
+    record = {"target": target, "run_id": run_id, "project_id": project_id, "detail": dict(detail or {})}
+    who = {"actor": actor, "via": via, "request": request}
+    acting = actor is not None or bool(via)
+    try:
+        with transaction.atomic():
+            yield record
+            if acting:
+                audit(action=action, **who, **record)
+    except REFUSALS as exc:
+        if acting:
+            record["detail"] = {**record["detail"], "why": str(exc)[:1000]}
+            audit(action=action, outcome="denied", **who, **record)
+        raise

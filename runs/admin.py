@@ -48,18 +48,15 @@ def _project_id(obj) -> int:
 
 
 def admin_action_apply(modeladmin, request, queryset, service, id_arg="run_id", access="operate", **kwargs):
-    """Run a service on each selected row the user's role allows, and record each in the audit log."""
+    """Run a service on each selected row the user's role allows; the service records it in the audit log."""
     from approvals.access import authorize
-    from approvals.audit import audit
 
     done = 0
     for obj in queryset:
         what = f"{obj._meta.model_name} {obj.id}"
-        run = obj if isinstance(obj, Run) else obj.run
         try:
             authorize(request.user, _project_id(obj), access, what=what, request=request)
-            service(**{id_arg: obj.id, **kwargs})
-            audit(actor=request.user, action=service.__name__, run=run, target=what, request=request)
+            service(**{id_arg: obj.id, **kwargs}, actor=request.user, via="admin", request=request)
             done += 1
         except (TransitionNotAllowed, WardenError) as exc:
             modeladmin.message_user(request, f"{obj}: {exc}", messages.ERROR)
@@ -192,7 +189,7 @@ class RunAdmin(RunData):
 
         if request.POST.get("confirm") == "yes":
             reason = f"compensation requested by {request.user}"
-            admin_action_apply(self, request, queryset, run_compensate, reason=reason, by=request.user)
+            admin_action_apply(self, request, queryset, run_compensate, reason=reason)
             return None
         # First show exactly what would be undone or corrected; nothing changes until confirmed.
         from approvals.access import authorize
@@ -456,9 +453,5 @@ class BlackboardEntryAdmin(RunData):
     def _decide(self, request, queryset, verdict):
         from .blackboard import entry_decide
 
-        by = f"{request.user.get_username()} (operator)"
-
-        def blackboard_decide(*, entry_id):
-            entry_decide(entry_id=entry_id, verdict=verdict, note=f"{verdict} in the admin by {by}", by=by)
-
-        admin_action_apply(self, request, queryset, blackboard_decide, id_arg="entry_id")
+        note = f"{verdict} in the admin by {request.user.get_username()} (operator)"
+        admin_action_apply(self, request, queryset, entry_decide, id_arg="entry_id", verdict=verdict, note=note)

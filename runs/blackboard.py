@@ -17,6 +17,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from approvals.audit import audited
 from core import bus
 from core.errors import InvalidInput, NotFound
 
@@ -155,10 +156,13 @@ def knowledge(run_id: int) -> list[dict]:
     return found
 
 
-def entry_decide(*, entry_id: int, verdict: str, note: str = "", by: str = "an operator") -> BlackboardEntry:
-    """A person's verdict on one version of an entry (the dashboard or the admin; both audit it). It may
+def entry_decide(
+    *, entry_id: int, verdict: str, note: str = "", by: str = "", actor=None, via: str = "", request=None
+) -> BlackboardEntry:
+    """A person's verdict on one version of an entry (the dashboard or the admin), audited. It may
     overrule a verifier task's verdict either way: from the next attempt on, prompts carry the entry
-    only if it is verified."""
+    only if it is verified. ``by``: the name it is recorded under (by default the actor's)."""
+    by = by or (f"{actor.get_username()} (operator)" if actor is not None else "an operator")
     if verdict not in (BlackboardEntry.Verification.VERIFIED, BlackboardEntry.Verification.REJECTED):
         raise InvalidInput("the verdict is verified or rejected", [{"field": "verdict", "message": "required"}])
     note = note.strip()
@@ -166,10 +170,17 @@ def entry_decide(*, entry_id: int, verdict: str, note: str = "", by: str = "an o
         raise InvalidInput("say why the entry is wrong", [{"field": "note", "message": "required to reject"}])
     if len(note) > 1000:
         raise InvalidInput("the note is too long", [{"field": "note", "message": "at most 1000 characters"}])
-    with transaction.atomic():
-        entry = BlackboardEntry.objects.select_for_update().filter(id=entry_id).first()
+    who = {"actor": actor, "via": via, "request": request}
+    with audited("blackboard_decide", **who, target=f"blackboard entry {entry_id}") as act:
+        entry = BlackboardEntry.objects.select_for_update().select_related("run").filter(id=entry_id).first()
         if entry is None:
             raise NotFound(f"blackboard entry {entry_id} does not exist")
+        act.update(
+            target=f"blackboard entry {entry.id} ({entry.key} v{entry.version})",
+            run_id=entry.run_id,
+            project_id=entry.run.project_id,
+            detail={"verdict": verdict, "note": note, "key": entry.key, "version": entry.version},
+        )
         entry.verification, entry.verified_by, entry.note = verdict, by[:100], note
         entry.save(update_fields=["verification", "verified_by", "note"])
         bus.run_changed(entry.run_id)

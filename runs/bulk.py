@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from django.db.models import Count, F
 
 from approvals.access import authorize, project_ids
-from approvals.audit import audit
 from approvals.models import ApprovalRequest
 from core.errors import Forbidden, NotFound, WardenError
 from tools.models import ToolOperation
@@ -161,14 +160,12 @@ class _Skip(Exception):
 
 def _act(*, user, action: str, run: Run, reason: str, request) -> str:
     """Do ``action`` to one run the user may operate; return what was done. Raises domain errors."""
-    detail = {"reason": reason, "bulk": True}
+    who = {"actor": user, "via": "page", "request": request, "detail": {"bulk": True}}
     if action == "cancel":
-        run_cancel(run_id=run.id, reason=reason)
-        audit(actor=user, action="run_cancel", run=run, target=f"run {run.id}", detail=detail, request=request)
+        run_cancel(run_id=run.id, reason=reason, **who)
         return "cancelled"
     if action == "compensate":
-        run_compensate(run_id=run.id, reason=reason, by=user)
-        audit(actor=user, action="run_compensate", run=run, target=f"run {run.id}", detail=detail, request=request)
+        run_compensate(run_id=run.id, reason=reason, **who)
         return "compensation started"
     failed = list(
         Task.objects.filter(run_id=run.id, status=Task.Status.FAILED, plan_version=run.plan_version).values_list(
@@ -180,10 +177,9 @@ def _act(*, user, action: str, run: Run, reason: str, request) -> str:
     done = 0
     for task_id in failed:
         try:
-            task_retry(task_id=task_id, reason=reason)
+            task_retry(task_id=task_id, reason=reason, **who)
         except (WardenError, TransitionNotAllowed) as exc:
             raise WardenError(f"{done} of {len(failed)} failed tasks retried, then: {exc}") from exc
-        audit(actor=user, action="task_retry", run=run, target=f"task {task_id}", detail=detail, request=request)
         done += 1
     return f"{done} failed task{'s' if done != 1 else ''} retried"
 

@@ -16,6 +16,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from agents.models import Workflow
+from approvals.audit import audited
 from approvals.models import ApprovalRequest
 from core import bus, hooks
 from core.errors import Conflict, LeaseLost, NotFound, StepFailure, TransientFailure, WardenError
@@ -166,15 +167,26 @@ def operation_resolve_refusal(op: ToolOperation) -> WardenError | None:
     return Conflict(f"operation {op.id} is {op.status}; only an ambiguous one can be resolved")
 
 
-def run_compensate(*, run_id: int, reason: str = "compensation requested by an operator", by=None) -> Run:
+def run_compensate(
+    *,
+    run_id: int,
+    reason: str = "compensation requested by an operator",
+    actor=None,
+    via: str = "",
+    request=None,
+    detail=None,
+) -> Run:
     """Start (or, after a failed compensation, continue) undoing what the run committed. Each undo and
     correction passes the gate like any other call: what it asks a reviewer for is bundled into one
-    request, which ``by`` (who asked for the compensation) cannot decide."""
+    request, which ``actor`` (who asked for the compensation) cannot decide. Audited, with what it
+    undoes and what it corrects."""
     now = timezone.now()
-    with transaction.atomic():
+    who = {"actor": actor, "via": via, "request": request}
+    with audited("run_compensate", **who, target=f"run {run_id}", detail={"reason": reason, **(detail or {})}) as act:
         run = Run.objects.select_for_update().select_related("workflow").filter(id=run_id).first()
         if run is None:
             raise NotFound(f"run {run_id} does not exist")
+        act.update(run_id=run.id, project_id=run.project_id)
         running = list(run.tasks.filter(status=Task.Status.RUNNING).values_list("key", flat=True))
         plan = compensation_plan(run.id)
         refused = run_compensate_refusal(run, running=running, unresolved=plan["unresolved"])
@@ -213,10 +225,13 @@ def run_compensate(*, run_id: int, reason: str = "compensation requested by an o
                 operations=waiting,
                 kind=ApprovalRequest.Kind.CORRECTION,
                 title=f"Run {run.id}: these {len(waiting)} compensation step(s) wait for a reviewer",
-                requested_by_id=getattr(by, "pk", None),
+                requested_by_id=getattr(actor, "pk", None),
             )
         run_transition(run=run, to=Run.Status.COMPENSATING, reason=reason, now=now)
         run_operations_send(run)
+        act["detail"].update(
+            undo=[i["operation"] for i in plan["undo"]], correct=[i["operation"] for i in plan["correct"]]
+        )
     log.info("run %s: compensation started (%d undo, %d wait for a reviewer)", run_id, len(plan["undo"]), len(waiting))
     return run
 
@@ -253,12 +268,17 @@ def _undo_record(run: Run, original: ToolOperation, item: dict, *, order: int) -
     )
 
 
-def operation_resolve(*, operation_id: int, committed: bool, note: str) -> ToolOperation:
-    """An operator's verdict on an ambiguous operation the tool could not reconcile by itself."""
-    with transaction.atomic():
-        op = ToolOperation.objects.select_for_update().filter(id=operation_id).first()
+def operation_resolve(
+    *, operation_id: int, committed: bool, note: str, actor=None, via: str = "", request=None
+) -> ToolOperation:
+    """An operator's verdict on an ambiguous operation the tool could not reconcile by itself. Audited."""
+    who = {"actor": actor, "via": via, "request": request}
+    detail = {"committed": committed, "note": note}
+    with audited("operation_resolve", **who, target=f"operation {operation_id}", detail=detail) as act:
+        op = ToolOperation.objects.select_for_update().select_related("run").filter(id=operation_id).first()
         if op is None:
             raise NotFound(f"operation {operation_id} does not exist")
+        act.update(run_id=op.run_id, project_id=op.run.project_id)
         refused = operation_resolve_refusal(op)
         if refused is not None:
             raise refused

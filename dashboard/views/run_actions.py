@@ -8,18 +8,15 @@ with the reason, and nothing has changed. Plain forms: everything works with Jav
 """
 
 import json
-from dataclasses import dataclass, field
 
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.db import transaction
 from django.http import Http404, HttpResponseRedirect
 from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_http_methods
 
-from approvals.audit import audit
 from approvals.models import ApprovalRequest
 from core.errors import Forbidden, InvalidInput, NotFound, WardenError
 from runs import blackboard, services
@@ -34,14 +31,6 @@ from .common import run_for_view
 
 OS = ToolOperation.Status
 _get_or_post = require_http_methods(["GET", "POST"])
-
-
-@dataclass
-class _Done:
-    """What a POST did: the message for the run page, and the details for the audit log."""
-
-    message: str
-    detail: dict = field(default_factory=dict)
 
 
 def _status(exc: Exception) -> int:
@@ -74,35 +63,27 @@ def _reason(request, *, required: bool, default: str = "") -> str:
     return value or default
 
 
-def _confirm(request, run: Run, template: str, context, act, *, action: str, target: str, get_status: int = 200):
+def _confirm(request, run: Run, template: str, context, act, *, get_status: int = 200):
     """GET: the confirmation page, with ``context()`` (the preview, from the current state). POST:
-    ``act()`` (which raises on refusal) and its audit row in one transaction, then back to the run.
-    The engine's refusals are audited too, as denied; bad input is not."""
+    ``act()``, which calls one service (it records its outcome in the audit log, refusals included, and
+    raises on refusal), then back to the run."""
     error, status = "", get_status
     if request.method == "POST":
         try:
-            with transaction.atomic():
-                done = act()
-                audit(actor=request.user, action=action, run=run, target=target, detail=done.detail, request=request)
+            message = act()
         except (WardenError, TransitionNotAllowed) as exc:
             error, status = _describe(exc), _status(exc)
-            if status == 409:  # written after the rollback, so that it stays
-                why = {"why": error[:1000]}
-                audit(
-                    actor=request.user,
-                    action=action,
-                    outcome="denied",
-                    run=run,
-                    target=target,
-                    detail=why,
-                    request=request,
-                )
             run.refresh_from_db()
         else:
-            messages.success(request, done.message)
+            messages.success(request, message)
             return _see_other(reverse("runs:detail", args=[run.id]))
     page = {"run": run, "error": error, "posted": request.POST if request.method == "POST" else {}}
     return render(request, template, {**page, **context()}, status=status)
+
+
+def _by(request) -> dict:
+    """Who acts, for the services' audit rows."""
+    return {"actor": request.user, "via": "page", "request": request}
 
 
 # --- cancel ---------------------------------------------------------------------------------------------
@@ -134,13 +115,13 @@ def cancel(request, run_id: int):
 
     def act():
         reason = _reason(request, required=True)
-        cancelled = services.run_cancel(run_id=run.id, reason=reason)
+        cancelled = services.run_cancel(run_id=run.id, reason=reason, **_by(request))
         if cancelled.status == Run.Status.CANCELLED:
-            return _Done(f"Run {run.id} is cancelled.", {"reason": reason})
-        return _Done(f"Run {run.id} is cancelling: running tasks stop at their next step.", {"reason": reason})
+            return f"Run {run.id} is cancelled."
+        return f"Run {run.id} is cancelling: running tasks stop at their next step."
 
     context = lambda: _cancel_preview(run)  # noqa: E731
-    return _confirm(request, run, "runs/cancel.html", context, act, action="run_cancel", target=f"run {run.id}")
+    return _confirm(request, run, "runs/cancel.html", context, act)
 
 
 # --- resume -----------------------------------------------------------------------------------------------
@@ -165,11 +146,11 @@ def resume(request, run_id: int):
 
     def act():
         reason = _reason(request, required=False, default=f"resumed by {request.user} from the dashboard")
-        services.run_resume(run_id=run.id, reason=reason)
-        return _Done(f"Run {run.id} is running again.", {"reason": reason})
+        services.run_resume(run_id=run.id, reason=reason, **_by(request))
+        return f"Run {run.id} is running again."
 
     context = lambda: _resume_preview(run)  # noqa: E731
-    return _confirm(request, run, "runs/resume.html", context, act, action="run_resume", target=f"run {run.id}")
+    return _confirm(request, run, "runs/resume.html", context, act)
 
 
 # --- compensate -------------------------------------------------------------------------------------------
@@ -191,15 +172,14 @@ def compensate(request, run_id: int):
     def act():
         reason = _reason(request, required=True)
         plan = saga.compensation_plan(run.id)
-        saga.run_compensate(run_id=run.id, reason=reason, by=request.user)
+        saga.run_compensate(run_id=run.id, reason=reason, **_by(request))
         message = f"Run {run.id} is being compensated: {len(plan['undo'])} effect(s) to undo"
         if plan["correct"]:
             message += f", {len(plan['correct'])} correction(s) waiting for a reviewer"
-        undo, correct = [i["operation"] for i in plan["undo"]], [i["operation"] for i in plan["correct"]]
-        return _Done(f"{message}.", {"reason": reason, "undo": undo, "correct": correct})
+        return f"{message}."
 
     context = lambda: _compensate_preview(run)  # noqa: E731
-    return _confirm(request, run, "runs/compensate.html", context, act, action="run_compensate", target=f"run {run.id}")
+    return _confirm(request, run, "runs/compensate.html", context, act)
 
 
 # --- retry a task -----------------------------------------------------------------------------------------
@@ -242,8 +222,8 @@ def task_retry(request, run_id: int, task_id: int):
             raise InvalidInput(step_error)
         reason = _reason(request, required=False, default=f"retried by {request.user} from the dashboard")
         if step is None:
-            services.task_retry(task_id=task.id, reason=reason)
-            return _Done(f"Task {task.key} is retried.", {"reason": reason})
+            services.task_retry(task_id=task.id, reason=reason, **_by(request))
+            return f"Task {task.key} is retried."
         preview = services.task_retry_preview(task_id=task.id, step=step)
         repeated = [op["id"] for op in preview["repeated_effects"]]
         if repeated and request.POST.get("repeat_effects") != "yes":
@@ -251,15 +231,8 @@ def task_retry(request, run_id: int, task_id: int):
                 f"confirm that {len(repeated)} committed effect(s) will happen a second time",
                 [{"field": "repeat_effects", "message": "required"}],
             )
-        retried = services.task_retry_from(task_id=task.id, step=step, reason=reason)
-        detail = {
-            "reason": reason,
-            "from_step": step,
-            "journal_epoch": retried.journal_epoch,
-            "re_executed": [entry["step"] for entry in preview["re_executed"]],
-            "repeated_operations": repeated,
-        }
-        return _Done(f"Task {task.key} is retried from step {step}.", detail)
+        services.task_retry_from(task_id=task.id, step=step, reason=reason, **_by(request))
+        return f"Task {task.key} is retried from step {step}."
 
     return _confirm(
         request,
@@ -267,8 +240,6 @@ def task_retry(request, run_id: int, task_id: int):
         "runs/task_retry.html",
         context,
         act,
-        action="task_retry" if step is None else "task_retry_from",
-        target=f"task {task.id} ({task.key})",
         get_status=400 if step_error else 200,
     )
 
@@ -308,15 +279,12 @@ def operation_resolve(request, run_id: int, operation_id: int):
             raise InvalidInput("a note on what you found is required", [{"field": "note", "message": "required"}])
         if len(note) > 1000:
             raise InvalidInput("the note is too long", [{"field": "note", "message": "at most 1000 characters"}])
-        saga.operation_resolve(operation_id=op.id, committed=verdict == "yes", note=note)
+        saga.operation_resolve(operation_id=op.id, committed=verdict == "yes", note=note, **_by(request))
         found = "committed" if verdict == "yes" else "not committed"
         message = f"Operation {op.id} ({op.tool}) is resolved as {found}."
-        return _Done(message, {"committed": verdict == "yes", "note": note})
+        return message
 
-    target = f"operation {op.id}"
-    return _confirm(
-        request, run, "runs/operation_resolve.html", context, act, action="operation_resolve", target=target
-    )
+    return _confirm(request, run, "runs/operation_resolve.html", context, act)
 
 
 # --- verify or reject a blackboard entry ------------------------------------------------------------------
@@ -344,12 +312,7 @@ def blackboard_decide(request, run_id: int, entry_id: int):
     def act():
         verdict = request.POST.get("verdict", "")
         note = request.POST.get("note", "")
-        by = f"{request.user.get_username()} (operator)"
-        blackboard.entry_decide(entry_id=entry.id, verdict=verdict, note=note, by=by)
-        message = f"Blackboard entry {entry.key} v{entry.version} is {verdict}."
-        return _Done(message, {"verdict": verdict, "note": note.strip(), "key": entry.key, "version": entry.version})
+        blackboard.entry_decide(entry_id=entry.id, verdict=verdict, note=note, **_by(request))
+        return f"Blackboard entry {entry.key} v{entry.version} is {verdict}."
 
-    target = f"blackboard entry {entry.id} ({entry.key} v{entry.version})"
-    return _confirm(
-        request, run, "runs/blackboard_decide.html", context, act, action="blackboard_decide", target=target
-    )
+    return _confirm(request, run, "runs/blackboard_decide.html", context, act)

@@ -7,7 +7,6 @@ from django.shortcuts import redirect, render
 
 from agents.models import Workflow
 from approvals.access import authorize, default_project, project_ids
-from approvals.audit import audit
 from core.errors import WardenError
 from runs.services import run_start as service_run_start
 
@@ -43,9 +42,14 @@ def run_start(request):
             project = workflow.project or default_project()
             authorize(request.user, project.id, "start", what=f"project {project.slug}", request=request)
             run = service_run_start(
-                workflow=workflow.slug, input=data, goal=form["goal"].strip(), started_by=request.user, project=project
+                workflow=workflow.slug,
+                input=data,
+                goal=form["goal"].strip(),
+                started_by=request.user,
+                project=project,
+                via="page",
+                request=request,
             )
-            audit(actor=request.user, action="run_start", run=run, target=f"run {run.id}", request=request)
             return redirect("runs:detail", run_id=run.id)
         except WardenError as exc:
             error = str(exc)

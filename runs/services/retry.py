@@ -8,9 +8,9 @@ afresh under new idempotency keys (``warden:<run>:<task>:<step>:e<epoch>``), so 
 really happens again — the preview lists those second effects before anyone confirms.
 """
 
-from django.db import transaction
 from django.utils import timezone
 
+from approvals.audit import audited
 from approvals.models import ApprovalRequest
 from approvals.transitions import APPROVAL_REQUEST
 from core.errors import NotFound
@@ -49,17 +49,29 @@ def _operations(task_id: int, from_step: int):
     )
 
 
-def task_retry_from(*, task_id: int, step: int, reason: str = "retried by operator") -> Task:
+def task_retry_from(
+    *,
+    task_id: int,
+    step: int,
+    reason: str = "retried by operator",
+    actor=None,
+    via: str = "",
+    request=None,
+    detail=None,
+) -> Task:
     """Retry a failed task with steps 1..``step``-1 replayed from its journal and steps ``step``.. executed
     afresh under the task's next journal epoch; then what task_retry does (the run resumes if it needed
     attention). Refused, changing nothing, for a task that is not failed, a step out of range, a run
     that is finished, cancelling or compensating, or an operation at or after ``step`` whose outcome is
-    unknown (an operator resolves it first)."""
+    unknown (an operator resolves it first). Audited (``actor``, ``via``), with the steps executed again
+    and the committed writes that happen a second time."""
     now = timezone.now()
     run_id = _run_id(task_id)
-    with transaction.atomic():
+    who = {"actor": actor, "via": via, "request": request}
+    with audited("task_retry_from", **who, target=f"task {task_id}", run_id=run_id, detail=detail) as act:
         run = Run.objects.select_for_update().get(id=run_id)  # lock order: run, then task
         task = Task.objects.select_for_update().get(id=task_id)
+        act.update(target=f"task {task.id} ({task.key})", project_id=run.project_id)
         journal = list(Span.objects.filter(task_id=task.id, step__isnull=False).order_by("step"))
         last = journal[-1].step if journal else 0
         ops = _operations(task.id, step)
@@ -108,6 +120,16 @@ def task_retry_from(*, task_id: int, step: int, reason: str = "retried by operat
             },
         )
         task_retry_locked(run=run, task=task, reason=reason, now=now)
+        repeated = [op.id for op in ops if op.status in HAPPENED and op.tool_class != "read_only"]
+        act["detail"] = {
+            "reason": reason,
+            "task": task.key,
+            "from_step": step,
+            "journal_epoch": task.journal_epoch,
+            "re_executed": [span.attributes["journal_step"] for span in superseded],
+            "repeated_operations": repeated,
+            **act["detail"],
+        }
     return task
 
 

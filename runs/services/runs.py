@@ -9,6 +9,8 @@ from pydantic import ValidationError
 
 from agents.models import Agent, Workflow
 from agents.planning import plan_validate, pydantic_errors
+from approvals.access import default_project
+from approvals.audit import audit, audited
 from core import bus, hooks
 from core.errors import InvalidInput
 
@@ -131,8 +133,11 @@ def run_start(
     goal: str = "",
     started_by=None,
     project=None,
+    via: str = "",
+    request=None,
 ) -> Run:
-    """``project``: a Project; by default the workflow's, or the default project for a shared workflow."""
+    """``project``: a Project; by default the workflow's, or the default project for a shared workflow.
+    Audited as started by ``started_by`` through ``via`` (not when the engine starts a run itself)."""
     try:
         wf = Workflow.objects.select_related("planner_agent", "project").get(slug=workflow)
     except Workflow.DoesNotExist:
@@ -140,8 +145,6 @@ def run_start(
             f"unknown workflow {workflow!r}", [{"field": "workflow", "message": "no such workflow"}]
         ) from None
     if project is None:
-        from approvals.access import default_project  # access builds on the engine's models
-
         project = wf.project or default_project()
     elif wf.project_id and wf.project_id != project.id:
         raise InvalidInput(
@@ -185,7 +188,7 @@ def run_start(
         )
 
     now = timezone.now()
-    with transaction.atomic():
+    with audited("run_start", actor=started_by, via=via, request=request, target="", project_id=project.id) as act:
         run = Run.objects.create(
             workflow=wf,
             project=project,
@@ -207,15 +210,20 @@ def run_start(
         for task in tasks:
             if task.status == Task.Status.READY:
                 outbox_add(actor=EXECUTE, kwargs={"run_id": run.id, "task_id": task.id})
+        act.update(run_id=run.id, target=f"run {run.id}")
     return run
 
 
-def run_cancel(*, run_id: int, reason: str = "cancelled by operator") -> Run:
+def run_cancel(
+    *, run_id: int, reason: str = "cancelled by operator", actor=None, via: str = "", request=None, detail=None
+) -> Run:
     """Queued work is cancelled at once; running attempts stop cooperatively between steps, and the
-    sweeper's reaper forces the final state after the grace period."""
+    sweeper's reaper forces the final state after the grace period. Audited (``actor``, ``via``)."""
     now = timezone.now()
-    with transaction.atomic():
+    who = {"actor": actor, "via": via, "request": request}
+    with audited("run_cancel", **who, target=f"run {run_id}", detail={"reason": reason, **(detail or {})}) as act:
         run = Run.objects.select_for_update().get(id=run_id)
+        act.update(run_id=run.id, project_id=run.project_id)
         refused = run_cancel_refusal(run)
         if refused is not None:
             raise refused
@@ -257,8 +265,6 @@ RUN_BUDGET_FIELDS = ("max_steps", "max_tokens", "max_tool_calls", "max_cost_micr
 def run_budget_set(*, run_id: int, changes: dict, actor=None, request=None) -> Run:
     """Change a run's budget (a data fix: raise it so that a resumed run can finish); audited with the
     values before and after. Other fields of a run are not changed this way."""
-    from approvals.audit import audit
-
     unknown = set(changes) - set(RUN_BUDGET_FIELDS)
     if unknown:
         raise InvalidInput(f"only the budget can be changed: not {sorted(unknown)}")
@@ -279,10 +285,14 @@ def run_budget_set(*, run_id: int, changes: dict, actor=None, request=None) -> R
     return run
 
 
-def run_resume(*, run_id: int, reason: str = "resumed by operator") -> Run:
-    """Continue a run that needs attention."""
-    with transaction.atomic():
+def run_resume(
+    *, run_id: int, reason: str = "resumed by operator", actor=None, via: str = "", request=None, detail=None
+) -> Run:
+    """Continue a run that needs attention. Audited (``actor``, ``via``)."""
+    who = {"actor": actor, "via": via, "request": request}
+    with audited("run_resume", **who, target=f"run {run_id}", detail={"reason": reason, **(detail or {})}) as act:
         run = Run.objects.select_for_update().get(id=run_id)
+        act.update(run_id=run.id, project_id=run.project_id)
         refused = run_resume_refusal(run)
         if refused is not None:
             raise refused
@@ -290,13 +300,18 @@ def run_resume(*, run_id: int, reason: str = "resumed by operator") -> Run:
     return run
 
 
-def task_retry(*, task_id: int, reason: str = "retried by operator") -> Task:
-    """Give a failed task one more attempt, and resume its run if it was waiting for a human."""
+def task_retry(
+    *, task_id: int, reason: str = "retried by operator", actor=None, via: str = "", request=None, detail=None
+) -> Task:
+    """Give a failed task one more attempt, and resume its run if it was waiting for a human. Audited."""
     now = timezone.now()
     run_id = Task.objects.values_list("run_id", flat=True).get(id=task_id)
-    with transaction.atomic():
+    who = {"actor": actor, "via": via, "request": request}
+    with audited("task_retry", **who, target=f"task {task_id}", run_id=run_id, detail=detail) as act:
         run = Run.objects.select_for_update().get(id=run_id)  # lock order: run, then task
         task = Task.objects.select_for_update().get(id=task_id)
+        act.update(target=f"task {task.id} ({task.key})", project_id=run.project_id)
+        act["detail"] = {"reason": reason, "task": task.key, **act["detail"]}
         task_retry_locked(run=run, task=task, reason=reason, now=now)
     return task
 

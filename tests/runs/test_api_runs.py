@@ -101,7 +101,7 @@ def test_a_compensation_dry_run_lists_the_effects_and_changes_nothing(demo, oper
     plan = post(client, f"/api/v1/runs/{run.id}/compensate", {"dry_run": True}, token)
     assert plan.status_code == 200 and set(plan.json()) >= {"undo", "correct", "cannot_undo", "unresolved"}
     assert Run.objects.get(id=run.id).status == before
-    assert not AuditEvent.objects.filter(action="compensate", run=run).exists()
+    assert not AuditEvent.objects.filter(action="run_compensate", run=run).exists()
 
 
 # --- Idempotency-Key -----------------------------------------------------------------------------------------

@@ -347,6 +347,7 @@ def test_a_retry_from_a_step_flags_the_effects_it_repeats_and_needs_them_confirm
     event = done(scene.run, "task_retry_from")
     assert event.detail == {
         "reason": reason,
+        "task": "worker-3",
         "from_step": update.step,
         "journal_epoch": 1,
         "re_executed": [6, 7],

@@ -316,9 +316,9 @@ def test_as_a_project_admin_or_a_superuser_the_actions_work(scene, request, who)
     done = AuditEvent.objects.filter(actor=api.user, outcome="done").values_list("action", "target")
     assert sorted(done) == sorted(
         [
-            ("resolve", _target(scene, "resolve")),
+            ("operation_resolve", _target(scene, "resolve")),
             ("decide:approve", _target(scene, "decide")),
-            ("compensate", _target(scene, "compensate")),
+            ("run_compensate", _target(scene, "compensate")),
         ]
     )
     assert api.denials() == []
