@@ -16,8 +16,8 @@ from core.errors import BudgetExceeded, LeaseLost, StepFailure, TransientFailure
 
 from ..models import QuarantinedResult, Run, Span, Task
 from ..transitions import RUN, TASK
-from . import sql
-from .leases import CRASH, Lease, Usage, claim, claim_candidate, start_crash_due
+from . import hot, sql
+from .leases import CRASH, Lease, claim, claim_candidate, start_crash_due
 from .outbox import outbox_add
 from .runs import EXECUTE, run_finish_cancel_if_idle, run_transition
 
@@ -63,55 +63,10 @@ def quarantine(lease: Lease, task: Task, *, step: int | None, body) -> None:
     log.warning("quarantined step %s of task %s (token %s): %s", step, lease.task_id, lease.token, reason)
 
 
-# The fast paths' moves, named from the table: the module does not load if the table stops allowing them.
-_RUNNING, _COMPLETED = Task.Status.RUNNING, TASK.edge(Task.Status.RUNNING, Task.Status.COMPLETED)
-_PENDING, _READY = Task.Status.PENDING, TASK.edge(Task.Status.PENDING, Task.Status.READY)
-
-_PG_FINISH = f"""
-WITH r AS (
-    UPDATE runs_run SET steps_used = steps_used + 1, tokens_used = tokens_used + %(tokens)s,
-        cost_micros = cost_micros + %(cost)s
-    WHERE id = %(run)s
-    RETURNING {sql.USAGE_COLUMNS}, plan_version, held_back
-), t AS (
-    UPDATE runs_task SET status = '{_COMPLETED}', finished_at = %(now)s, lease_owner = '', lease_expires_at = NULL,
-        status_reason = '', steps_used = steps_used + 1, tokens_used = tokens_used + %(tokens)s,
-        cost_micros = cost_micros + %(cost)s
-    WHERE id = %(task)s AND fencing_token = %(token)s AND status = '{_RUNNING}'
-        AND EXISTS (SELECT 1 FROM r WHERE r.status <> 'cancelling')
-    RETURNING id, dependents
-), s AS (
-    INSERT INTO runs_span (run_id, task_id, parent_id, kind, name, status, attempt, step, fencing_token,
-        started_at, ended_at, tokens_in, tokens_out, cost_micros, attributes, body, payload_id)
-    SELECT %(run)s, t.id, %(parent)s, 'model_call', %(model)s, 'ok', %(attempt)s, %(step)s, %(token)s,
-        %(started)s, %(now)s, %(tokens_in)s, %(tokens_out)s, %(cost)s, '{{}}'::jsonb, %(body)s::jsonb, NULL FROM t
-), a AS (
-    INSERT INTO runs_artifact (run_id, task_id, key, schema, content, provenance, verification, version, created_at)
-    SELECT %(run)s, t.id, %(key)s, %(schema)s::jsonb, %(content)s::jsonb, %(provenance)s::jsonb, 'unverified', 1,
-        %(now)s FROM t
-), e AS (
-    UPDATE runs_span SET ended_at = %(now)s, status = 'ok'
-    WHERE id = ANY(%(spans)s) AND EXISTS (SELECT 1 FROM t)
-), d AS (
-    UPDATE runs_task SET pending_deps = pending_deps - 1,
-        status = CASE WHEN pending_deps <= 1 THEN '{_READY}' ELSE status END,
-        ready_at = CASE WHEN pending_deps <= 1 THEN %(now)s ELSE ready_at END
-    WHERE id = ANY(%(dependents)s) AND status = '{_PENDING}' AND EXISTS (SELECT 1 FROM t)
-    RETURNING id, status, key, fencing_token, attempts, continuing, agent_id
-)
-SELECT r.*, (SELECT count(*) FROM t),
-    (SELECT coalesce(json_agg(json_build_array(id, status, key, fencing_token, attempts, continuing, agent_id)), '[]')
-     FROM d),
-    (SELECT dependents FROM t)
-FROM r
-"""
-
-
 def task_finish(lease: Lease, run: Run, task: Task, *, step: int, response, started, planned=None):
     """Journal the final answer, store the artifact and advance the DAG, in one transaction.
     Returns the Lease of a successor this worker claimed for itself, if any."""
     now = timezone.now()
-    tokens, cost = response.tokens_in + response.tokens_out, response.cost_micros
     body = response.as_journal()
     provenance = {
         "task": task.key,
@@ -124,54 +79,14 @@ def task_finish(lease: Lease, run: Run, task: Task, *, step: int, response, star
     }
     try:
         with transaction.atomic():
-            if connection.vendor == "postgresql":
-                # One statement for the whole completion: the task-to-task hop is mostly round trips.
-                *usage, plan_version, held_back, completed, ready_rows, dependents = sql.fetchone(
-                    _PG_FINISH,
-                    {
-                        "run": run.id,
-                        "task": task.id,
-                        "token": lease.token,
-                        "tokens": tokens,
-                        "cost": cost,
-                        "now": now,
-                        "started": started,
-                        "parent": lease.span_id,
-                        "model": response.model,
-                        "attempt": lease.attempt,
-                        "step": step,
-                        "tokens_in": response.tokens_in,
-                        "tokens_out": response.tokens_out,
-                        "body": sql.dumps(body),
-                        "key": task.key,
-                        "schema": sql.dumps(task.output_schema),
-                        "content": sql.dumps(response.final),
-                        "provenance": sql.dumps(provenance),
-                        "spans": [i for i in (lease.span_id, lease.task_span_id) if i],
-                        "dependents": [int(i) for i in task.dependents],
-                    },
-                )
-                if not completed:
-                    raise LeaseLost(f"task {task.id}: token {lease.token} no longer holds the lease")
-                ready = [claim_candidate(run.id, r) for r in sql.loads(ready_rows) if r[1] == Task.Status.READY]
-                # A re-plan that committed while this statement waited for the run's lock may have added
-                # dependents this statement's snapshot cannot see: count them down in a statement of its own.
-                added = [int(i) for i in sql.loads(dependents) if str(i) not in {str(d) for d in task.dependents}]
-                if added:
-                    ready += _dependents_count_down(run.id, added, now)
-                run_usage = Usage(*usage)
-            else:
-                run_usage, plan_version, held_back, ready = _finish_generic(
-                    lease,
-                    run,
-                    task,
-                    step=step,
-                    response=response,
-                    started=started,
-                    now=now,
-                    body=body,
-                    provenance=provenance,
-                )
+            finish = hot.finish_pg if connection.vendor == "postgresql" else hot.finish_portable
+            done = finish(
+                lease, run, task, step=step, response=response, started=started, now=now, body=body,
+                provenance=provenance,
+            )  # fmt: skip
+            rows = done.ready + (hot.dependents_count_down(done.missed, now) if done.missed else [])
+            ready = [claim_candidate(run.id, row) for row in rows]
+            run_usage, plan_version, held_back = done.usage, done.plan_version, done.held_back
             RUN.seen(run, run_usage.status)  # as the statement above read it
             run.plan_version = plan_version
             if planned is not None:
@@ -189,83 +104,6 @@ def task_finish(lease: Lease, run: Run, task: Task, *, step: int, response, star
     except LeaseLost:
         quarantine(lease, task, step=step, body=body)
         return None
-
-
-def _finish_generic(lease: Lease, run: Run, task: Task, *, step, response, started, now, body, provenance):
-    tokens, cost = response.tokens_in + response.tokens_out, response.cost_micros
-    # The usage update takes the run's row lock first (lock order: run, then tasks).
-    *usage, plan_version, held_back = sql.add_usage(
-        "runs_run",
-        run.id,
-        steps=1,
-        tokens=tokens,
-        tool_calls=0,
-        cost=cost,
-        returning=f"{sql.USAGE_COLUMNS}, plan_version, held_back",
-    )
-    run_usage = Usage(*usage)
-    if run_usage.status == Run.Status.CANCELLING:
-        raise LeaseLost("run cancelled")
-    # Its dependents as they are now, under the run's lock: a re-plan may have added some since this
-    # attempt started.
-    completed = sql.fetchone(
-        "UPDATE runs_task SET status = %s, finished_at = %s, lease_owner = '', lease_expires_at = NULL, "
-        "status_reason = '', steps_used = steps_used + 1, tokens_used = tokens_used + %s, "
-        "cost_micros = cost_micros + %s WHERE id = %s AND fencing_token = %s AND status = %s RETURNING dependents",
-        [_COMPLETED, sql.ts(now), tokens, cost, task.id, lease.token, _RUNNING],
-    )
-    if completed is None:
-        raise LeaseLost(f"task {task.id}: token {lease.token} no longer holds the lease")
-    sql.insert_span(
-        run_id=run.id,
-        task_id=task.id,
-        parent_id=lease.span_id,
-        kind=Span.Kind.MODEL_CALL,
-        name=response.model,
-        attempt=lease.attempt,
-        step=step,
-        fencing_token=lease.token,
-        started_at=started,
-        ended_at=now,
-        tokens_in=response.tokens_in,
-        tokens_out=response.tokens_out,
-        cost_micros=cost,
-        body=body,
-    )
-    sql.execute(
-        "INSERT INTO runs_artifact (run_id, task_id, key, schema, content, provenance, verification, version, "
-        "created_at) VALUES (%s, %s, %s, %s, %s, %s, %s, 1, %s)",
-        [
-            run.id,
-            task.id,
-            task.key,
-            sql.dumps(task.output_schema),
-            sql.dumps(response.final),
-            sql.dumps(provenance),
-            "unverified",
-            sql.ts(now),
-        ],
-    )
-    sql.end_spans([lease.span_id, lease.task_span_id], now=now, status=Span.Status.OK)
-    bus.run_changed(run.id)
-    dependents = sql.loads(completed[0])
-    ready = _dependents_count_down(run.id, [int(i) for i in dependents], now) if dependents else []
-    return run_usage, plan_version, held_back, ready
-
-
-def _dependents_count_down(run_id: int, ids: list[int], now) -> list:
-    """One dependency of each of ``ids`` completed; those with none left become ready (returned)."""
-    where, params = sql.in_list("id", ids)
-    # SET expressions see the row before the update: pending_deps = 1 means this was the last one.
-    rows = sql.fetchall(
-        "UPDATE runs_task SET pending_deps = pending_deps - 1, "
-        "status = CASE WHEN pending_deps <= 1 THEN %s ELSE status END, "
-        "ready_at = CASE WHEN pending_deps <= 1 THEN %s ELSE ready_at END "
-        f"WHERE {where} AND status = %s "
-        "RETURNING id, status, key, fencing_token, attempts, continuing, agent_id",
-        [_READY, sql.ts(now), *params, _PENDING],
-    )
-    return [claim_candidate(run_id, r) for r in rows if r[1] == Task.Status.READY]
 
 
 def _advance(run: Run, *, ready: list, owner: str, now, stop_reason: str = "", held_back: int = 0):

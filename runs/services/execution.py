@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field
 
 from django.conf import settings
-from django.db import DatabaseError, connection, transaction
+from django.db import DatabaseError, connection
 from django.utils import timezone
 from dramatiq.middleware import TimeLimitExceeded
 
@@ -24,8 +24,8 @@ from core.errors import BudgetExceeded, InvalidInput, LeaseLost, StepFailure, Tr
 from ..blackboard import MEMORY_TOOLS, knowledge, memory_tool_call
 from ..faults import crash_now
 from ..heartbeat import lease_keeper
-from ..models import Artifact, Payload, Run, Span, Task
-from . import sql
+from ..models import Artifact, Run, Span, Task
+from . import hot, sql
 from .completion import (
     output_validate,
     quarantine,
@@ -39,7 +39,6 @@ from .leases import CRASH, Lease, Usage, task_reserve, worker_id
 from .replan import DEAD, world_lines, world_state
 
 log = logging.getLogger("warden.engine")
-INLINE_BODY_LIMIT = 16_000  # bytes of JSON kept in the span row; larger bodies go to Payload
 
 
 def task_execute(*, run_id: int, task_id: int, owner: str | None = None) -> None:
@@ -430,30 +429,6 @@ def _tool_step(lease: Lease, run: Run, task: Task, state: _LoopState):
     return usage
 
 
-_PG_JOURNAL_STEP = f"""
-WITH t AS (
-    UPDATE runs_task SET steps_used = steps_used + 1, tokens_used = tokens_used + %(tokens)s,
-        tool_calls_used = tool_calls_used + %(tool_calls)s, cost_micros = cost_micros + %(cost)s,
-        heartbeat_at = %(now)s
-    WHERE id = %(task)s AND fencing_token = %(token)s AND status = 'running'
-    RETURNING {sql.USAGE_COLUMNS}
-), r AS (
-    UPDATE runs_run SET steps_used = steps_used + 1, tokens_used = tokens_used + %(tokens)s,
-        tool_calls_used = tool_calls_used + %(tool_calls)s, cost_micros = cost_micros + %(cost)s
-    WHERE id = %(run)s AND EXISTS (SELECT 1 FROM t)
-    RETURNING {sql.USAGE_COLUMNS}
-), s AS (
-    INSERT INTO runs_span (run_id, task_id, parent_id, kind, name, status, attempt, step, fencing_token,
-        started_at, ended_at, tokens_in, tokens_out, cost_micros, attributes, body, payload_id)
-    SELECT %(run)s, %(task)s, %(parent)s, %(kind)s, %(name)s, 'ok', %(attempt)s, %(step)s, %(token)s,
-        %(started)s, %(now)s, %(tokens_in)s, %(tokens_out)s, %(cost)s, '{{}}'::jsonb, %(body)s::jsonb, NULL
-    WHERE EXISTS (SELECT 1 FROM t)
-    RETURNING id
-)
-SELECT r.*, t.* FROM r, t
-"""
-
-
 def _journal(
     lease: Lease,
     task: Task,
@@ -470,83 +445,21 @@ def _journal(
     """Journal one step and count it on the task and the run, atomically, as a compare-and-set on the
     lease. On PostgreSQL this is one statement (one round trip, one commit); elsewhere one transaction.
     The row update is HOT-friendly: it touches no indexed column (the heartbeat renews the lease)."""
-    now = timezone.now()
-    params = {
-        "run": lease.run_id,
-        "task": lease.task_id,
-        "token": lease.token,
-        "parent": lease.span_id,
-        "attempt": lease.attempt,
-        "step": step,
-        "kind": kind,
-        "name": name,
-        "started": sql.ts(started),
-        "now": sql.ts(now),
-        "started_dt": started,
-        "now_dt": now,
-        "tool_calls": int(tool_call),
-        "tokens": (response.tokens_in + response.tokens_out) if response else 0,
-        "tokens_in": response.tokens_in if response else 0,
-        "tokens_out": response.tokens_out if response else 0,
-        "cost": response.cost_micros if response else 0,
-    }
+    params = hot.step_params(
+        lease, step=step, kind=kind, name=name, started=started, response=response, tool_call=tool_call
+    )
     body_json = json.dumps(body, default=str)
     try:
-        if connection.vendor == "postgresql" and len(body_json) <= INLINE_BODY_LIMIT:
-            row = sql.fetchone(_PG_JOURNAL_STEP, {**params, "body": body_json})
-            if row is None:
-                raise LeaseLost(f"task {lease.task_id}: token {lease.token} no longer holds the lease")
-            width = len(Usage.__dataclass_fields__)
-            run_usage, task_usage = Usage(*row[:width]), Usage(*row[width:])
+        if connection.vendor == "postgresql" and len(body_json) <= hot.INLINE_BODY_LIMIT:
+            run_usage, task_usage = hot.journal_step_pg(params, body_json)
         else:
-            run_usage, task_usage = _journal_generic(params, body, body_json)
+            run_usage, task_usage = hot.journal_step_portable(params, body, body_json)
     except LeaseLost:
         quarantine(lease, task, step=step, body=body)
         raise
     bus.run_changed(lease.run_id)  # committed by now: the PostgreSQL path is a single statement
     state.apply({"step": step, "kind": kind, "name": name, "body": body})
     return run_usage, task_usage
-
-
-def _journal_generic(p: dict, body, body_json: str) -> tuple[Usage, Usage]:
-    with transaction.atomic():
-        task_row = sql.add_usage(
-            "runs_task",
-            p["task"],
-            steps=1,
-            tokens=p["tokens"],
-            tool_calls=p["tool_calls"],
-            cost=p["cost"],
-            extra_set=", heartbeat_at = %s",
-            extra_set_params=(p["now"],),
-            extra_where="AND fencing_token = %s AND status = %s",
-            extra_params=(p["token"], Task.Status.RUNNING),
-        )
-        if task_row is None:
-            raise LeaseLost(f"task {p['task']}: token {p['token']} no longer holds the lease")
-        run_row = sql.add_usage(
-            "runs_run", p["run"], steps=1, tokens=p["tokens"], tool_calls=p["tool_calls"], cost=p["cost"]
-        )
-        large = len(body_json) > INLINE_BODY_LIMIT
-        payload_id = Payload.objects.create(body=body, size=len(body_json)).id if large else None
-        sql.insert_span(
-            run_id=p["run"],
-            task_id=p["task"],
-            parent_id=p["parent"],
-            kind=p["kind"],
-            name=p["name"],
-            attempt=p["attempt"],
-            step=p["step"],
-            fencing_token=p["token"],
-            started_at=p["started_dt"],
-            ended_at=p["now_dt"],
-            tokens_in=p["tokens_in"],
-            tokens_out=p["tokens_out"],
-            cost_micros=p["cost"],
-            body=None if large else body,
-            payload_id=payload_id,
-        )
-    return Usage(*run_row), Usage(*task_row)
 
 
 def _error_span(lease: Lease, *, kind: str, name: str, started, message: str) -> None:

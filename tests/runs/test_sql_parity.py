@@ -1,0 +1,97 @@
+"""Each hand-written PostgreSQL statement of the hot path (runs/services/hot.py) does what its portable
+twin does: both are run here, on PostgreSQL, on two runs built alike, and what they wrote is compared."""
+
+import json
+
+import pytest
+from django.db import transaction
+from django.utils import timezone
+
+from agents.gateway import ModelResponse
+from core.errors import LeaseLost
+from runs.models import Artifact, Run, Span, Task
+from runs.services import hot, run_start
+from runs.services.leases import claim
+
+pytestmark = pytest.mark.services
+
+TWINS = {"pg": (hot.journal_step_pg, hot.finish_pg), "portable": (hot.journal_step_portable, hot.finish_portable)}
+
+
+def _claimed(run=None, key="inventory"):
+    """A lease on a ready task of a deploy-review run (inventory and risk come first; verify joins them)."""
+    run = run or run_start(workflow="deploy-review")
+    task = run.tasks.get(key=key)
+    with transaction.atomic():
+        Run.objects.select_for_update().get(id=run.id)
+        lease = claim(task, owner="parity", now=timezone.now())
+    task.refresh_from_db()
+    return run, task, lease
+
+
+def _journal(lease, twin: str, *, step: int, body: dict):
+    journal, _ = TWINS[twin]
+    response = ModelResponse(text="looking", tokens_in=11, tokens_out=7, cost_micros=42, model="m")
+    started = timezone.now()
+    p = hot.step_params(lease, step=step, kind=Span.Kind.MODEL_CALL, name="m", started=started, response=response)
+    body_json = json.dumps(body)
+    with transaction.atomic():
+        return journal(p, body_json) if twin == "pg" else journal(p, body, body_json)
+
+
+def _finish(run, task, lease, twin: str):
+    _, finish = TWINS[twin]
+    response = ModelResponse(final={"verdict": "APPROVE"}, tokens_in=20, tokens_out=5, cost_micros=100, model="m")
+    with transaction.atomic():
+        locked = Run.objects.select_for_update().get(id=run.id)
+        return finish(
+            lease, locked, task, step=2, response=response, started=timezone.now(), now=timezone.now(),
+            body=response.as_journal(), provenance={"task": task.key},
+        )  # fmt: skip
+
+
+def _world(run) -> dict:
+    """What the statements wrote, without ids and times."""
+    tasks = {
+        t.key: (t.status, t.steps_used, t.tokens_used, t.cost_micros, t.lease_owner, t.pending_deps)
+        for t in Task.objects.filter(run=run)
+    }
+    spans = sorted(
+        (s.kind, s.name, s.status, s.step, s.tokens_in, s.tokens_out, s.cost_micros, s.ended_at is not None)
+        for s in Span.objects.filter(run=run)
+    )
+    artifacts = sorted((a.key, a.content, a.verification, a.version) for a in Artifact.objects.filter(run=run))
+    usage = Run.objects.filter(id=run.id).values("steps_used", "tokens_used", "cost_micros", "status").get()
+    return {"tasks": tasks, "spans": spans, "artifacts": artifacts, "run": usage}
+
+
+def _strip(rows):
+    return [tuple(r)[1:] for r in rows]  # the ready rows without their ids
+
+
+def test_the_journal_and_the_completion_write_the_same_on_both_twins(demo):
+    done = {}
+    for twin in TWINS:
+        run, inventory, first = _claimed()
+        _, risk, second = _claimed(run, "risk")
+        counted = _journal(first, twin, step=1, body={"text": "looking", "n": 1})
+        halfway = _finish(run, inventory, first, twin)  # verify still waits for risk
+        joined = _finish(run, risk, second, twin)  # now verify is ready
+        rows = [counted, halfway._replace(ready=_strip(halfway.ready)), joined._replace(ready=_strip(joined.ready))]
+        done[twin] = (rows, _world(run))
+    assert done["pg"] == done["portable"]
+    (_, halfway, joined), world = done["pg"]
+    assert halfway.ready == [] and [row[1] for row in joined.ready] == ["verify"]
+    assert world["tasks"]["verify"][0] == Task.Status.READY and world["artifacts"]
+
+
+def test_both_twins_refuse_a_lease_that_was_lost_and_write_nothing(demo):
+    for twin in TWINS:
+        run, task, lease = _claimed()
+        Task.objects.filter(id=task.id).update(fencing_token=lease.token + 1)  # a newer holder
+        before = _world(run)
+        with pytest.raises(LeaseLost):
+            _journal(lease, twin, step=1, body={"text": "late"})
+        with pytest.raises(LeaseLost):
+            _finish(run, task, lease, twin)
+        assert _world(run) == before, twin
