@@ -14,7 +14,6 @@ call is made again with the same key; no lookup → a human decides. Never a bli
 import json
 import logging
 import re
-import time
 from dataclasses import dataclass
 
 from django.db import transaction
@@ -25,7 +24,7 @@ from pydantic import ValidationError
 from core import bus, hooks
 from core.circuit import Breaker, rate_wait
 from core.errors import LeaseLost, StepFailure, TransientFailure
-from runs.faults import crash_now, fault_fire_once, faults_at
+from runs.faults import faults
 from runs.models import Run
 from runs.services import sql
 
@@ -39,7 +38,6 @@ from .transitions import OPERATION
 log = logging.getLogger("warden.tools")
 OS = ToolOperation.Status
 RESULT_TEXT_LIMIT = 4000
-FREEZE_SECONDS = 3.0  # the "freeze" drill fault: long enough for a drill to SIGSTOP the process there
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 
 
@@ -123,61 +121,6 @@ def _rate_limited(spec: ToolSpec) -> float:
     return rate_wait(spec.name, spec.rate_per_minute)
 
 
-# --- faults and crash points -----------------------------------------------------------------------
-
-
-@dataclass
-class Faults:
-    """The drill faults that apply to one call (docs/scenarios.md): the mode passed to the external system,
-    and the crash points at which this worker dies."""
-
-    run_id: int
-    task_key: str
-    call: int
-    system: str | None = None
-    crash_points: tuple = ()
-    no_lookup: bool = False  # the system's status lookup is unavailable for this call: only a person can tell
-
-    @classmethod
-    def at(cls, run_input: dict, *, run_id: int, task_key: str, call: int) -> "Faults":
-        system, points, no_lookup = None, [], False
-        for mode, point in faults_at(run_input, task_key, call=call, with_points=True):
-            point_name = f"call:{call}" if point in ("", "after_intent") else f"call:{call}:{point}"
-            if mode in ("crash", "freeze"):
-                points.append((point or "after_intent", point_name, mode))
-            elif mode in ("error", "slow"):
-                system = mode  # every time: the system keeps refusing, or keeps being slow
-            elif mode == "timeout_no_lookup":
-                no_lookup = True  # on every attempt: nobody can ask the system what happened
-                if fault_fire_once(run_id=run_id, task_key=task_key, point=point_name, mode=mode):
-                    system = "timeout_after_commit"
-            elif fault_fire_once(run_id=run_id, task_key=task_key, point=point_name, mode=mode):
-                system = mode  # once: a retry succeeds
-        return cls(
-            run_id=run_id, task_key=task_key, call=call, system=system, crash_points=tuple(points), no_lookup=no_lookup
-        )
-
-    def crash(self, point: str) -> None:
-        """A crash (or freeze) fault at this point around the call: the process dies here (or stops here
-        a while, as a frozen one would, while a drill stops it for real with SIGSTOP)."""
-        for name, point_name, mode in self.crash_points:
-            if name == point and fault_fire_once(
-                run_id=self.run_id, task_key=self.task_key, point=point_name, mode=mode
-            ):
-                if mode == "crash":
-                    crash_now()
-                time.sleep(FREEZE_SECONDS)
-
-
-def crash_point(run_input: dict, *, run_id: int, task_key: str, call: int | None, point: str) -> None:
-    """A crash fault at an engine point after a call (after_advance, after_enqueue)."""
-    for mode, fault_point in faults_at(run_input, task_key, call=call, with_points=True, any_call=call is None):
-        if mode == "crash" and fault_point == point:
-            name = f"{point}" if call is None else f"call:{call}:{point}"
-            if fault_fire_once(run_id=run_id, task_key=task_key, point=name, mode="crash"):
-                crash_now()
-
-
 # --- the agent's path --------------------------------------------------------------------------------
 
 
@@ -208,8 +151,8 @@ def tool_call(
                 raise StepFailure(f"{name}: idempotency key {key} was used before with other arguments", "permanent")
             # A reviewer approved edited arguments: those run, with the sealed secrets the agent gave.
             args = {**args, **{k: v for k, v in existing.arguments.items() if k not in spec.secret_fields}}
-        faults = Faults.at(run.input, run_id=run.id, task_key=task.key, call=call_number)
-        return _resume_operation(existing, spec, args, faults, fence=fence)
+        with faults.around_call(run.input, run_id=run.id, task_key=task.key, call=call_number):
+            return _resume_operation(existing, spec, args, fence=fence)
 
     propose = spec.is_write and name in (run.input or {}).get("propose_tools", [])
     verdict = gate(
@@ -232,10 +175,16 @@ def tool_call(
     if wait:
         return _refuse("rate_limited", f"{name} is over its rate limit", retry_after=round(wait, 1))
 
-    faults = Faults.at(run.input, run_id=run.id, task_key=task.key, call=call_number)
     call = _Call(run=run, task=task, step=step, call_number=call_number, spec=spec, args=args, key=key, digest=digest)
+    with faults.around_call(run.input, run_id=run.id, task_key=task.key, call=call_number):
+        return _call_out(call, verdict, propose=propose, fence=fence)
+
+
+def _call_out(call: "_Call", verdict: Verdict, *, propose: bool, fence) -> ToolOutcome:
+    """A call the gate let through (or parked): a read goes out; a write's intent is written first."""
+    spec, args, name = call.spec, call.args, call.spec.name
     if not spec.is_write and not verdict.waits:
-        return _read(call, faults, verdict)
+        return _read(call, verdict)
     status = OS.PROPOSED if propose else OS.AWAITING_APPROVAL if verdict.waits else OS.EXECUTING
     with transaction.atomic():
         op = _operation_create(
@@ -249,14 +198,14 @@ def tool_call(
             started_at=timezone.now() if status == OS.EXECUTING else None,
         )
         if status == OS.AWAITING_APPROVAL:
-            starter = Run.objects.filter(id=run.id).values_list("started_by_id", flat=True).get()
+            starter = Run.objects.filter(id=call.run.id).values_list("started_by_id", flat=True).get()
             hooks.call(hooks.APPROVAL_REQUEST_FOR_OPERATION, op, requested_by_id=starter)
     if status == OS.PROPOSED:
         return _proposed(op)
     if status == OS.AWAITING_APPROVAL:
         raise TaskParked(op.id, f"{name} waits for a reviewer's approval")
     faults.crash("after_intent")
-    return _call_and_receipt(op, spec, args, faults, fence=fence)
+    return _call_and_receipt(op, spec, args, fence=fence)
 
 
 @dataclass(frozen=True)
@@ -319,7 +268,7 @@ def _proposed(op: ToolOperation) -> ToolOutcome:
     )
 
 
-def _read(call: _Call, faults: Faults, verdict: Verdict) -> ToolOutcome:
+def _read(call: _Call, verdict: Verdict) -> ToolOutcome:
     """A read has no effect to protect: it is called, then recorded (one write, not two)."""
     spec = call.spec
     if spec.cacheable:
@@ -378,9 +327,7 @@ def _operation_create(call: _Call, verdict: Verdict, **fields) -> ToolOperation:
     )
 
 
-def _resume_operation(
-    op: ToolOperation, spec: ToolSpec, args: dict, faults: Faults, *, fence: tuple[int, int] | None
-) -> ToolOutcome:
+def _resume_operation(op: ToolOperation, spec: ToolSpec, args: dict, *, fence: tuple[int, int] | None) -> ToolOutcome:
     """The step's call has a ledger row already: a retry, a resumed attempt or a duplicate delivery."""
     if op.status in (OS.COMMITTED, OS.COMPENSATING, OS.COMPENSATED, OS.COMPENSATION_FAILED):
         if op.result is None:  # an operator resolved it as committed: the system's answer was never seen
@@ -396,10 +343,10 @@ def _resume_operation(
     if op.status == OS.AWAITING_APPROVAL:
         raise TaskParked(op.id, f"{op.tool} waits for a reviewer's approval")
     if op.status in (OS.EXECUTING, OS.AMBIGUOUS):
-        found = reconcile(op, spec, faults)
+        found = reconcile(op, spec)
         if found is not None:
             return found
-    return operation_execute(op, spec, args, faults, fence=fence)
+    return operation_execute(op, spec, args, fence=fence)
 
 
 def approval_recheck(op: ToolOperation) -> ToolOutcome | None:
@@ -413,10 +360,10 @@ def approval_recheck(op: ToolOperation) -> ToolOutcome | None:
     return _refuse("rejected", f"{op.tool} was not done: {why}")
 
 
-def reconcile(op: ToolOperation, spec: ToolSpec, faults: Faults | None = None) -> ToolOutcome | None:
+def reconcile(op: ToolOperation, spec: ToolSpec) -> ToolOutcome | None:
     """An intent without a receipt: ask the system by key. Committed → its answer (recorded as the
     receipt); not committed → None, and the caller may call again with the same key."""
-    if spec.lookup is None or (faults is not None and faults.no_lookup):
+    if spec.lookup is None or faults.no_lookup:
         _set(op, OS.AMBIGUOUS, status_reason="no receipt, and the tool has no status lookup: a human must check")
         raise StepFailure(
             f"{op.tool} ({op.idempotency_key}) may or may not have happened: a human must check", "ambiguous"
@@ -465,7 +412,7 @@ def operation_ambiguous_announce(op: ToolOperation) -> None:
     webhook_emit(event="operation.ambiguous", project_id=project_id, data=data)
 
 
-def operation_execute(op: ToolOperation, spec: ToolSpec, args: dict, faults: Faults, *, fence=None) -> ToolOutcome:
+def operation_execute(op: ToolOperation, spec: ToolSpec, args: dict, *, fence=None) -> ToolOutcome:
     """Make the call of an operation that may go (approved, or failed and being retried), if its verdict
     is satisfied and the caller still holds its lease (``fence``)."""
     refused = approval_recheck(op)
@@ -480,10 +427,10 @@ def operation_execute(op: ToolOperation, spec: ToolSpec, args: dict, faults: Fau
         raise TransientFailure(f"{op.tool} ({op.idempotency_key}) is being executed elsewhere")
     OPERATION.assign(op, OS.EXECUTING, **fields)
     faults.crash("after_intent")
-    return _call_and_receipt(op, spec, args, faults, fence=fence)
+    return _call_and_receipt(op, spec, args, fence=fence)
 
 
-def _call_and_receipt(op: ToolOperation, spec: ToolSpec, args: dict, faults: Faults, *, fence=None) -> ToolOutcome:
+def _call_and_receipt(op: ToolOperation, spec: ToolSpec, args: dict, *, fence=None) -> ToolOutcome:
     """The one place an operation's call leaves: its verdict satisfied, its caller's lease held."""
     why = gate_satisfied(op)
     if why:  # never reached by a correct caller; the last line of defence of the promise
@@ -494,7 +441,7 @@ def _call_and_receipt(op: ToolOperation, spec: ToolSpec, args: dict, faults: Fau
         result = _external(spec, args, key=op.idempotency_key, fault=faults.system)
     except (sandbox.SystemTimeout, sandbox.SystemTransient) as exc:
         if spec.is_write and isinstance(exc, sandbox.SystemTimeout):
-            return _timed_out(op, spec, faults, exc)
+            return _timed_out(op, spec, exc)
         _set(op, OS.FAILED, status_reason=str(exc), ended_at=timezone.now())
         raise TransientFailure(f"{op.tool}: {exc}") from exc
     except sandbox.SystemError_ as exc:
@@ -506,10 +453,10 @@ def _call_and_receipt(op: ToolOperation, spec: ToolSpec, args: dict, faults: Fau
     return outcome
 
 
-def _timed_out(op: ToolOperation, spec: ToolSpec, faults: Faults, exc: Exception) -> ToolOutcome:
+def _timed_out(op: ToolOperation, spec: ToolSpec, exc: Exception) -> ToolOutcome:
     """A write that timed out may have happened: ask the system before anything else."""
     _set(op, OS.AMBIGUOUS, status_reason=str(exc))
-    found = reconcile(op, spec, faults)
+    found = reconcile(op, spec)
     if found is not None:
         return found
     raise TransientFailure(f"{op.tool} timed out and did not take effect; it will be tried again") from exc

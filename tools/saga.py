@@ -20,6 +20,7 @@ from approvals.audit import audited
 from approvals.models import ApprovalRequest
 from core import bus, hooks
 from core.errors import Conflict, LeaseLost, NotFound, StepFailure, TransientFailure, WardenError
+from runs.faults import faults
 from runs.heartbeat import lease_keeper
 from runs.models import Run, Task
 from runs.selectors import set_aside_by_replan
@@ -29,7 +30,7 @@ from runs.services.outbox import outbox_add
 from runs.services.runs import run_transition
 from runs.transitions import TASK
 
-from .broker import Faults, _unseal, approval_recheck, arguments_hash, operation_execute, reconcile
+from .broker import _unseal, approval_recheck, arguments_hash, operation_execute, reconcile
 from .gate import APPROVAL, REFUSE, Origin, gate
 from .ledger import operation_record
 from .models import ToolOperation
@@ -366,20 +367,26 @@ def _execute_supervised(run: Run, op: ToolOperation, fence: ExecutorFence | None
     if op.status == OS.APPROVED and approval_recheck(op) is not None:
         return True  # rejected just now: its verdict is not satisfied (any more); the others go on
     if op.kind == Kind.ACTION:
-        faults = Faults.at(run.input, run_id=run.id, task_key=op.task.key, call=op.call_number)
+        where = {"task_key": op.task.key, "call": op.call_number}
         arguments = _unseal(spec, op.task_id, op.step, op.arguments)
     else:
-        faults = Faults.at(run.input, run_id=run.id, task_key="compensation", call=op.order)
+        where = {"task_key": "compensation", "call": op.order}
         arguments = op.arguments
+    with faults.around_call(run.input, run_id=run.id, **where):
+        return _execute_with_retries(run, op, spec, arguments, fence)
+
+
+def _execute_with_retries(run: Run, op: ToolOperation, spec, arguments: dict, fence) -> bool:
+    """The call of one supervised operation, retried a few times in place when it fails transiently."""
     for attempt in range(1, INLINE_RETRIES + 1):
         try:
             if op.status in (OS.EXECUTING, OS.AMBIGUOUS):
-                outcome = reconcile(op, spec, faults)
+                outcome = reconcile(op, spec)
                 if outcome is None:
                     op.refresh_from_db()
-                    outcome = operation_execute(op, spec, arguments, faults, fence=fence)
+                    outcome = operation_execute(op, spec, arguments, fence=fence)
             else:
-                outcome = operation_execute(op, spec, arguments, faults, fence=fence)
+                outcome = operation_execute(op, spec, arguments, fence=fence)
             if outcome.error is not None:
                 raise StepFailure(outcome.error["message"], "validation")
             break

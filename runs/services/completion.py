@@ -14,10 +14,11 @@ from django.utils import timezone
 from core import bus
 from core.errors import BudgetExceeded, LeaseLost, StepFailure, TransientFailure
 
+from ..faults import faults
 from ..models import QuarantinedResult, Run, Span, Task
 from ..transitions import RUN, TASK
 from . import hot, sql
-from .leases import CRASH, Lease, claim, claim_candidate, start_crash_due
+from .leases import CRASH, Lease, claim, claim_candidate
 from .outbox import outbox_add
 from .runs import EXECUTE, run_finish_cancel_if_idle, run_transition
 
@@ -123,7 +124,7 @@ def _advance(run: Run, *, ready: list, owner: str, now, stop_reason: str = "", h
     mine = None
     for candidate in ready:
         if mine is None:
-            if start_crash_due(run.input, run.id, candidate.key):
+            if faults.start_crash_due(run.input, run_id=run.id, task_key=candidate.key):
                 # No message for it: no sibling thread may start it before this process dies.
                 # It stays ready and the sweeper of the next worker re-drives it.
                 mine = CRASH

@@ -22,7 +22,7 @@ from core import bus
 from core.errors import BudgetExceeded, InvalidInput, LeaseLost, StepFailure, TransientFailure
 
 from ..blackboard import MEMORY_TOOLS, knowledge, memory_tool_call
-from ..faults import crash_now
+from ..faults import crash_now, faults
 from ..heartbeat import lease_keeper
 from ..models import Artifact, Run, Span, Task
 from . import hot, sql
@@ -341,10 +341,7 @@ def _final(lease: Lease, run: Run, task: Task, agent: Agent, state: _LoopState, 
             details = "; ".join(f"{e['field']}: {e['message']}" for e in exc.errors)
             raise StepFailure(f"invalid plan: {exc}{' (' + details + ')' if details else ''}", "validation") from exc
     successor = task_finish(lease, run, task, step=state.next_step, response=response, started=started, planned=planned)
-    if run.input.get("faults"):
-        from tools.broker import crash_point
-
-        crash_point(run.input, run_id=run.id, task_key=task.key, call=None, point="after_enqueue")
+    faults.crash_point(run.input, run_id=run.id, task_key=task.key, call=None, point="after_enqueue")
     return successor
 
 
@@ -384,7 +381,7 @@ class _Parked(Exception):
 
 
 def _tool_step(lease: Lease, run: Run, task: Task, state: _LoopState):
-    from tools.broker import TaskParked, crash_point, tool_call  # the tools app builds on the engine
+    from tools.broker import TaskParked, tool_call  # the tools app builds on the engine
 
     call = state.pending_tool
     call_number = state.tool_calls + 1
@@ -425,7 +422,7 @@ def _tool_step(lease: Lease, run: Run, task: Task, state: _LoopState):
         state=state,
         tool_call=True,
     )
-    crash_point(run.input, run_id=run.id, task_key=task.key, call=call_number, point="after_advance")
+    faults.crash_point(run.input, run_id=run.id, task_key=task.key, call=call_number, point="after_advance")
     return usage
 
 

@@ -17,7 +17,7 @@ from django.utils import timezone
 from core import bus
 from core.errors import BudgetExceeded
 
-from ..faults import fault_fire_once, faults_at
+from ..faults import faults
 from ..models import Run, Span, Task
 from ..transitions import TASK
 from . import sql
@@ -247,12 +247,6 @@ def _claim_fresh_pg(task: Task, *, owner: str, now, token: int) -> Lease | None:
     )
 
 
-def start_crash_due(run_input: dict, run_id: int, task_key: str) -> bool:
-    return CRASH in faults_at(run_input, task_key, at="start") and fault_fire_once(
-        run_id=run_id, task_key=task_key, point="start", mode=CRASH
-    )
-
-
 def task_reserve(*, run_id: int, task_id: int, owner: str):
     """Reserve an attempt: lease, fencing token, attempt number and budget check, in one transaction.
 
@@ -337,7 +331,7 @@ def task_reserve(*, run_id: int, task_id: int, owner: str):
                 now=now,
             )
             return None
-        if start_crash_due(sql.loads(run_input), run_id, key):
+        if faults.start_crash_due(sql.loads(run_input), run_id=run_id, task_key=key):
             return CRASH
         return claim(task, owner=owner, now=now)
 

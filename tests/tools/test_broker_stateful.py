@@ -249,7 +249,7 @@ class BrokerMachine(RuleBasedStateMachine):
 @pytest.fixture
 def broker_machine(db, monkeypatch):
     scripted_workflow("broker-stateful", [{"final": {}}], tools=TOOLS)
-    monkeypatch.setattr(broker, "crash_now", _crash)
+    monkeypatch.setattr("runs.faults.crash_now", _crash)  # where the fault injector finds it
     broker.circuit_reset()
     yield BrokerMachine
     broker.circuit_reset()
