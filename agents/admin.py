@@ -1,7 +1,9 @@
 from django.contrib import admin, messages
 
+from approvals.access import authorize, default_project
 from approvals.admin_scope import GlobalConfigAdmin, ScopedAdmin
 from core.errors import WardenError
+from runs.services import run_start
 
 from .models import Agent, ModelPrice, ModelVersion, Workflow
 
@@ -43,8 +45,6 @@ class WorkflowAdmin(ScopedAdmin):
 
     @admin.action(description="Start a run of each selected workflow (default goal and budget)")
     def start_runs(self, request, queryset):
-        from approvals.access import authorize, default_project
-        from runs.services import run_start
 
         for workflow in queryset:
             project = workflow.project or default_project()

@@ -13,6 +13,8 @@ from contextlib import contextmanager
 from django.conf import settings
 
 from core.errors import StepFailure
+from runs.blackboard import TOOL_SCHEMAS
+from tools.registry import TOOLS
 
 from .gateway import ModelRequest, ModelResponse
 
@@ -43,8 +45,6 @@ def _tool_name(function: str) -> str:
 
 def tool_functions(tool_names: list[str]) -> list[dict]:
     """The tools an agent may call, as function declarations from their pydantic argument models."""
-    from runs.blackboard import TOOL_SCHEMAS
-    from tools.registry import TOOLS  # the tools app builds on the engine; only the names cross
 
     functions = []
     for name in tool_names:

@@ -9,9 +9,11 @@ class ApprovalsConfig(AppConfig):
 
     def ready(self):
         from . import signals  # noqa: F401  (logins and admin fixes into the audit log)
+        from .expiry import approvals_and_notifications_sweep
         from .services import approval_request_for_operation, approval_request_for_operations, approvals_withdraw
 
         # The broker and the engine call these inside their transactions, by name (core.hooks).
         hooks.provide(hooks.APPROVAL_REQUEST_FOR_OPERATION, approval_request_for_operation)
         hooks.provide(hooks.APPROVAL_REQUEST_FOR_OPERATIONS, approval_request_for_operations)
         hooks.provide(hooks.APPROVALS_WITHDRAW, approvals_withdraw)
+        hooks.add_sweep(approvals_and_notifications_sweep)

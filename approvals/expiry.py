@@ -12,7 +12,7 @@ from tools.broker import operations_decided
 from tools.saga import run_operations_send
 
 from .models import ApprovalPolicy, ApprovalRequest, Notification
-from .notify import notifications_add
+from .notify import notifications_add, notifications_send
 from .services import _wake_parked_task
 from .transitions import APPROVAL_REQUEST
 
@@ -72,3 +72,8 @@ def _expire(request_id: int, now) -> int:
 
 def approvals_sweep(now) -> dict:
     return {"approvals_reminded": approvals_remind(now), "approvals_expired": approvals_expire(now)}
+
+
+def approvals_and_notifications_sweep(now) -> dict:
+    """The approvals' pass of the recovery sweeper (registered in approvals/apps.py)."""
+    return {**approvals_sweep(now), "notifications_sent": notifications_send()}

@@ -6,6 +6,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from core.errors import Forbidden, InvalidInput, NotFound
+from tools.registry import TOOLS
 
 from .access import authorize
 from .audit import audit
@@ -28,7 +29,6 @@ def allow_rule_create(
 ) -> AllowRule:
     """``expires_at``: when the rule ends (at most ``ALLOW_RULE_MAX_DAYS`` ahead, which is also the
     default)."""
-    from tools.registry import TOOLS
 
     role = authorize(user, project.id, "decide", what=f"allow rules of {project.slug}", token=token, request=request)
     spec = TOOLS.get(tool)

@@ -18,8 +18,15 @@ APPROVAL_REQUEST_FOR_OPERATION = "approval_request_for_operation"
 APPROVAL_REQUEST_FOR_OPERATIONS = "approval_request_for_operations"
 # run (locked), reason → how many pending requests were withdrawn
 APPROVALS_WITHDRAW = "approvals_withdraw"
+# (tools) run (locked), now → True when the run's proposals now wait for one approval (a bundle)
+PROPOSALS_BUNDLE_IF_ANY = "proposals_bundle_if_any"
+# (tools) run (locked), reason → how many proposals were recorded as not done
+PROPOSALS_DROP = "proposals_drop"
+# (tools) operation id → whether it still waits for a reviewer's decision
+OPERATION_AWAITS_DECISION = "operation_awaits_decision"
 
 _providers: dict[str, Callable] = {}
+_sweeps: list[Callable] = []
 
 
 def provide(name: str, function: Callable) -> None:
@@ -27,9 +34,20 @@ def provide(name: str, function: Callable) -> None:
     _providers[name] = function
 
 
+def add_sweep(function: Callable) -> None:
+    """A pass of the recovery sweeper that an upper layer owns (redriving approved operations, expiring
+    approvals, sending notifications): ``function(now)`` returns its counts by name. Registered at start-up."""
+    if function not in _sweeps:
+        _sweeps.append(function)
+
+
+def sweeps() -> list[Callable]:
+    return list(_sweeps)
+
+
 def call(name: str, *args, **kwargs):
     try:
         function = _providers[name]
     except KeyError:
-        raise ImproperlyConfigured(f"nothing provides {name!r}: is the approvals app installed?") from None
+        raise ImproperlyConfigured(f"nothing provides {name!r}: are the tools and approvals apps installed?") from None
     return function(*args, **kwargs)

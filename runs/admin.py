@@ -7,10 +7,14 @@ from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
+from approvals.access import authorize
 from approvals.admin_scope import ReadOnlyScopedAdmin, ScopedAdmin, ScopedInline, SuperuserAdmin, SuperuserReadOnlyAdmin
+from approvals.audit import audit
+from approvals.models import AuditEvent
 from core.errors import WardenError
 from core.outbound import url_refusal
 from tools.models import ToolOperation
+from tools.saga import compensation_plan, run_compensate
 
 from .models import (
     Artifact,
@@ -49,7 +53,6 @@ def _project_id(obj) -> int:
 
 def admin_action_apply(modeladmin, request, queryset, service, id_arg="run_id", access="operate", **kwargs):
     """Run a service on each selected row the user's role allows; the service records it in the audit log."""
-    from approvals.access import authorize
 
     done = 0
     for obj in queryset:
@@ -160,7 +163,6 @@ class RunAdmin(RunData):
     @admin.display(description="audit")
     def audit(self, run):
         """Who did (or tried) what to this run."""
-        from approvals.models import AuditEvent
 
         events = AuditEvent.objects.filter(run_id=run.id).order_by("id")[:200]
         rows = format_html_join(
@@ -185,14 +187,11 @@ class RunAdmin(RunData):
     def compensate_runs(self, request, queryset):
         from django.template.response import TemplateResponse
 
-        from tools.saga import compensation_plan, run_compensate  # the tools app builds on the engine
-
         if request.POST.get("confirm") == "yes":
             reason = f"compensation requested by {request.user}"
             admin_action_apply(self, request, queryset, run_compensate, reason=reason)
             return None
         # First show exactly what would be undone or corrected; nothing changes until confirmed.
-        from approvals.access import authorize
 
         allowed = []
         for run in queryset:
@@ -385,7 +384,6 @@ class WebhookDeliveryAdmin(SuperuserReadOnlyAdmin):
 
     @admin.action(description="Send the selected deliveries again")
     def redeliver(self, request, queryset):
-        from approvals.audit import audit
 
         from .webhooks import webhook_redeliver
 

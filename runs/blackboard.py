@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from approvals.audit import audited
 from core import bus
 from core.errors import InvalidInput, NotFound
+from tools.broker import ToolOutcome
 
 from .models import Artifact, BlackboardEntry, Run, Task
 
@@ -55,13 +56,11 @@ TOOL_SCHEMAS = {
 
 
 def _error(code: str, message: str, **extra):
-    from tools.broker import ToolOutcome  # the tools app builds on the engine; only its result shape
 
     return ToolOutcome(error={"code": code, "message": message, **extra})
 
 
 def _result(entry: BlackboardEntry):
-    from tools.broker import ToolOutcome
 
     return ToolOutcome(result={"key": entry.key, "version": entry.version, "verification": entry.verification})
 

@@ -14,6 +14,9 @@ from dataclasses import dataclass, field
 
 from django.db import transaction
 
+from agents.demo import AGENTS
+from agents.models import Agent, ModelVersion, Workflow
+from approvals.access import default_project
 from core.errors import InvalidInput
 
 from .models import EvalCase, EvalResult, EvalRun, EvalSuite, Run
@@ -155,8 +158,6 @@ STRICT_VERIFIER = {
 @transaction.atomic
 def demo_suite_load() -> EvalSuite:
     """Idempotent, like the demo workflows it uses (load those first)."""
-    from agents.models import ModelVersion, Workflow
-    from approvals.access import default_project
 
     ModelVersion.objects.update_or_create(
         slug="strict-verifier",
@@ -186,8 +187,6 @@ def demo_suite_load() -> EvalSuite:
 
 def _solo_review_load():
     """deploy-review done by one agent (reads, weighs the risk and decides in one task): the baseline."""
-    from agents.demo import AGENTS
-    from agents.models import Agent, Workflow
 
     verifier = next(spec for spec in AGENTS if spec["slug"] == "verifier-agent")
     Agent.objects.update_or_create(

@@ -20,9 +20,14 @@ from django.utils import timezone
 from django.utils.text import slugify
 
 from agents.models import Agent, Workflow
+from approvals.services import approval_request_for_operation
 from core import bus
 from core.errors import Conflict, Forbidden, InvalidInput, NotFound
+from tools.broker import arguments_hash, idempotency_key, operation_ambiguous_announce
+from tools.gate import REFUSE, Origin, gate, gate_satisfied
+from tools.ledger import operation_record
 from tools.models import ToolOperation
+from tools.saga import operation_compensated, operation_supervised_failed, run_operations
 from tools.transitions import OPERATION
 
 from .models import Run, Span, Task
@@ -139,9 +144,6 @@ def external_operation_intent(
     must approve first. The same step with the same arguments finds the same row; other arguments, 409.
     The gate judges the call; the class the agent claims for its tool can only make the verdict stricter
     (Warden's registry and the project's classification say what a tool does). A refused call: 403."""
-    from tools.broker import arguments_hash, idempotency_key
-    from tools.gate import REFUSE, Origin, gate
-    from tools.ledger import operation_record
 
     if tool_class not in ToolOperation.ToolClass.values:
         raise InvalidInput("unknown tool class", [{"field": "tool_class", "message": tool_class}])
@@ -190,15 +192,12 @@ def external_operation_intent(
             compensation=plan,
         )
         if verdict.waits:
-            from approvals.services import approval_request_for_operation
-
             approval_request_for_operation(op, requested_by_id=run.started_by_id)
         return op
 
 
 def external_operation_started(*, operation_id: int) -> ToolOperation:
     """The agent is about to call its provider for an approved operation (its verdict re-checked now)."""
-    from tools.gate import gate_satisfied
 
     with transaction.atomic():
         op = _external_operation(operation_id)
@@ -230,8 +229,6 @@ def external_operation_outcome(
         OPERATION.move(op, final, ended_at=now, status_reason=error[:4000], **receipt)
         bus.run_changed(op.run_id)
         if final == OS.AMBIGUOUS:
-            from tools.broker import operation_ambiguous_announce
-
             operation_ambiguous_announce(op)
         op.refresh_from_db()
         if op.compensates_id:
@@ -241,7 +238,6 @@ def external_operation_outcome(
 
 def _undo_reported(op: ToolOperation, failure: str) -> None:
     """The agent carried out one step of a compensation (inside the reporting transaction)."""
-    from tools.saga import operation_compensated, operation_supervised_failed, run_operations
 
     if op.status != OS.COMMITTED:
         operation_supervised_failed(op.run, op, failure)  # the run needs a human; the original is marked

@@ -15,6 +15,8 @@ from django.db import IntegrityError, transaction
 from django.http import HttpResponse, JsonResponse
 from django.utils import timezone
 
+from approvals.tokens import api_token_authenticate
+
 from .models import IdempotencyKey
 
 PREFIX = "/api/v1/"
@@ -39,7 +41,6 @@ def _digest(*parts: bytes) -> str:
 
 
 def _authenticates(credentials: str) -> bool:
-    from approvals.tokens import api_token_authenticate
 
     scheme, _, token = credentials.partition(" ")
     return scheme.lower() == "bearer" and bool(token) and api_token_authenticate(token) is not None

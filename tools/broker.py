@@ -27,6 +27,7 @@ from core.errors import LeaseLost, StepFailure, TransientFailure
 from runs.faults import faults
 from runs.models import Run
 from runs.services import sql
+from runs.webhooks import webhook_emit
 
 from . import sandbox
 from .gate import REFUSE, Origin, Verdict, gate, gate_satisfied
@@ -398,8 +399,6 @@ def _set(op: ToolOperation, to: str, **changes) -> None:
 
 def operation_ambiguous_announce(op: ToolOperation) -> None:
     """Tell the project's webhooks that a write may or may not have happened (a person may have to look)."""
-    from runs.models import Run
-    from runs.webhooks import webhook_emit
 
     project_id = Run.objects.filter(id=op.run_id).values_list("project_id", flat=True).first()
     data = {

@@ -488,6 +488,16 @@ def _settle(run_id: int) -> None:
             )
 
 
+def ledger_sweep(now) -> dict:
+    """The ledger's pass of the recovery sweeper (registered in tools/apps.py)."""
+    return {"operations_redriven": redrive_operations(now), "compensations_started": compensate_by_policy(now)}
+
+
+def operation_awaits_decision(operation_id: int) -> bool:
+    status = ToolOperation.objects.filter(id=operation_id).values_list("status", flat=True).first()
+    return status == OS.AWAITING_APPROVAL
+
+
 def redrive_operations(now) -> int:
     """Sweeper step: runs with approved supervisor work whose executor lease lapsed (a lost message or a
     dead worker) get a fresh message."""

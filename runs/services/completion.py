@@ -11,7 +11,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from core import bus
+from core import bus, hooks
 from core.errors import BudgetExceeded, LeaseLost, StepFailure, TransientFailure
 
 from ..faults import faults
@@ -150,14 +150,11 @@ def _run_settle(run: Run, now, stop_reason: str = "") -> bool:
     }
     if not statuses:
         if run.status == Run.Status.RUNNING and not stop_reason:
-            from tools.saga import proposals_bundle_if_any  # the tools app builds on the engine
-
-            if proposals_bundle_if_any(run, now):
+            if hooks.call(hooks.PROPOSALS_BUNDLE_IF_ANY, run, now):
                 return True
         if run.status in (Run.Status.RUNNING, Run.Status.NEEDS_ATTENTION):
-            from tools.saga import proposals_drop
-
-            dropped = proposals_drop(run, reason=stop_reason or run.status_reason or "the run needed attention")
+            why = stop_reason or run.status_reason or "the run needed attention"
+            dropped = hooks.call(hooks.PROPOSALS_DROP, run, reason=why)
             note = f"; {dropped} proposals not executed" if dropped else ""
             run_transition(run=run, to=Run.Status.COMPLETED, reason=f"all tasks completed{note}", now=now)
         return True
@@ -170,13 +167,10 @@ def _run_settle(run: Run, now, stop_reason: str = "") -> bool:
 def task_park(lease: Lease, *, operation_id: int, reason: str) -> bool:
     """The attempt's tool call waits for a reviewer: release the lease and wait (same attempt when it
     goes on). False when the decision came first: the caller just carries on."""
-    from tools.models import ToolOperation
-
     now = timezone.now()
     with transaction.atomic():
         run, task = _lock_own_task(lease)
-        status = ToolOperation.objects.filter(id=operation_id).values_list("status", flat=True).first()
-        if status != ToolOperation.Status.AWAITING_APPROVAL:
+        if not hooks.call(hooks.OPERATION_AWAITS_DECISION, operation_id):
             return False
         TASK.move(
             task,

@@ -16,10 +16,12 @@ from django.utils import timezone
 from dramatiq.middleware import TimeLimitExceeded
 
 from agents.gateway import ModelRequest, ModelResponse, model_complete
-from agents.models import Agent
+from agents.models import Agent, ModelVersion
+from agents.planning import plan_validate
 from agents.prompts import build_prompt
 from core import bus
 from core.errors import BudgetExceeded, InvalidInput, LeaseLost, StepFailure, TransientFailure
+from tools.broker import TaskParked, tool_call, tool_call_for_journal
 
 from ..blackboard import MEMORY_TOOLS, knowledge, memory_tool_call
 from ..faults import crash_now, faults
@@ -212,7 +214,6 @@ def _join_check(latest: dict) -> list[str]:
 
 def _apply_model_version(agent: Agent, version: str) -> None:
     """The run's agents as a model version changes them (trusted configuration, checked at the start)."""
-    from agents.models import ModelVersion
 
     overrides = ModelVersion.objects.filter(slug=version).values_list("overrides", flat=True).first() or {}
     for name, value in (overrides.get(agent.slug) or {}).items():
@@ -322,8 +323,6 @@ def _final(lease: Lease, run: Run, task: Task, agent: Agent, state: _LoopState, 
         raise
     planned = None
     if agent.is_planner:
-        from agents.planning import plan_validate
-
         if task.depth + 1 > settings.WARDEN["MAX_PLANNING_DEPTH"]:
             raise StepFailure(f"planning depth {task.depth + 1} is over the cap", "policy")
         try:
@@ -348,8 +347,6 @@ def _final(lease: Lease, run: Run, task: Task, agent: Agent, state: _LoopState, 
 def _journal_model_step(lease: Lease, task: Task, state: _LoopState, response: ModelResponse, started):
     body = response.as_journal()
     if body.get("tool_call"):
-        from tools.broker import tool_call_for_journal
-
         # Secret argument values are sealed apart: the journal (a span) never holds them. They are sealed
         # under the step of the tool call this response asks for (the next one), which is the step the
         # broker and the ledger row know the call by, and so the step they unseal with.
@@ -381,7 +378,6 @@ class _Parked(Exception):
 
 
 def _tool_step(lease: Lease, run: Run, task: Task, state: _LoopState):
-    from tools.broker import TaskParked, tool_call  # the tools app builds on the engine
 
     call = state.pending_tool
     call_number = state.tool_calls + 1

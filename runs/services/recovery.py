@@ -15,7 +15,7 @@ from django.db import close_old_connections, connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from core import bus
+from core import bus, hooks
 
 from ..models import Outbox, Run, Span, Task
 from ..transitions import TASK
@@ -193,18 +193,15 @@ def sweep_once() -> dict:
 
 
 def _ledger_sweep(now) -> dict:
-    from approvals.expiry import approvals_sweep  # tools and approvals build on the engine
-    from approvals.notify import notifications_send
     from runs.idempotency import idempotency_keys_prune
     from runs.retention import retention_sweep
     from runs.webhooks import webhooks_redrive
-    from tools.saga import compensate_by_policy, redrive_operations
 
+    counts = {}
+    for sweep in hooks.sweeps():  # the ledger's and the approvals' passes (tools/apps.py, approvals/apps.py)
+        counts.update(sweep(now))
     return {
-        "operations_redriven": redrive_operations(now),
-        "compensations_started": compensate_by_policy(now),
-        **approvals_sweep(now),
-        "notifications_sent": notifications_send(),
+        **counts,
         "idempotency_keys_pruned": idempotency_keys_prune(now),
         "webhooks_redriven": webhooks_redrive(now),
         "runs_pruned": retention_sweep(now),  # once an hour at most while there is no backlog

@@ -18,6 +18,7 @@ import json
 
 from agents.models import Agent, Workflow
 from core import bus
+from tools.models import ToolOperation
 
 from ..models import Artifact, Run, Span, Task
 from ..schemas import PLAN_OUTPUT_SCHEMA, PlannedTaskIn
@@ -129,7 +130,6 @@ def world_state(run_id: int, *, exclude_task: int | None = None) -> dict:
     """What a re-planner must know, read when its attempt starts: each task with its status (and why
     it failed), each task's latest artifact in short, and the ledger's side effects (redacted
     arguments, as stored), newest last."""
-    from tools.models import ToolOperation  # the tools app builds on the engine
 
     tasks = list(
         Task.objects.filter(run_id=run_id)

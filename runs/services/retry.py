@@ -14,7 +14,9 @@ from approvals.audit import audited
 from approvals.models import ApprovalRequest
 from approvals.transitions import APPROVAL_REQUEST
 from core.errors import NotFound
+from tools.broker import idempotency_key
 from tools.models import SealedArguments, ToolOperation
+from tools.registry import TOOLS
 from tools.transitions import OPERATION
 
 from ..models import Run, Span, Task
@@ -164,8 +166,6 @@ def task_retry_preview(*, task_id: int, step: int | None = None) -> dict:
     the journal (for a step picker), the steps executed again and the task's ledger operations at or
     after the first of them — committed writes flagged, since a retry from an earlier step repeats them —
     and, if the retry would be refused now, why."""
-    from tools.broker import idempotency_key
-    from tools.registry import TOOLS
 
     task = Task.objects.select_related("run").filter(id=task_id).first()
     if task is None:

@@ -7,7 +7,7 @@ from django.db import transaction
 from django.utils import timezone
 from pydantic import ValidationError
 
-from agents.models import Agent, Workflow
+from agents.models import Agent, ModelVersion, Workflow
 from agents.planning import plan_validate, pydantic_errors
 from approvals.access import default_project
 from approvals.audit import audit, audited
@@ -162,8 +162,6 @@ def run_start(
             [{"field": "input.faults", "message": "not accepted here"}],
         )
     if run_input.model_version is not None:
-        from agents.models import ModelVersion
-
         if not ModelVersion.objects.filter(slug=run_input.model_version).exists():
             raise InvalidInput(
                 f"unknown model version {run_input.model_version!r}",
