@@ -12,7 +12,7 @@ from tools.broker import operations_decided
 from tools.saga import run_operations_send
 
 from .models import ApprovalPolicy, ApprovalRequest, Notification
-from .notify import notifications_add, notifications_send
+from .notify import notifications_add, notifications_due
 from .services import _wake_parked_task
 from .transitions import APPROVAL_REQUEST
 
@@ -76,4 +76,4 @@ def approvals_sweep(now) -> dict:
 
 def approvals_and_notifications_sweep(now) -> dict:
     """The approvals' pass of the recovery sweeper (registered in approvals/apps.py)."""
-    return {**approvals_sweep(now), "notifications_sent": notifications_send()}
+    return {**approvals_sweep(now), "notifications_due": notifications_due(now)}

@@ -1,7 +1,8 @@
 """Telling reviewers: e-mail through Django's backend and, where configured, an HMAC-signed webhook
-(optionally Slack-compatible). A notification row is written in the transaction that makes the request,
-sent after commit, and claimed before it is sent, so each goes out once; the sweeper sends what a crash
-left behind."""
+(optionally Slack-compatible). A notification row and the outbox message that sends it are written in
+the transaction that makes the request; a worker sends it (approvals/actors.py), claimed first so each
+goes out once. The sweeper only asks a worker to send what a crash left behind: no network I/O happens
+in a commit hook or in the sweeper's pass."""
 
 import hashlib
 import hmac
@@ -16,11 +17,13 @@ from django.db.models import Q
 from django.utils import timezone
 
 from core import outbound
+from runs.services.outbox import outbox_add
 
 from .models import ApprovalRequest, Membership, Notification
 
 log = logging.getLogger("warden.notify")
 RESEND_AFTER_SECONDS = 60
+NOTIFY = "send_notifications"  # the actor (approvals/actors.py)
 
 
 def _channels() -> list[str]:
@@ -34,7 +37,25 @@ def notifications_add(request: ApprovalRequest, *, kind: str) -> None:
     ids = [n.id for n in created if n.id] or list(
         Notification.objects.filter(request=request, kind=kind, sent_at__isnull=True).values_list("id", flat=True)
     )
-    transaction.on_commit(lambda: notifications_send(ids))
+    outbox_add(actor=NOTIFY, kwargs={"ids": ids})
+
+
+def notifications_due(now=None) -> int:
+    """The sweeper's part: if notifications wait (never sent, or a sender died after claiming them), a
+    worker is asked to send them. Returns how many wait."""
+    now = now or timezone.now()
+    due = _due(now).count()
+    if due:
+        with transaction.atomic():
+            outbox_add(actor=NOTIFY, kwargs={"ids": None})
+    return due
+
+
+def _due(now):
+    stale = now - timezone.timedelta(seconds=RESEND_AFTER_SECONDS)
+    return Notification.objects.filter(sent_at__isnull=True).filter(
+        Q(claimed_at__isnull=True) | Q(claimed_at__lt=stale)
+    )
 
 
 def link(request: ApprovalRequest) -> str:
@@ -45,9 +66,7 @@ def link(request: ApprovalRequest) -> str:
 def notifications_send(ids=None) -> int:
     """Send the given (or every due) notification not sent yet. Returns how many went out."""
     now = timezone.now()
-    due = Notification.objects.filter(sent_at__isnull=True).filter(
-        Q(claimed_at__isnull=True) | Q(claimed_at__lt=now - timezone.timedelta(seconds=RESEND_AFTER_SECONDS))
-    )
+    due = _due(now)
     if ids is not None:
         due = due.filter(id__in=ids)
     sent = 0
