@@ -138,7 +138,8 @@ def _webhook(note: Notification) -> None:
     secret = settings.WARDEN["APPROVAL_WEBHOOK_SECRET"]
     headers = {"Content-Type": "application/json", "X-Warden-Timestamp": timestamp}
     if secret:
-        headers["X-Warden-Signature"] = "sha256=" + signature(secret, timestamp, body)
+        headers.update(outbound.standard_webhook_headers(secret, f"msg_notification_{note.id}", body))
+        headers["X-Warden-Signature"] = "sha256=" + signature(secret, timestamp, body)  # deprecated (README)
     status = outbound.post(settings.WARDEN["APPROVAL_WEBHOOK_URL"], body, headers, timeout=5)
     if status >= 300:
         raise RuntimeError(f"webhook answered {status}")

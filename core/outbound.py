@@ -11,9 +11,11 @@ import http.client
 import ipaddress
 import socket
 import ssl
+from datetime import UTC, datetime
 from urllib.parse import urlsplit
 
 from django.conf import settings
+from standardwebhooks import Webhook
 
 # Beyond what ipaddress calls private, loopback, link-local, multicast, reserved or unspecified.
 _ALSO_BLOCKED = [ipaddress.ip_network(n) for n in ("100.64.0.0/10", "192.0.0.0/24", "198.18.0.0/15")]
@@ -113,3 +115,13 @@ def post(url: str, body: bytes, headers: dict, *, timeout: float) -> int:
         return response.status
     finally:
         connection.close()
+
+
+def standard_webhook_headers(secret: str, message_id: str, body: bytes, *, now: datetime | None = None) -> dict:
+    """The Standard Webhooks headers (https://www.standardwebhooks.com): ``webhook-id`` (the same for every
+    retry of one message), ``webhook-timestamp`` and ``webhook-signature`` (``v1,<base64 HMAC-SHA256 of
+    "<id>.<timestamp>.<body>">``), keyed by the secret's UTF-8 bytes. A receiver verifies with the spec's
+    library: ``Webhook(secret.encode()).verify(body, headers)`` (docs/api.md)."""
+    now = now or datetime.now(tz=UTC)
+    signature = Webhook(secret.encode()).sign(msg_id=message_id, timestamp=now, data=body.decode())
+    return {"webhook-id": message_id, "webhook-timestamp": str(int(now.timestamp())), "webhook-signature": signature}

@@ -7,8 +7,10 @@ posts (so of a duplicate message, or a sweeper racing it, only one sends). A fai
 with exponential backoff, up to ``WEBHOOK_MAX_ATTEMPTS``; the admin lists every delivery and can
 send one again. Delivery is at least once: receivers dedupe on ``Warden-Delivery``.
 
-Each request is signed like Stripe's: ``Warden-Signature: t=<unix time>,v1=<hex HMAC-SHA256 of
-"<t>." + body>`` with the endpoint's secret; receivers check it and refuse old timestamps.
+Each request is signed by the Standard Webhooks spec (``webhook-id``, ``webhook-timestamp``,
+``webhook-signature``; core.outbound.standard_webhook_headers), the same scheme as the reviewers'
+notifications. ``Warden-Signature: t=<unix time>,v1=<hex HMAC-SHA256 of "<t>." + body>`` is still sent
+for receivers written against it (deprecated: see the README).
 """
 
 import hashlib
@@ -106,6 +108,7 @@ def webhook_deliver(*, delivery_id: int) -> bool:
         "Warden-Event": delivery.event,
         "Warden-Delivery": str(delivery.id),
         "Warden-Signature": f"t={timestamp},v1={signature(delivery.endpoint.secret, timestamp, body)}",
+        **outbound.standard_webhook_headers(delivery.endpoint.secret, f"msg_delivery_{delivery.id}", body),
     }
     code, error = None, ""
     try:

@@ -7,6 +7,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from django.core import mail
+from standardwebhooks import Webhook
 
 from approvals.access import default_project, membership_grant
 from approvals.models import ApprovalPolicy, ApprovalRequest, AuditEvent, Notification
@@ -164,6 +165,7 @@ def test_each_request_is_announced_once_by_email_and_by_a_signed_webhook(demo_tx
     events = []
     for headers, body in Receiver.received:
         assert headers["X-Warden-Signature"] == "sha256=" + signature("s3cret", headers["X-Warden-Timestamp"], body)
+        assert Webhook(b"s3cret").verify(body, headers)["event"].startswith("approval.")  # Standard Webhooks
         payload = json.loads(body)
         events.append((payload["event"], payload["request"]["id"]))
         assert payload["request"]["link"].endswith(f"/approvals/#request-{payload['request']['id']}")

@@ -8,6 +8,8 @@ import time
 
 import pytest
 from django.utils import timezone
+from standardwebhooks import Webhook
+from standardwebhooks.webhooks import WebhookVerificationError
 
 from approvals.services import approval_decide
 from runs.models import Run, WebhookDelivery, WebhookEndpoint
@@ -38,6 +40,13 @@ def test_each_event_arrives_once_and_signed(demo_tx, operator, worker, webhook_r
         assert signature_valid(SECRET, headers["Warden-Signature"], body)
         assert not signature_valid("another secret", headers["Warden-Signature"], body)
         assert not signature_valid(SECRET, headers["Warden-Signature"], body + b" ")
+        # The Standard Webhooks signature, checked with the spec's own library as a receiver would.
+        assert Webhook(SECRET.encode()).verify(body, headers)["id"] == int(headers["Warden-Delivery"])
+        with pytest.raises(WebhookVerificationError):
+            Webhook(b"another secret").verify(body, headers)
+        with pytest.raises(WebhookVerificationError):
+            Webhook(SECRET.encode()).verify(body + b" ", headers)
+        assert headers["webhook-id"] == f"msg_delivery_{headers['Warden-Delivery']}"
         payload = json.loads(body)
         assert payload["id"] == int(headers["Warden-Delivery"]) and payload["data"]["run"] == run.id
     last = max(webhook_receiver.received, key=lambda r: int(r["headers"]["Warden-Delivery"]))
