@@ -2,25 +2,83 @@
 returning the same named rows. The engine picks one by the database it runs on (``connection.vendor``);
 tests/runs/test_sql_parity.py runs both on PostgreSQL, on the same fixtures, and compares what they did.
 
+- claim_fresh_pg / claim_fresh_portable: a task's first attempt (lease, fencing token, task and attempt spans).
 - finish_pg / finish_portable: a task's final answer (usage, completion, span, artifact, dependents).
 - journal_step_pg / journal_step_portable: one journaled step counted on the task and the run.
 - dependents_count_down: the same statement on both.
 """
 
-from typing import NamedTuple
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, NamedTuple
 
 from django.db import transaction
 from django.utils import timezone
 
 from core import bus
-from core.errors import LeaseLost
+from core.errors import BudgetExceeded, LeaseLost
 
 from ..models import Payload, Run, Span, Task
 from ..transitions import TASK
 from . import sql
-from .leases import Lease, Usage
+
+if TYPE_CHECKING:
+    from .leases import Lease
 
 INLINE_BODY_LIMIT = 16_000  # bytes of JSON kept in the span row; larger bodies go to Payload
+
+
+@dataclass
+class Usage:
+    """A run's or task's usage and limits, as the last write returned them."""
+
+    status: str = ""
+    steps: int = 0
+    tokens: int = 0
+    tool_calls: int = 0
+    cost_micros: int = 0
+    max_steps: int | None = None
+    max_tokens: int | None = None
+    max_tool_calls: int | None = None
+    max_cost_micros: int | None = None
+
+    @classmethod
+    def of(cls, obj) -> Usage:
+        return cls(
+            getattr(obj, "status", ""),
+            obj.steps_used,
+            obj.tokens_used,
+            obj.tool_calls_used,
+            obj.cost_micros,
+            obj.max_steps,
+            obj.max_tokens,
+            obj.max_tool_calls,
+            obj.max_cost_micros,
+        )
+
+    def check_before_step(self, scope: str, *, tool_call: bool = False) -> None:
+        if self.max_steps is not None and self.steps >= self.max_steps:
+            raise BudgetExceeded("steps", self.steps, self.max_steps, scope)
+        if tool_call and self.max_tool_calls is not None and self.tool_calls >= self.max_tool_calls:
+            raise BudgetExceeded("tool_calls", self.tool_calls, self.max_tool_calls, scope)
+
+    def check_after_step(self, scope: str) -> None:
+        if self.max_tokens is not None and self.tokens > self.max_tokens:
+            raise BudgetExceeded("tokens", self.tokens, self.max_tokens, scope)
+        if self.max_cost_micros is not None and self.cost_micros > self.max_cost_micros:
+            raise BudgetExceeded(
+                "cost_usd", f"{self.cost_micros / 1e6:.6f}", f"{self.max_cost_micros / 1e6:.6f}", scope
+            )
+        if self.max_steps is not None and self.steps > self.max_steps:
+            raise BudgetExceeded("steps", self.steps, self.max_steps, scope)
+        if self.max_tool_calls is not None and self.tool_calls > self.max_tool_calls:
+            raise BudgetExceeded("tool_calls", self.tool_calls, self.max_tool_calls, scope)
+
+
+class Claimed(NamedTuple):
+    task_span_id: int
+    span_id: int  # the attempt's
 
 
 class ReadyRow(NamedTuple):
@@ -46,6 +104,92 @@ class Finished(NamedTuple):
 class StepCounted(NamedTuple):
     run: Usage
     task: Usage
+
+
+_CLAIMED = TASK.edge(Task.Status.READY, Task.Status.RUNNING)  # a first claim: its task was ready
+_PG_CLAIM_FRESH = f"""
+WITH c AS (
+    UPDATE runs_task SET status = '{_CLAIMED}', attempts = 1, fencing_token = %(token)s, lease_owner = %(owner)s,
+        lease_expires_at = %(expires)s, heartbeat_at = %(now)s, continuing = false,
+        started_at = COALESCE(started_at, %(now)s), not_before = NULL
+    WHERE id = %(task)s AND fencing_token = %(old)s AND status = %(status)s
+    RETURNING id
+), ts AS (
+    INSERT INTO runs_span (run_id, task_id, parent_id, kind, name, status, attempt, step, fencing_token, started_at,
+        ended_at, tokens_in, tokens_out, cost_micros, attributes, body, payload_id)
+    SELECT %(run)s, c.id, (SELECT id FROM runs_span WHERE run_id = %(run)s AND kind = 'run' ORDER BY id LIMIT 1),
+        'task', %(task_name)s, 'running', NULL, NULL, NULL, %(now)s, NULL, 0, 0, 0,
+        %(task_attrs)s::jsonb, NULL, NULL FROM c
+    RETURNING id
+), a AS (
+    INSERT INTO runs_span (run_id, task_id, parent_id, kind, name, status, attempt, step, fencing_token, started_at,
+        ended_at, tokens_in, tokens_out, cost_micros, attributes, body, payload_id)
+    SELECT %(run)s, %(task)s, ts.id, 'attempt', 'attempt 1', 'running', 1, NULL, %(token)s, %(now)s, NULL, 0, 0, 0,
+        %(attempt_attrs)s::jsonb, NULL, NULL FROM ts
+    RETURNING id
+)
+SELECT (SELECT id FROM ts), (SELECT id FROM a)
+"""
+
+
+def claim_fresh_pg(task: Task, *, owner: str, now, token: int, expires) -> Claimed | None:
+    """A first attempt's claim and its two spans in one statement (the hop between chained tasks). None
+    when the task moved meanwhile (another claim, a cancel). Call with the run row locked."""
+    TASK.check(task.status, _CLAIMED)
+    task_span_id, span_id = sql.fetchone(
+        _PG_CLAIM_FRESH,
+        {
+            "token": token,
+            "owner": owner,
+            "expires": expires,
+            "now": now,
+            "task": task.id,
+            "old": task.fencing_token,
+            "status": task.status,
+            "run": task.run_id,
+            "task_name": f"task {task.key}",
+            "task_attrs": sql.dumps({"agent": task.agent_id}),
+            "attempt_attrs": sql.dumps({"worker": owner}),
+        },
+    )
+    return None if span_id is None else Claimed(task_span_id, span_id)
+
+
+def claim_fresh_portable(task: Task, *, owner: str, now, token: int, expires) -> Claimed | None:
+    """claim_fresh_pg's twin, in three statements of the caller's transaction."""
+    running = TASK.edge(task.status, Task.Status.RUNNING)
+    claimed = sql.execute(
+        "UPDATE runs_task SET status = %s, attempts = 1, fencing_token = %s, lease_owner = %s, "
+        "lease_expires_at = %s, heartbeat_at = %s, continuing = %s, started_at = COALESCE(started_at, %s), "
+        "not_before = NULL WHERE id = %s AND fencing_token = %s AND status = %s",
+        [running, token, owner, sql.ts(expires), sql.ts(now), False, sql.ts(now), task.id, task.fencing_token,
+         task.status],
+    )  # fmt: skip
+    if claimed != 1:
+        return None
+    task_span_id = sql.insert_span(
+        run_id=task.run_id,
+        task_id=task.id,
+        parent_id=sql.RUN_ROOT,
+        kind=Span.Kind.TASK,
+        name=f"task {task.key}",
+        status=Span.Status.RUNNING,
+        started_at=now,
+        attributes={"agent": task.agent_id},
+    )
+    span_id = sql.insert_span(
+        run_id=task.run_id,
+        task_id=task.id,
+        parent_id=task_span_id,
+        kind=Span.Kind.ATTEMPT,
+        name="attempt 1",
+        status=Span.Status.RUNNING,
+        attempt=1,
+        fencing_token=token,
+        started_at=now,
+        attributes={"worker": owner},
+    )
+    return Claimed(task_span_id, span_id)
 
 
 # The fast paths' moves, named from the table: the module does not load if the table stops allowing them.

@@ -20,7 +20,8 @@ from core.errors import BudgetExceeded
 from ..faults import faults
 from ..models import Run, Span, Task
 from ..transitions import TASK
-from . import sql
+from . import hot, sql
+from .hot import Usage
 from .runs import run_transition
 
 CRASH = "crash"
@@ -41,53 +42,6 @@ class Lease:
     task_span_id: int | None = None
     fresh: bool = False  # a first attempt: nothing journaled yet
     claimed_at: float = field(default_factory=time.monotonic)
-
-
-@dataclass
-class Usage:
-    """A run's or task's usage and limits, as the last write returned them."""
-
-    status: str = ""
-    steps: int = 0
-    tokens: int = 0
-    tool_calls: int = 0
-    cost_micros: int = 0
-    max_steps: int | None = None
-    max_tokens: int | None = None
-    max_tool_calls: int | None = None
-    max_cost_micros: int | None = None
-
-    @classmethod
-    def of(cls, obj) -> "Usage":
-        return cls(
-            getattr(obj, "status", ""),
-            obj.steps_used,
-            obj.tokens_used,
-            obj.tool_calls_used,
-            obj.cost_micros,
-            obj.max_steps,
-            obj.max_tokens,
-            obj.max_tool_calls,
-            obj.max_cost_micros,
-        )
-
-    def check_before_step(self, scope: str, *, tool_call: bool = False) -> None:
-        if self.max_steps is not None and self.steps >= self.max_steps:
-            raise BudgetExceeded("steps", self.steps, self.max_steps, scope)
-        if tool_call and self.max_tool_calls is not None and self.tool_calls >= self.max_tool_calls:
-            raise BudgetExceeded("tool_calls", self.tool_calls, self.max_tool_calls, scope)
-
-    def check_after_step(self, scope: str) -> None:
-        if self.max_tokens is not None and self.tokens > self.max_tokens:
-            raise BudgetExceeded("tokens", self.tokens, self.max_tokens, scope)
-        if self.max_cost_micros is not None and self.cost_micros > self.max_cost_micros:
-            raise BudgetExceeded(
-                "cost_usd", f"{self.cost_micros / 1e6:.6f}", f"{self.max_cost_micros / 1e6:.6f}", scope
-            )
-        if self.max_steps is not None and self.steps > self.max_steps:
-            raise BudgetExceeded("steps", self.steps, self.max_steps, scope)
-        if self.max_tool_calls is not None and self.tool_calls > self.max_tool_calls:
-            raise BudgetExceeded("tool_calls", self.tool_calls, self.max_tool_calls, scope)
 
 
 def claim_candidate(run_id: int, row) -> Task:
@@ -115,8 +69,21 @@ def claim(task: Task, *, owner: str, now) -> Lease | None:
     continuing = bool(task.continuing)
     attempt = task.attempts if continuing else task.attempts + 1
     token = task.fencing_token + 1
-    if connection.vendor == "postgresql" and attempt == 1 and not continuing:
-        return _claim_fresh_pg(task, owner=owner, now=now, token=token)
+    if attempt == 1 and not continuing:  # a first claim: one statement on PostgreSQL (runs/services/hot.py)
+        first = hot.claim_fresh_pg if connection.vendor == "postgresql" else hot.claim_fresh_portable
+        claimed = first(task, owner=owner, now=now, token=token, expires=lease_expiry(now))
+        if claimed is None:
+            return None
+        return Lease(
+            task_id=task.id,
+            run_id=task.run_id,
+            token=token,
+            attempt=1,
+            span_id=claimed.span_id,
+            owner=owner,
+            task_span_id=claimed.task_span_id,
+            fresh=True,
+        )
     running = TASK.edge(task.status, Task.Status.RUNNING)  # ready, waiting to retry, or its lease expired
     claimed = sql.execute(
         "UPDATE runs_task SET status = %s, attempts = %s, fencing_token = %s, lease_owner = %s, "
@@ -138,26 +105,12 @@ def claim(task: Task, *, owner: str, now) -> Lease | None:
     )
     if claimed != 1:
         return None
-    fresh = attempt == 1 and not continuing
-    if fresh:
-        task_span_id = sql.insert_span(
-            run_id=task.run_id,
-            task_id=task.id,
-            parent_id=sql.RUN_ROOT,
-            kind=Span.Kind.TASK,
-            name=f"task {task.key}",
-            status=Span.Status.RUNNING,
-            started_at=now,
-            attributes={"agent": task.agent_id},
+    task_span_id = (
+        sql.fetchone(
+            "SELECT id FROM runs_span WHERE task_id = %s AND kind = %s ORDER BY id LIMIT 1", [task.id, Span.Kind.TASK]
         )
-    else:
-        task_span_id = (
-            sql.fetchone(
-                "SELECT id FROM runs_span WHERE task_id = %s AND kind = %s ORDER BY id LIMIT 1",
-                [task.id, Span.Kind.TASK],
-            )
-            or [None]
-        )[0]
+        or [None]
+    )[0]
     if continuing:
         span_id = sql.fetchone(
             "SELECT id FROM runs_span WHERE task_id = %s AND kind = %s AND attempt = %s ORDER BY id DESC LIMIT 1",
@@ -184,66 +137,7 @@ def claim(task: Task, *, owner: str, now) -> Lease | None:
         span_id=span_id,
         owner=owner,
         task_span_id=task_span_id,
-        fresh=fresh,
-    )
-
-
-_RUNNING = TASK.edge(Task.Status.READY, Task.Status.RUNNING)  # a first claim: its task was ready
-_PG_CLAIM_FRESH = f"""
-WITH c AS (
-    UPDATE runs_task SET status = '{_RUNNING}', attempts = 1, fencing_token = %(token)s, lease_owner = %(owner)s,
-        lease_expires_at = %(expires)s, heartbeat_at = %(now)s, continuing = false,
-        started_at = COALESCE(started_at, %(now)s), not_before = NULL
-    WHERE id = %(task)s AND fencing_token = %(old)s AND status = %(status)s
-    RETURNING id
-), ts AS (
-    INSERT INTO runs_span (run_id, task_id, parent_id, kind, name, status, attempt, step, fencing_token, started_at,
-        ended_at, tokens_in, tokens_out, cost_micros, attributes, body, payload_id)
-    SELECT %(run)s, c.id, (SELECT id FROM runs_span WHERE run_id = %(run)s AND kind = 'run' ORDER BY id LIMIT 1),
-        'task', %(task_name)s, 'running', NULL, NULL, NULL, %(now)s, NULL, 0, 0, 0,
-        %(task_attrs)s::jsonb, NULL, NULL FROM c
-    RETURNING id
-), a AS (
-    INSERT INTO runs_span (run_id, task_id, parent_id, kind, name, status, attempt, step, fencing_token, started_at,
-        ended_at, tokens_in, tokens_out, cost_micros, attributes, body, payload_id)
-    SELECT %(run)s, %(task)s, ts.id, 'attempt', 'attempt 1', 'running', 1, NULL, %(token)s, %(now)s, NULL, 0, 0, 0,
-        %(attempt_attrs)s::jsonb, NULL, NULL FROM ts
-    RETURNING id
-)
-SELECT (SELECT id FROM ts), (SELECT id FROM a)
-"""
-
-
-def _claim_fresh_pg(task: Task, *, owner: str, now, token: int) -> Lease | None:
-    """A first attempt's claim and its two spans in one statement (the hop between chained tasks)."""
-    TASK.check(task.status, _RUNNING)
-    task_span_id, span_id = sql.fetchone(
-        _PG_CLAIM_FRESH,
-        {
-            "token": token,
-            "owner": owner,
-            "expires": lease_expiry(now),
-            "now": now,
-            "task": task.id,
-            "old": task.fencing_token,
-            "status": task.status,
-            "run": task.run_id,
-            "task_name": f"task {task.key}",
-            "task_attrs": sql.dumps({"agent": task.agent_id}),
-            "attempt_attrs": sql.dumps({"worker": owner}),
-        },
-    )
-    if span_id is None:
-        return None
-    return Lease(
-        task_id=task.id,
-        run_id=task.run_id,
-        token=token,
-        attempt=1,
-        span_id=span_id,
-        owner=owner,
-        task_span_id=task_span_id,
-        fresh=True,
+        fresh=False,
     )
 
 

@@ -11,26 +11,33 @@ from agents.gateway import ModelResponse
 from core.errors import LeaseLost
 from runs.models import Artifact, Run, Span, Task
 from runs.services import hot, run_start
-from runs.services.leases import claim
+from runs.services.leases import Lease, lease_expiry
 
 pytestmark = pytest.mark.services
 
-TWINS = {"pg": (hot.journal_step_pg, hot.finish_pg), "portable": (hot.journal_step_portable, hot.finish_portable)}
+TWINS = {
+    "pg": (hot.journal_step_pg, hot.finish_pg, hot.claim_fresh_pg),
+    "portable": (hot.journal_step_portable, hot.finish_portable, hot.claim_fresh_portable),
+}
 
 
-def _claimed(run=None, key="inventory"):
-    """A lease on a ready task of a deploy-review run (inventory and risk come first; verify joins them)."""
+def _claimed(twin: str, run=None, key="inventory"):
+    """A first claim of a ready task of a deploy-review run (inventory and risk come first; verify joins
+    them), by the twin's statement."""
     run = run or run_start(workflow="deploy-review")
     task = run.tasks.get(key=key)
+    _, _, claim = TWINS[twin]
+    now = timezone.now()
     with transaction.atomic():
         Run.objects.select_for_update().get(id=run.id)
-        lease = claim(task, owner="parity", now=timezone.now())
+        claimed = claim(task, owner="parity", now=now, token=task.fencing_token + 1, expires=lease_expiry(now))
     task.refresh_from_db()
+    lease = Lease(task.id, run.id, task.fencing_token, 1, claimed.span_id, "parity", claimed.task_span_id, True)
     return run, task, lease
 
 
 def _journal(lease, twin: str, *, step: int, body: dict):
-    journal, _ = TWINS[twin]
+    journal, _, _ = TWINS[twin]
     response = ModelResponse(text="looking", tokens_in=11, tokens_out=7, cost_micros=42, model="m")
     started = timezone.now()
     p = hot.step_params(lease, step=step, kind=Span.Kind.MODEL_CALL, name="m", started=started, response=response)
@@ -40,7 +47,7 @@ def _journal(lease, twin: str, *, step: int, body: dict):
 
 
 def _finish(run, task, lease, twin: str):
-    _, finish = TWINS[twin]
+    _, finish, _ = TWINS[twin]
     response = ModelResponse(final={"verdict": "APPROVE"}, tokens_in=20, tokens_out=5, cost_micros=100, model="m")
     with transaction.atomic():
         locked = Run.objects.select_for_update().get(id=run.id)
@@ -72,22 +79,28 @@ def _strip(rows):
 def test_the_journal_and_the_completion_write_the_same_on_both_twins(demo):
     done = {}
     for twin in TWINS:
-        run, inventory, first = _claimed()
-        _, risk, second = _claimed(run, "risk")
+        run, inventory, first = _claimed(twin)
+        claimed = _world(run)
+        _, risk, second = _claimed(twin, run, "risk")
         counted = _journal(first, twin, step=1, body={"text": "looking", "n": 1})
         halfway = _finish(run, inventory, first, twin)  # verify still waits for risk
         joined = _finish(run, risk, second, twin)  # now verify is ready
         rows = [counted, halfway._replace(ready=_strip(halfway.ready)), joined._replace(ready=_strip(joined.ready))]
-        done[twin] = (rows, _world(run))
+        done[twin] = (rows, claimed, _world(run))
     assert done["pg"] == done["portable"]
-    (_, halfway, joined), world = done["pg"]
+    (_, halfway, joined), claimed, world = done["pg"]
+    assert claimed["tasks"]["inventory"][0] == Task.Status.RUNNING and claimed["tasks"]["inventory"][4] == "parity"
+    assert [s[:3] for s in claimed["spans"] if s[0] in ("task", "attempt")] == [
+        ("attempt", "attempt 1", "running"),
+        ("task", "task inventory", "running"),
+    ]
     assert halfway.ready == [] and [row[1] for row in joined.ready] == ["verify"]
     assert world["tasks"]["verify"][0] == Task.Status.READY and world["artifacts"]
 
 
 def test_both_twins_refuse_a_lease_that_was_lost_and_write_nothing(demo):
     for twin in TWINS:
-        run, task, lease = _claimed()
+        run, task, lease = _claimed(twin)
         Task.objects.filter(id=task.id).update(fencing_token=lease.token + 1)  # a newer holder
         before = _world(run)
         with pytest.raises(LeaseLost):
