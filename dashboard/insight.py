@@ -235,6 +235,32 @@ def _runs_q(prefix: str, *, visible, since, workflow_id, project_id) -> Q:
     return q
 
 
+class _Groups:
+    """The figures a row counts in: the total, its day, its workflow and its project."""
+
+    def __init__(self, *, days: int, today: dt.date, workflows: list[Workflow], projects: list[Project]):
+        self.total = Figures(key=None, label="All runs")
+        self.by_day = {
+            d: Figures(key=d, label=d.isoformat())
+            for d in (today - dt.timedelta(days=n) for n in range(days - 1, -1, -1))
+        }
+        self.wf_names = {w.id: w.name or w.slug for w in workflows}
+        self.pr_names = {p.id: p.name or p.slug for p in projects}
+        self.by_workflow: dict[int, Figures] = {}
+        self.by_project: dict[int, Figures] = {}
+
+    def of(self, d, workflow, project) -> list[Figures]:
+        if workflow not in self.by_workflow:
+            label = self.wf_names.get(workflow, f"workflow {workflow}")
+            self.by_workflow[workflow] = Figures(key=workflow, label=label)
+        if project not in self.by_project:
+            self.by_project[project] = Figures(key=project, label=self.pr_names.get(project, f"project {project}"))
+        found = [self.total, self.by_workflow[workflow], self.by_project[project]]
+        if d in self.by_day:  # a run created "in the future" by clock skew counts in the total only
+            found.append(self.by_day[d])
+        return found
+
+
 def insight_compute(
     *,
     visible: list[int] | None,
@@ -251,33 +277,46 @@ def insight_compute(
     since = period_start(days, now)
     scope = {"visible": visible, "since": since, "workflow_id": workflow_id, "project_id": project_id}
     runs = Run.objects.filter(_runs_q("", **scope)).order_by()
-    day = TruncDate("created_at")
-    run_day = TruncDate("run__created_at")
-
-    total = Figures(key=None, label="All runs")
     today = timezone.localdate(now or timezone.now())
-    by_day = {
-        d: Figures(key=d, label=d.isoformat()) for d in (today - dt.timedelta(days=n) for n in range(days - 1, -1, -1))
-    }
-    wf_names = {w.id: w.name or w.slug for w in workflows}
-    pr_names = {p.id: p.name or p.slug for p in projects}
-    by_workflow: dict[int, Figures] = {}
-    by_project: dict[int, Figures] = {}
+    groups = _Groups(days=days, today=today, workflows=workflows, projects=projects)
+    _count_runs(runs, groups)
+    per_run = _per_run(runs, groups)
+    in_scope = _runs_q("run__", **scope)
+    tools, agents = _failures(in_scope, groups)
+    approvals = _approvals(in_scope, groups)
 
-    def groups(d, workflow, project) -> list[Figures]:
-        if workflow not in by_workflow:
-            by_workflow[workflow] = Figures(key=workflow, label=wf_names.get(workflow, f"workflow {workflow}"))
-        if project not in by_project:
-            by_project[project] = Figures(key=project, label=pr_names.get(project, f"project {project}"))
-        found = [total, by_workflow[workflow], by_project[project]]
-        if d in by_day:  # a run created "in the future" by clock skew counts in the total only
-            found.append(by_day[d])
-        return found
+    total = groups.total
+    p95 = total.steps_p95
+    beyond = sorted((r for r in per_run if p95 is not None and r[5] > p95), key=lambda r: (-r[5], -r[0]))
+    tail = [
+        TailRun(id=r[0], steps=r[5], status=r[4], workflow=groups.wf_names.get(r[2], "")) for r in beyond[:TAIL_LISTED]
+    ]
 
-    # 1. Counts and costs, grouped in the database by (day, workflow, project).
+    def by_runs(figures: dict) -> list[Figures]:
+        return sorted(figures.values(), key=lambda g: (-g.runs, g.label))
+
+    return Insight(
+        days=days,
+        since=since,
+        total=total,
+        by_day=list(groups.by_day.values()),
+        by_workflow=by_runs(groups.by_workflow),
+        by_project=by_runs(groups.by_project),
+        step_bins=step_bins(total.steps),
+        tail=tail,
+        tail_count=len(beyond),
+        wait_bins=wait_bins(total.waits),
+        approvals={s: approvals.get(s, 0) for s in ApprovalRequest.Status.values},
+        top_tools=_top(tools),
+        top_agents=_top(agents),
+    )
+
+
+def _count_runs(runs, groups: _Groups) -> None:
+    """1. Counts and costs, grouped in the database by (day, workflow, project)."""
     completed = Q(status=Run.Status.COMPLETED)
     for row in (
-        runs.annotate(day=day)
+        runs.annotate(day=TruncDate("created_at"))
         .values("day", "workflow_id", "project_id")
         .annotate(
             n=Count("id"),
@@ -287,14 +326,16 @@ def insight_compute(
             completed_cost=Sum("cost_micros", filter=completed),
         )
     ):
-        for g in groups(row["day"], row["workflow_id"], row["project_id"]):
+        for g in groups.of(row["day"], row["workflow_id"], row["project_id"]):
             g.runs += row["n"]
             g.finished += row["finished"]
             g.completed += row["completed"]
             g.cost_micros += row["cost"] or 0
             g.completed_cost_micros += row["completed_cost"] or 0
 
-    # 2. One row per run for the percentiles: steps, and the duration of a run that ended.
+
+def _per_run(runs, groups: _Groups) -> list[tuple]:
+    """2. One row per run for the percentiles: steps, and the duration of a run that ended."""
     duration = Case(
         When(
             status__in=Run.TERMINAL,
@@ -306,18 +347,21 @@ def insight_compute(
         output_field=DurationField(),
     )
     per_run = list(
-        runs.annotate(day=day, duration=duration).values_list(
+        runs.annotate(day=TruncDate("created_at"), duration=duration).values_list(
             "id", "day", "workflow_id", "project_id", "status", "steps_used", "duration"
         )
     )
     for _id, d, workflow, project, _status, steps, took in per_run:
-        for g in groups(d, workflow, project):
+        for g in groups.of(d, workflow, project):
             g.steps.append(steps)
             if took is not None:
                 g.durations.append(took.total_seconds())
+    return per_run
 
-    # 3. Failing tool operations and 4. failed tasks, grouped like the runs.
-    in_scope = _runs_q("run__", **scope)
+
+def _failures(in_scope: Q, groups: _Groups) -> tuple[Counter, Counter]:
+    """3. Failing tool operations and 4. failed tasks, grouped like the runs."""
+    run_day = TruncDate("run__created_at")
     tools: Counter[str] = Counter()
     for row in (
         ToolOperation.objects.filter(in_scope, status__in=FAILING_OPERATIONS)
@@ -327,7 +371,7 @@ def insight_compute(
         .annotate(n=Count("id"))
     ):
         tools[row["tool"]] += row["n"]
-        for g in groups(row["day"], row["run__workflow_id"], row["run__project_id"]):
+        for g in groups.of(row["day"], row["run__workflow_id"], row["run__project_id"]):
             g.failed_operations += row["n"]
     agents: Counter[str] = Counter()
     for row in (
@@ -338,47 +382,28 @@ def insight_compute(
         .annotate(n=Count("id"))
     ):
         agents[row["agent__name"] or row["agent__slug"]] += row["n"]
-        for g in groups(row["day"], row["run__workflow_id"], row["run__project_id"]):
+        for g in groups.of(row["day"], row["run__workflow_id"], row["run__project_id"]):
             g.failed_tasks += row["n"]
+    return tools, agents
 
-    # 5. Approval requests: one row each (waits are percentiles), top-level only.
+
+def _approvals(in_scope: Q, groups: _Groups) -> Counter:
+    """5. Approval requests: one row each (waits are percentiles), top-level only."""
     wait = ExpressionWrapper(F("decided_at") - F("requested_at"), output_field=DurationField())
     approvals: Counter[str] = Counter()
     for status, waited, d, workflow, project in (
         ApprovalRequest.objects.filter(in_scope, parent=None)
         .order_by()
-        .annotate(day=run_day, wait=wait)
+        .annotate(day=TruncDate("run__created_at"), wait=wait)
         .values_list("status", "wait", "day", "run__workflow_id", "run__project_id")
     ):
         approvals[status] += 1
-        for g in groups(d, workflow, project):
+        for g in groups.of(d, workflow, project):
             if status == ApprovalRequest.Status.PENDING:
                 g.pending_approvals += 1
             elif status in DECIDED and waited is not None:
                 g.waits.append(max(waited.total_seconds(), 0.0))
-
-    p95 = total.steps_p95
-    beyond = sorted((r for r in per_run if p95 is not None and r[5] > p95), key=lambda r: (-r[5], -r[0]))
-    tail = [TailRun(id=r[0], steps=r[5], status=r[4], workflow=wf_names.get(r[2], "")) for r in beyond[:TAIL_LISTED]]
-
-    def by_runs(groups: dict) -> list[Figures]:
-        return sorted(groups.values(), key=lambda g: (-g.runs, g.label))
-
-    return Insight(
-        days=days,
-        since=since,
-        total=total,
-        by_day=list(by_day.values()),
-        by_workflow=by_runs(by_workflow),
-        by_project=by_runs(by_project),
-        step_bins=step_bins(total.steps),
-        tail=tail,
-        tail_count=len(beyond),
-        wait_bins=wait_bins(total.waits),
-        approvals={s: approvals.get(s, 0) for s in ApprovalRequest.Status.values},
-        top_tools=_top(tools),
-        top_agents=_top(agents),
-    )
+    return approvals
 
 
 def _top(counts: Counter) -> list[tuple[str, int]]:

@@ -22,7 +22,6 @@ LONG = {
     "tools/saga.py:run_compensate",
     "dashboard/charts.py:histogram",
     "dashboard/charts.py:horizontal_bars",
-    "dashboard/insight.py:insight_compute",
     "dashboard/views/insight.py:_charts",
     "dashboard/views/run_page.py:run_push",
 }
