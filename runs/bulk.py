@@ -14,7 +14,8 @@ from approvals.access import authorize, project_ids
 from approvals.models import ApprovalRequest
 from core.errors import Forbidden, NotFound, WardenError
 from tools.models import ToolOperation
-from tools.saga import COMPENSABLE_FROM, UNKNOWN_OUTCOME, compensation_plan, run_compensate, run_compensate_refusal
+from tools.saga import COMPENSABLE_FROM, compensation_plan, run_compensate, run_compensate_refusal
+from tools.transitions import UNKNOWN_OUTCOME
 
 from .models import Run, Task
 from .refusals import run_cancel_refusal, run_retry_failed_refusal, short

@@ -35,12 +35,11 @@ from .gate import APPROVAL, REFUSE, Origin, gate
 from .ledger import operation_record
 from .models import ToolOperation
 from .registry import TOOLS, Reversibility
-from .transitions import OPERATION
+from .transitions import OPERATION, UNKNOWN_OUTCOME
 
 log = logging.getLogger("warden.saga")
 OS, Kind = ToolOperation.Status, ToolOperation.Kind
 COMPENSABLE_FROM = (Run.Status.NEEDS_ATTENTION, Run.Status.FAILED, Run.Status.CANCELLED)
-UNKNOWN_OUTCOME = (OS.EXECUTING, OS.AMBIGUOUS)  # an action in these may or may not have happened
 SUPERVISED = Q(proposed=True) | Q(kind__in=[Kind.COMPENSATION, Kind.CORRECTION])
 INLINE_RETRIES = 3
 UNDO_REFUSED = "its undo was refused by the gate"

@@ -29,3 +29,8 @@ OPERATION_TRANSITIONS: dict[str, frozenset[str]] = {
 }
 
 OPERATION = StateMachine("tool operation", OS.values, OPERATION_TRANSITIONS)
+
+# Groups of states the retry, the compensation and the pages read the ledger by.
+UNKNOWN_OUTCOME = frozenset({OS.EXECUTING, OS.AMBIGUOUS})  # may or may not have happened: a person resolves it
+HAPPENED = frozenset({OS.COMMITTED, OS.COMPENSATING, OS.COMPENSATED, OS.COMPENSATION_FAILED})
+NOT_DONE_YET = frozenset({OS.PROPOSED, OS.AWAITING_APPROVAL, OS.APPROVED})

@@ -17,16 +17,14 @@ from core.errors import NotFound
 from tools.broker import idempotency_key
 from tools.models import SealedArguments, ToolOperation
 from tools.registry import TOOLS
-from tools.transitions import OPERATION
+from tools.transitions import HAPPENED, NOT_DONE_YET, OPERATION
+from tools.transitions import UNKNOWN_OUTCOME as UNRESOLVED
 
 from ..models import Run, Span, Task
 from ..refusals import task_retry_refusal
 from .runs import task_retry_locked
 
 # Ledger statuses, as the broker and the saga use them (tools.models.ToolOperation.Status).
-HAPPENED = frozenset({"committed", "compensating", "compensated", "compensation_failed"})
-UNRESOLVED = frozenset({"executing", "ambiguous"})
-NOT_DONE_YET = frozenset({"proposed", "awaiting_approval", "approved"})
 
 
 def _run_id(task_id: int) -> int:
