@@ -220,7 +220,12 @@ class Browser:
                     link.scroll_into_view_if_needed(timeout=2000)
                 except PlaywrightError:  # already swapped out: its children arrived
                     pass
-                self.wait(lambda url=url: any(u.endswith(url) for u in self.answered), f"the children at {url}")
+                # Its children arrive, or a re-render replaced the link before it fetched (then look again).
+                pending = page.locator(f'li.lazy > a[hx-get="{url}"]')
+                self.wait(
+                    lambda url=url, pending=pending: any(u.endswith(url) for u in self.answered) or not pending.count(),
+                    f"the children at {url}",
+                )
                 self.settle()
                 continue
             show = page.locator(".payload-slot > a[hx-get]")
