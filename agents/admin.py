@@ -1,9 +1,9 @@
 from django.contrib import admin, messages
 
-from approvals.access import authorize, default_project
-from approvals.admin_scope import GlobalConfigAdmin, ScopedAdmin
 from core.errors import WardenError
 from runs.services import run_start
+from tenancy.access import authorize, default_project
+from tenancy.admin_scope import GlobalConfigAdmin, ScopedAdmin
 
 from .models import Agent, ModelPrice, ModelVersion, Workflow
 

@@ -108,7 +108,7 @@ class Workflow(models.Model):
     max_tasks = models.PositiveIntegerField(null=True, blank=True)
     max_concurrent_tasks = models.PositiveIntegerField(null=True, blank=True)
     project = models.ForeignKey(
-        "approvals.Project",
+        "tenancy.Project",
         null=True,
         blank=True,
         on_delete=models.PROTECT,

@@ -11,11 +11,11 @@ from pydantic import ConfigDict
 
 from api.reads import router as reads_router
 from api.runs import RunOut, run_for, run_out
-from approvals.access import authorize
 from core.errors import NotFound
 from runs import external
 from runs.schemas import BodyIn, PathId, QueryWhole, Whole
 from runs.selectors import run_get
+from tenancy.access import authorize
 from tools.models import ToolOperation
 
 # One router per path: the task listing (a read) and the task opening share /runs/{run_id}/tasks.

@@ -11,13 +11,13 @@ from pydantic import ConfigDict
 
 from agents.models import Agent, Workflow
 from api.runs import keyset_page, run_for
-from approvals.access import authorize_token, project_ids, visible_rows
-from approvals.models import AuditEvent, Project
 from dashboard.insight import Figures, insight_choices, insight_compute
 from dashboard.trace import SPAN_FIELDS
 from runs.models import Artifact, Span, Task
 from runs.otlp import SCOPE, otlp_attribute, run_otlp, span_id, trace_id
 from runs.schemas import PathId, QueryWhole
+from tenancy.access import authorize_token, project_ids, visible_rows
+from tenancy.models import AuditEvent, Project
 
 router = Router(tags=["runs"])
 

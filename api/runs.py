@@ -7,13 +7,13 @@ from ninja import Field, Query, Router, Schema, Status
 from pydantic import ConfigDict
 
 from agents.models import Workflow
-from approvals.access import authorize, authorize_token, default_project, visible_rows
-from approvals.models import Project
 from core.errors import NotFound
 from runs.models import Run, Task
 from runs.schemas import BodyIn, BudgetIn, PathId, QueryWhole, Whole
 from runs.selectors import run_get
 from runs.services import run_cancel, run_resume, run_start, task_retry, task_retry_from
+from tenancy.access import authorize, authorize_token, default_project, visible_rows
+from tenancy.models import Project
 
 router = Router(tags=["runs"])
 

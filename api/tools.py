@@ -11,12 +11,12 @@ from pydantic import ConfigDict
 from api.external import ExternalOperationOut, IntentIn
 from api.external import operation_out as external_out
 from api.runs import RunOut, run_for, run_out
-from approvals.access import authorize, authorize_token, project_ids, visible_rows
-from approvals.models import Project
 from core.errors import NotFound
 from runs.external import external_operation_intent
 from runs.schemas import BodyIn, PathId, QueryWhole
 from runs.selectors import run_get
+from tenancy.access import authorize, authorize_token, project_ids, visible_rows
+from tenancy.models import Project
 from tools.classifications import TOOL_NAME, TOOL_NAME_RULE, tool_classification_set
 from tools.gate import Verdict
 from tools.models import SandboxCall, ToolClassification, ToolOperation

@@ -8,7 +8,7 @@ class ApprovalsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self):
-        from . import actors, signals  # noqa: F401  (actors: registered in every process; signals: the audit log)
+        from . import actors  # noqa: F401  (registered in every process)
         from .expiry import approvals_and_notifications_sweep
         from .services import approval_request_for_operation, approval_request_for_operations, approvals_withdraw
 

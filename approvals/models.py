@@ -1,74 +1,9 @@
-"""Access: API tokens (projects, roles and approvals build on this app)."""
+"""Approvals: requests, reviewers' decisions, policies, allow rules and the notifications sent about them."""
 
 from django.conf import settings
 from django.db import models
 
-
-class Project(models.Model):
-    """A team's space: every run belongs to one, and people act on it through their role in it."""
-
-    slug = models.SlugField(max_length=64, unique=True)
-    name = models.CharField(max_length=200)
-    created_at = models.DateTimeField(auto_now_add=True)
-
-    class Meta:
-        ordering = ["slug"]
-
-    def __str__(self) -> str:
-        return self.slug
-
-
-class Membership(models.Model):
-    class Role(models.TextChoices):
-        VIEWER = "viewer"  # sees runs, traces, the ledger
-        OPERATOR = "operator"  # + starts, cancels, retries, resumes, compensates, resolves
-        REVIEWER = "reviewer"  # + decides approval requests
-        ADMIN = "admin"  # all of it
-
-    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="memberships")
-    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
-    role = models.CharField(max_length=16, choices=Role.choices)
-    created_at = models.DateTimeField(auto_now_add=True)
-
-    class Meta:
-        ordering = ["project", "user"]
-        constraints = [models.UniqueConstraint(fields=["project", "user"], name="membership_project_user")]
-
-    def __str__(self) -> str:
-        return f"{self.user} in {self.project} ({self.role})"
-
-
-class ApiToken(models.Model):
-    """A bearer token, stored as its SHA-256; the secret is shown once, when created. Its scopes bound what
-    it may do on top of its user's roles; a token given to an agent never has ``approve``."""
-
-    class Scope(models.TextChoices):
-        READ = "read"
-        RUN = "run"  # start runs
-        OPERATE = "operate"  # cancel, retry, resume, compensate, resolve
-        APPROVE = "approve"  # decide approval requests
-        ADMIN = "admin"  # configure a project: classify tools (project admins)
-
-    DEFAULT_SCOPES = ["read", "run", "operate"]
-
-    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens")
-    scopes = models.JSONField(default=list, blank=True, help_text="read, run, operate, approve, admin")
-    for_agent = models.BooleanField(
-        default=False, help_text="Used by an agent: can never decide approvals nor configure a project"
-    )
-    name = models.CharField(max_length=100, blank=True)
-    prefix = models.CharField(max_length=12, help_text="First characters, to recognise a token")
-    token_hash = models.CharField(max_length=64, unique=True)
-    created_at = models.DateTimeField(auto_now_add=True)
-    last_used_at = models.DateTimeField(null=True, blank=True)
-    expires_at = models.DateTimeField(null=True, blank=True)
-    revoked_at = models.DateTimeField(null=True, blank=True)
-
-    class Meta:
-        ordering = ["-id"]
-
-    def __str__(self) -> str:
-        return f"{self.prefix}… ({self.user})"
+from tenancy.models import Project
 
 
 class ApprovalRequest(models.Model):
@@ -147,62 +82,6 @@ class Decision(models.Model):
 
     def __str__(self) -> str:
         return f"{self.reviewer} {self.verdict} request {self.request_id}"
-
-
-class AuditQuerySet(models.QuerySet):
-    def update(self, **kwargs):
-        raise PermissionError("the audit log is append-only")
-
-    def delete(self):
-        raise PermissionError("the audit log is append-only")
-
-
-class AuditEvent(models.Model):
-    """Append-only: who did or tried what, when, from where, and what they saw. The application cannot
-    change or delete a row (the model refuses; on PostgreSQL a trigger refuses too)."""
-
-    at = models.DateTimeField(auto_now_add=True, db_index=True)
-    # No database constraints and no cascades: deleting a user, project or run never touches the log.
-    actor = models.ForeignKey(
-        settings.AUTH_USER_MODEL,
-        null=True,
-        blank=True,
-        on_delete=models.DO_NOTHING,
-        db_constraint=False,
-        related_name="+",
-    )
-    actor_label = models.CharField(max_length=150, blank=True, help_text="Username at the time, kept if the user goes")
-    via = models.CharField(max_length=16, blank=True)  # api, admin, page, system
-    action = models.CharField(max_length=64, db_index=True)
-    outcome = models.CharField(max_length=16, default="done")  # done, denied, failed
-    project = models.ForeignKey(
-        Project, null=True, blank=True, on_delete=models.DO_NOTHING, db_constraint=False, related_name="+"
-    )
-    run = models.ForeignKey(
-        "runs.Run", null=True, blank=True, on_delete=models.DO_NOTHING, db_constraint=False, related_name="audit_events"
-    )
-    target = models.CharField(max_length=200, blank=True)
-    detail = models.JSONField(default=dict, blank=True)
-    address = models.GenericIPAddressField(null=True, blank=True)
-
-    objects = AuditQuerySet.as_manager()
-
-    class Meta:
-        ordering = ["-id"]
-        indexes = [models.Index(fields=["run", "id"])]
-
-    def __str__(self) -> str:
-        return (
-            f"{self.at:%Y-%m-%d %H:%M:%S} {self.actor_label or 'system'} {self.action} {self.target} ({self.outcome})"
-        )
-
-    def save(self, *args, **kwargs):
-        if self.pk is not None:
-            raise PermissionError("the audit log is append-only")
-        super().save(*args, **kwargs)
-
-    def delete(self, *args, **kwargs):
-        raise PermissionError("the audit log is append-only")
 
 
 class ApprovalPolicy(models.Model):

@@ -18,8 +18,9 @@ from django.utils import timezone
 
 from core import outbound
 from runs.services.outbox import outbox_add
+from tenancy.models import Membership
 
-from .models import ApprovalRequest, Membership, Notification
+from .models import ApprovalRequest, Notification
 
 log = logging.getLogger("warden.notify")
 RESEND_AFTER_SECONDS = 60

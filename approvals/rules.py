@@ -6,11 +6,12 @@ from django.conf import settings
 from django.utils import timezone
 
 from core.errors import Forbidden, InvalidInput, NotFound
+from tenancy.access import authorize
+from tenancy.audit import audit
+from tenancy.models import Project
 from tools.registry import TOOLS
 
-from .access import authorize
-from .audit import audit
-from .models import AllowRule, Project
+from .models import AllowRule
 
 
 def allow_rule_create(

@@ -16,6 +16,8 @@ from core.errors import Conflict, Forbidden, InvalidInput, NotFound
 from runs.models import Run, Task
 from runs.services.runs import run_transition, task_set_ready
 from runs.webhooks import webhook_emit
+from tenancy.access import role_of
+from tenancy.audit import audit
 from tools.broker import arguments_hash, operations_decided
 from tools.gate import Origin, Verdict, gate, strictest
 from tools.models import ToolOperation
@@ -160,7 +162,6 @@ def approval_decide(
     and judged by the gate again. A request is approved once ``quorum`` distinct reviewers
     approved it, rejected at the first rejection. Deciding a parent decides each of its pending items.
     Exactly one outcome however many reviewers click at once: the request row is locked."""
-    from .audit import audit
 
     now = timezone.now()
     run_id = ApprovalRequest.objects.filter(id=request_id).values_list("run_id", flat=True).first()
@@ -242,8 +243,6 @@ def decider_refusal(approval: ApprovalRequest, *, run: Run, user) -> str:
     if approval.requested_by_id is not None and approval.requested_by_id == user.pk:
         return "separation of duties: whoever asked for this work cannot approve or reject it"
     if approval.admins_only or (approval.policy_id is not None and approval.policy.decided_by_role == "admin"):
-        from .access import role_of
-
         if role_of(user, run.project_id) != "admin":
             return "a matching approval policy says only a project admin may decide this"
     return ""

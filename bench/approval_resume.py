@@ -61,8 +61,8 @@ def people():
     """The runs' starter (an operator), a reviewer of the default project and the reviewer's API token."""
     from django.contrib.auth import get_user_model
 
-    from approvals.access import default_project, membership_grant
-    from approvals.tokens import api_token_create
+    from tenancy.access import default_project, membership_grant
+    from tenancy.tokens import api_token_create
 
     User = get_user_model()
     project = default_project()

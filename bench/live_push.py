@@ -834,8 +834,8 @@ def build_runs(n: int, fixtures) -> tuple[int, int]:
     from django.utils import timezone
 
     from agents.models import Agent, Workflow
-    from approvals.models import Project
     from runs.models import Run, Task
+    from tenancy.models import Project
 
     _workflow, agent, project, user = fixtures
     workflows = list(Workflow.objects.all())
@@ -972,7 +972,7 @@ def main():
                 cursor.execute(f"SELECT setval(pg_get_serial_sequence('{table}', 'id'), %s)", [id_base])
         from agents.demo import load_demo_workflows
         from agents.models import Workflow
-        from approvals.access import default_project
+        from tenancy.access import default_project
 
         load_demo_workflows()
         agent = bench_agents_and_workflows(args.engine_steps)

@@ -333,8 +333,8 @@ def template_create() -> dict:
     from django.contrib.auth import get_user_model
 
     from agents.demo import load_demo_workflows
-    from approvals.access import default_project, membership_grant
-    from approvals.tokens import api_token_create
+    from tenancy.access import default_project, membership_grant
+    from tenancy.tokens import api_token_create
 
     load_demo_workflows()
     users = get_user_model().objects

@@ -16,9 +16,9 @@ from api.approvals import router as approvals_router
 from api.reads import router as runs_reads_router
 from api.runs import router as runs_router
 from api.tools import router as tools_router
-from approvals.tokens import api_token_authenticate
 from core.errors import Conflict, Forbidden, InvalidInput, NotFound
 from runs.transitions import TransitionNotAllowed
+from tenancy.tokens import api_token_authenticate
 
 
 class RateLimited(Exception):

@@ -14,11 +14,11 @@ from django.conf import settings
 from django.contrib.auth import HASH_SESSION_KEY, SESSION_KEY, get_user_model
 from django.utils.module_loading import import_string
 
-from approvals.access import authorize, project_ids
-from approvals.models import Project
 from core.errors import WardenError
 from dashboard import live, presence
 from runs.models import Run
+from tenancy.access import authorize, project_ids
+from tenancy.models import Project
 
 # Close codes: the browser does not reconnect to a socket it may not open.
 DENIED = 4403

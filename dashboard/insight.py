@@ -32,8 +32,9 @@ from django.db.models.functions import TruncDate
 from django.utils import timezone
 
 from agents.models import Workflow
-from approvals.models import ApprovalRequest, Project
+from approvals.models import ApprovalRequest
 from runs.models import Run, Task
+from tenancy.models import Project
 from tools.models import ToolOperation
 
 from .charts import Bin

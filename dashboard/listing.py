@@ -17,11 +17,12 @@ from django.template.loader import render_to_string
 from django.utils import timezone
 
 from agents.models import Workflow
-from approvals.access import project_ids, visible_rows
-from approvals.models import ApprovalRequest, Project
+from approvals.models import ApprovalRequest
 from core.errors import NotFound
 from runs.models import Run, Task
 from runs.selectors import set_aside_by_replan
+from tenancy.access import project_ids, visible_rows
+from tenancy.models import Project
 
 PAGE_SIZE = 50
 SEARCH_MAX_LENGTH = 200

@@ -7,8 +7,8 @@ that sees a gap re-renders from the database.
 
 from django.core.cache import cache
 
-from approvals.models import Project
 from core.cache import tolerant
+from tenancy.models import Project
 
 PRESENCE_SECONDS = 60
 LIST_PRESENCE = "watch:runs"

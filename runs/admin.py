@@ -7,12 +7,12 @@ from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
-from approvals.access import authorize
-from approvals.admin_scope import ReadOnlyScopedAdmin, ScopedAdmin, ScopedInline, SuperuserAdmin, SuperuserReadOnlyAdmin
-from approvals.audit import audit
-from approvals.models import AuditEvent
 from core.errors import WardenError
 from core.outbound import url_refusal
+from tenancy.access import authorize
+from tenancy.admin_scope import ReadOnlyScopedAdmin, ScopedAdmin, ScopedInline, SuperuserAdmin, SuperuserReadOnlyAdmin
+from tenancy.audit import audit
+from tenancy.models import AuditEvent
 from tools.models import ToolOperation
 from tools.saga import compensation_plan, run_compensate
 

@@ -17,9 +17,9 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from approvals.audit import audited
 from core import bus
 from core.errors import InvalidInput, NotFound
+from tenancy.audit import audited
 from tools.broker import ToolOutcome
 
 from .models import Artifact, BlackboardEntry, Run, Task

@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 
 from django.db.models import Count, F
 
-from approvals.access import authorize, project_ids
 from approvals.models import ApprovalRequest
 from core.errors import Forbidden, NotFound, WardenError
+from tenancy.access import authorize, project_ids
 from tools.models import ToolOperation
 from tools.saga import COMPENSABLE_FROM, compensation_plan, run_compensate, run_compensate_refusal
 from tools.transitions import UNKNOWN_OUTCOME

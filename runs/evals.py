@@ -16,8 +16,8 @@ from django.db import transaction
 
 from agents.demo import AGENTS
 from agents.models import Agent, ModelVersion, Workflow
-from approvals.access import default_project
 from core.errors import InvalidInput
+from tenancy.access import default_project
 
 from .models import EvalCase, EvalResult, EvalRun, EvalSuite, Run
 from .services import run_start

@@ -15,7 +15,7 @@ from django.db import IntegrityError, transaction
 from django.http import HttpResponse, JsonResponse
 from django.utils import timezone
 
-from approvals.tokens import api_token_authenticate
+from tenancy.tokens import api_token_authenticate
 
 from .models import IdempotencyKey
 

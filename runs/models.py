@@ -21,7 +21,7 @@ class Run(models.Model):
 
     # workflow, project, started_by and status are indexed together with id (Meta), not on their own.
     workflow = models.ForeignKey("agents.Workflow", on_delete=models.PROTECT, related_name="runs", db_index=False)
-    project = models.ForeignKey("approvals.Project", on_delete=models.PROTECT, related_name="runs", db_index=False)
+    project = models.ForeignKey("tenancy.Project", on_delete=models.PROTECT, related_name="runs", db_index=False)
     goal = models.TextField()
     input = models.JSONField(default=dict, blank=True)
     status = models.CharField(max_length=32, choices=Status.choices, default=Status.PENDING)
@@ -369,7 +369,7 @@ class WebhookEndpoint(models.Model):
     url = models.URLField(max_length=500)
     secret = models.CharField(max_length=200, help_text="Shared secret of the HMAC-SHA256 signature")
     project = models.ForeignKey(
-        "approvals.Project", null=True, blank=True, on_delete=models.CASCADE, help_text="Empty: every project"
+        "tenancy.Project", null=True, blank=True, on_delete=models.CASCADE, help_text="Empty: every project"
     )
     events = models.JSONField(default=list, blank=True, help_text=f"Empty: all of {', '.join(EVENTS)}")
     active = models.BooleanField(default=True)
@@ -416,7 +416,7 @@ class EvalSuite(models.Model):
     slug = models.SlugField(max_length=64, unique=True)
     name = models.CharField(max_length=200)
     description = models.TextField(blank=True)
-    project = models.ForeignKey("approvals.Project", on_delete=models.PROTECT, related_name="eval_suites")
+    project = models.ForeignKey("tenancy.Project", on_delete=models.PROTECT, related_name="eval_suites")
 
     class Meta:
         ordering = ["slug"]

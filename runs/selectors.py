@@ -1,4 +1,4 @@
-"""Reads, with their related rows loaded up front. Who may read what is decided by approvals.access."""
+"""Reads, with their related rows loaded up front. Who may read what is decided by tenancy.access."""
 
 from django.db.models import Prefetch, Q
 

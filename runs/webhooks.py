@@ -23,9 +23,9 @@ from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
-from approvals.audit import audit
 from core import outbound
 from core.errors import InvalidInput
+from tenancy.audit import audit
 
 from .models import Run, WebhookDelivery, WebhookEndpoint
 from .services import sql

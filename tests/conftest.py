@@ -96,7 +96,7 @@ def wait_for(predicate, *, timeout: float = 30, interval: float = 0.05, message:
 @pytest.fixture
 def operator(django_user_model):
     """A member of the default project who may do everything there (admin role)."""
-    from approvals.access import default_project, membership_grant
+    from tenancy.access import default_project, membership_grant
 
     user = django_user_model.objects.create_user(username="olivia", password="operator-pass-123")
     membership_grant(user=user, project=default_project(), role="admin")

@@ -5,9 +5,9 @@ from django import forms
 from django.contrib import admin
 from django.core.exceptions import PermissionDenied
 
-from approvals.admin_scope import ScopedAdmin, SuperuserAdmin, SuperuserReadOnlyAdmin
 from core.errors import WardenError
 from runs.admin import RunData, admin_action_apply
+from tenancy.admin_scope import ScopedAdmin, SuperuserAdmin, SuperuserReadOnlyAdmin
 
 from .classifications import classification_refusal, tool_classification_remove, tool_classification_set
 from .models import (

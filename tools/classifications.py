@@ -10,10 +10,10 @@ import re
 
 from django.db import transaction
 
-from approvals.access import authorize
-from approvals.audit import audit
-from approvals.models import Project
 from core.errors import InvalidInput
+from tenancy.access import authorize
+from tenancy.audit import audit
+from tenancy.models import Project
 
 from .models import ToolClassification, ToolOperation
 from .registry import TOOLS

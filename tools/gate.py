@@ -29,11 +29,11 @@ from dataclasses import asdict, dataclass, fields, replace
 from django.db.models import Q
 from django.utils import timezone
 
-from approvals.access import role_of
 from approvals.models import AllowRule, ApprovalPolicy, ApprovalRequest
 from core.errors import NotFound
 from runs.models import Run
 from runs.services import sql
+from tenancy.access import role_of
 
 from .models import ToolClassification
 from .registry import TOOLS, Reversibility, ToolClass

@@ -4,9 +4,9 @@ The database refuses a row without one (the ``operation_has_a_verdict`` constrai
 forgot the gate fails loudly instead of sending a call nobody judged.
 """
 
-from approvals.audit import audit
 from core import bus
 from runs.models import Run
+from tenancy.audit import audit
 
 from .gate import REFUSE, Verdict
 from .models import ToolOperation

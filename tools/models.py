@@ -112,7 +112,7 @@ class ToolClassification(models.Model):
         ALWAYS = "always", "every call waits for a reviewer"
         REFUSE = "refuse", "never allowed"
 
-    project = models.ForeignKey("approvals.Project", on_delete=models.CASCADE, related_name="tool_classes")
+    project = models.ForeignKey("tenancy.Project", on_delete=models.CASCADE, related_name="tool_classes")
     tool = models.CharField(max_length=64)
     tool_class = models.CharField(max_length=24, choices=ToolOperation.ToolClass.choices)
     reversibility = models.CharField(max_length=16, choices=ToolOperation.Reversibility.choices, blank=True)

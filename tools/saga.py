@@ -16,7 +16,6 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from agents.models import Workflow
-from approvals.audit import audited
 from approvals.models import ApprovalRequest
 from core import bus, hooks
 from core.errors import Conflict, LeaseLost, NotFound, StepFailure, TransientFailure, WardenError
@@ -29,6 +28,7 @@ from runs.services.leases import worker_id
 from runs.services.outbox import outbox_add
 from runs.services.runs import run_transition
 from runs.transitions import TASK
+from tenancy.audit import audited
 
 from .broker import _unseal, approval_recheck, arguments_hash, operation_execute, reconcile
 from .gate import APPROVAL, REFUSE, Origin, gate

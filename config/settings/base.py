@@ -51,7 +51,8 @@ INSTALLED_APPS = [
     "django_htmx",  # htmx itself, vendored in the package's static files (no CDN at run time)
     "channels",
     "django_dramatiq",
-    "axes",  # login throttling (django-axes); before approvals, whose admin keeps its pages to superusers
+    "axes",  # login throttling (django-axes); before tenancy, whose admin keeps its pages to superusers
+    "tenancy",  # projects, memberships, tokens, the audit log: imported by every app, imports none
     "runs",
     "agents",
     "tools",
@@ -310,7 +311,7 @@ AXES_COOLOFF_TIME = timedelta(seconds=WARDEN["LOGIN_LOCKOUT_SECONDS"])
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"], "ip_address"]
 AXES_RESET_ON_SUCCESS = False  # a login to one's own account does not wipe what a sprayer tried
 AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
-AXES_CLIENT_IP_CALLABLE = "approvals.audit.client_address"
+AXES_CLIENT_IP_CALLABLE = "tenancy.audit.client_address"
 AXES_VERBOSE = False
 LOGIN_URL = "/login/"
 LOGIN_REDIRECT_URL = "/"

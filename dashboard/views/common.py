@@ -3,9 +3,9 @@
 from django.core.exceptions import PermissionDenied
 from django.http import Http404
 
-from approvals.access import authorize
 from core.errors import Forbidden, NotFound
 from runs.models import Run
+from tenancy.access import authorize
 
 
 def authorized(request, obj, action: str, *, what: str):

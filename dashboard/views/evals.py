@@ -9,12 +9,12 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
 from agents.models import ModelVersion
-from approvals.access import visible_rows
-from approvals.audit import audit
 from core.errors import WardenError
 from dashboard.insight import fmt_duration, fmt_usd
 from runs.evals import comparison, eval_start
 from runs.models import EvalSuite
+from tenancy.access import visible_rows
+from tenancy.audit import audit
 
 from .common import authorized
 

@@ -7,9 +7,9 @@ from django.contrib.auth.decorators import login_required
 from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
-from approvals.access import project_ids
 from dashboard import charts
 from dashboard.insight import DEFAULT_DAYS, PERIODS, Insight, fmt_duration, fmt_usd, insight_choices, insight_compute
+from tenancy.access import project_ids
 
 
 class InsightFilters(forms.Form):

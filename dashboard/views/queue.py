@@ -10,11 +10,11 @@ from django.http import HttpResponseNotAllowed
 from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
-from approvals.access import authorize, project_ids
 from approvals.models import ApprovalRequest
 from approvals.services import approval_decide, decider_refusal
 from core.errors import NotFound, WardenError
 from runs.models import Span
+from tenancy.access import authorize, project_ids
 from tools.gate import Verdict, strictest
 from tools.models import ToolOperation
 

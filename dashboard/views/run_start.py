@@ -6,9 +6,9 @@ from django.contrib.auth.decorators import login_required
 from django.shortcuts import redirect, render
 
 from agents.models import Workflow
-from approvals.access import authorize, default_project, project_ids
 from core.errors import WardenError
 from runs.services import run_start as service_run_start
+from tenancy.access import authorize, default_project, project_ids
 
 EXAMPLE_INPUT = '{"faults": [], "propose_tools": []}'
 

@@ -8,10 +8,10 @@ from django.shortcuts import render
 from django.views.decorators.http import require_GET, require_POST
 from django.views.decorators.vary import vary_on_headers
 
-from approvals import access
 from dashboard import listing, presence
 from runs import bulk
 from runs.models import Run
+from tenancy import access
 
 
 @login_required

@@ -1,8 +1,8 @@
 """An operator's verdict on an artifact: a rejected one is not used by any task that joins it."""
 
-from approvals.audit import audited
 from core import bus
 from core.errors import NotFound
+from tenancy.audit import audited
 
 from ..models import Artifact
 

@@ -10,10 +10,10 @@ really happens again — the preview lists those second effects before anyone co
 
 from django.utils import timezone
 
-from approvals.audit import audited
 from approvals.models import ApprovalRequest
 from approvals.transitions import APPROVAL_REQUEST
 from core.errors import NotFound
+from tenancy.audit import audited
 from tools.broker import idempotency_key
 from tools.models import SealedArguments, ToolOperation
 from tools.registry import TOOLS

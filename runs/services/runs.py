@@ -9,10 +9,10 @@ from pydantic import ValidationError
 
 from agents.models import Agent, ModelVersion, Workflow
 from agents.planning import plan_validate, pydantic_errors
-from approvals.access import default_project
-from approvals.audit import audit, audited
 from core import bus, hooks
 from core.errors import InvalidInput
+from tenancy.access import default_project
+from tenancy.audit import audit, audited
 
 from ..models import Run, Span, Task
 from ..refusals import run_cancel_refusal, run_resume_refusal, task_retry_refusal

@@ -5,12 +5,13 @@ import pytest
 from django.db import connection
 from django.urls import reverse
 
-from approvals.access import default_project, membership_grant
-from approvals.models import ApprovalRequest, AuditEvent, Membership, Project
-from approvals.tokens import api_token_create
+from approvals.models import ApprovalRequest
 from config.api import api as ninja_api
 from runs.models import Artifact, BlackboardEntry, Run
 from runs.services import run_start
+from tenancy.access import default_project, membership_grant
+from tenancy.models import AuditEvent, Membership, Project
+from tenancy.tokens import api_token_create
 from tools.models import ToolClassification, ToolOperation
 
 # Every API operation, the role action it needs, and the token scope. A new endpoint without a row
@@ -313,7 +314,7 @@ def test_logins_and_failed_logins_are_audited(db, client, django_user_model):
 def test_a_token_made_by_the_command_has_only_the_scopes_asked_for(db, django_user_model, capsys):
     from django.core.management import call_command
 
-    from approvals.models import ApiToken
+    from tenancy.models import ApiToken
 
     user = django_user_model.objects.create_user(username="agent-runner", password="agent-pass-123")
     call_command("create_api_token", "agent-runner")
@@ -346,7 +347,7 @@ ADMIN_ACTIONS = {
     ("approvals", "approvalrequest", "approve"): "decide",
     ("approvals", "approvalrequest", "reject"): "decide",
     ("approvals", "allowrule", "revoke"): "decide",
-    ("approvals", "apitoken", "revoke"): None,
+    ("tenancy", "apitoken", "revoke"): None,
     ("runs", "webhookdelivery", "redeliver"): None,  # superusers only (the model admin refuses others)
     ("agents", "workflow", "start_runs"): "start",
 }
@@ -483,7 +484,7 @@ def test_every_websocket_route_has_a_row():
 
 
 def test_a_token_used_by_an_agent_never_decides(scene, client):
-    from approvals.models import ApiToken
+    from tenancy.models import ApiToken
 
     with pytest.raises(ValueError, match="never has the approve or admin scope"):
         api_token_create(user=scene["people"]["admin"], scopes=["read", "approve"], for_agent=True)

@@ -6,12 +6,13 @@ import threading
 import pytest
 from django.db import connection
 
-from approvals.access import default_project, membership_grant
-from approvals.models import ApprovalRequest, AuditEvent, Decision
+from approvals.models import ApprovalRequest, Decision
 from approvals.services import approval_decide
 from core.errors import Conflict, Forbidden, InvalidInput
 from runs.models import Run, Task
 from runs.services import run_start
+from tenancy.access import default_project, membership_grant
+from tenancy.models import AuditEvent
 from tests.conftest import decide, wait_for
 from tests.runs.test_engine import finished, scripted_workflow
 from tools.broker import TaskParked, tool_call

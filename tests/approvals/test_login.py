@@ -3,7 +3,7 @@
 import pytest
 from django.urls import reverse
 
-from approvals.models import AuditEvent
+from tenancy.models import AuditEvent
 
 
 def test_login_page_logs_in_and_out(db, client, django_user_model):
@@ -72,10 +72,10 @@ def test_without_a_proxy_a_client_cannot_choose_its_address(db, client, django_u
 def test_an_admin_data_fix_is_audited(db, client, django_user_model):
     root = django_user_model.objects.create_superuser(username="root", password="root-pass-123", email="r@x.y")
     client.force_login(root)
-    from approvals.models import Project
+    from tenancy.models import Project
 
     client.post(
-        reverse("admin:approvals_project_add"),
+        reverse("admin:tenancy_project_add"),
         {
             "slug": "payments",
             "name": "Payments",
@@ -85,4 +85,4 @@ def test_an_admin_data_fix_is_audited(db, client, django_user_model):
     )
     assert Project.objects.filter(slug="payments").exists()
     event = AuditEvent.objects.get(action="admin:add")
-    assert event.actor == root and event.target.startswith("approvals.project ") and event.via == "admin"
+    assert event.actor == root and event.target.startswith("tenancy.project ") and event.via == "admin"

@@ -9,12 +9,13 @@ import pytest
 from django.core import mail
 from standardwebhooks import Webhook
 
-from approvals.access import default_project, membership_grant
-from approvals.models import ApprovalPolicy, ApprovalRequest, AuditEvent, Notification
+from approvals.models import ApprovalPolicy, ApprovalRequest, Notification
 from approvals.notify import signature
 from runs.models import Artifact, Run, Task
 from runs.services import run_start
 from runs.services.recovery import sweep_once
+from tenancy.access import default_project, membership_grant
+from tenancy.models import AuditEvent
 from tests.conftest import decide, free_port, wait_for
 from tests.runs.test_engine import scripted_workflow
 from tools.models import SandboxCall, ToolOperation
@@ -179,8 +180,8 @@ def test_each_request_is_announced_once_by_email_and_by_a_signed_webhook(demo_tx
 def test_allow_rules_cover_matching_calls_are_revocable_and_irreversible_tools_need_an_admin(
     demo_tx, worker, reviewer, client
 ):
-    from approvals.models import AuditEvent
-    from approvals.tokens import api_token_create
+    from tenancy.models import AuditEvent
+    from tenancy.tokens import api_token_create
 
     ApprovalPolicy.objects.create(name="all mail", tool="email.send")
     rita_token = api_token_create(user=reviewer, scopes=["read", "approve"])[1]

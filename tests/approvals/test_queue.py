@@ -5,10 +5,11 @@ import re
 import pytest
 from django.urls import reverse
 
-from approvals.access import default_project, membership_grant
-from approvals.models import ApprovalPolicy, ApprovalRequest, Project
+from approvals.models import ApprovalPolicy, ApprovalRequest
 from runs.models import Run
 from runs.services import run_start
+from tenancy.access import default_project, membership_grant
+from tenancy.models import Project
 from tests.conftest import wait_for
 from tests.runs.test_engine import scripted_workflow
 

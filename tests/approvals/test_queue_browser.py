@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import expect
 
-from approvals.access import default_project, membership_grant
 from approvals.models import ApprovalPolicy, ApprovalRequest
 from runs.models import Run
 from runs.services import run_start
+from tenancy.access import default_project, membership_grant
 from tests.conftest import CHROMIUM, wait_for
 from tests.conftest import CHROMIUM_ARGS as ARGS
 from tests.runs.test_engine import scripted_workflow

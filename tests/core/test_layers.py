@@ -11,7 +11,7 @@ from pathlib import Path
 from config.api import api
 
 ROOT = Path(__file__).resolve().parents[2]
-APPS = ("core", "runs", "agents", "tools", "approvals", "dashboard", "api", "config")
+APPS = ("core", "tenancy", "runs", "agents", "tools", "approvals", "dashboard", "api", "config")
 
 
 def _modules():

@@ -18,7 +18,7 @@ from tools.models import ToolOperation
 from tools.transitions import OPERATION
 
 ROOT = Path(__file__).resolve().parents[2]
-APPS = ["core", "runs", "agents", "tools", "approvals", "dashboard", "api", "config"]
+APPS = ["core", "tenancy", "runs", "agents", "tools", "approvals", "dashboard", "api", "config"]
 MACHINE = "core/machine.py"
 TABLES = "runs_run|runs_task|tools_tooloperation|approvals_approvalrequest"
 # A statement that sets a machine's status: "UPDATE <table> ... SET ... status = ..." before any WHERE.

@@ -2,9 +2,9 @@
 
 import pytest
 
-from approvals.models import ApiToken
-from approvals.tokens import api_token_create
 from runs.models import Outbox, Run, Task
+from tenancy.models import ApiToken
+from tenancy.tokens import api_token_create
 
 
 @pytest.fixture

@@ -9,10 +9,10 @@ import pytest
 from google.protobuf import json_format
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from approvals.models import Project
-from approvals.tokens import api_token_create
 from runs.models import Run, Span
 from runs.services import run_start
+from tenancy.models import Project
+from tenancy.tokens import api_token_create
 from tests.conftest import wait_for
 
 
@@ -85,7 +85,7 @@ def test_tree_tasks_artifacts_and_audit(finished, operator, client):
 
 
 def test_reads_stay_inside_my_projects(finished, operator, client, django_user_model):
-    from approvals.access import membership_grant
+    from tenancy.access import membership_grant
 
     stranger = django_user_model.objects.create_user(username="sam", password="x")
     membership_grant(user=stranger, project=Project.objects.create(slug="other", name="Other"), role="admin")

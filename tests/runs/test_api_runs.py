@@ -10,12 +10,12 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from approvals.access import default_project, membership_grant
-from approvals.models import AuditEvent, Project
-from approvals.tokens import api_token_create
 from runs.idempotency import idempotency_keys_prune
 from runs.models import IdempotencyKey, Run, Span, Task
 from runs.services import run_start
+from tenancy.access import default_project, membership_grant
+from tenancy.models import AuditEvent, Project
+from tenancy.tokens import api_token_create
 
 
 def bearer(token: str, **extra) -> dict:

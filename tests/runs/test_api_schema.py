@@ -8,9 +8,9 @@ from django.core.wsgi import get_wsgi_application
 from hypothesis import HealthCheck, settings
 from schemathesis.specs.openapi.checks import negative_data_rejection, positive_data_acceptance
 
-from approvals.access import default_project, membership_grant
-from approvals.tokens import api_token_create
 from config.api import SCHEMA_REJECTED
+from tenancy.access import default_project, membership_grant
+from tenancy.tokens import api_token_create
 
 
 def _load(*phases: str):

@@ -20,13 +20,13 @@ from django.db import transaction
 from django.test import Client
 from django.utils import timezone
 
-from approvals.access import default_project, membership_grant, membership_revoke
-from approvals.models import Project
 from config.asgi import application
 from core import bus
 from dashboard import live, presence
 from dashboard.consumers import DENIED, RunConsumer, RunListConsumer
 from runs.models import Span
+from tenancy.access import default_project, membership_grant, membership_revoke
+from tenancy.models import Project
 from tests.runs.test_run_page import build_run
 
 ORIGIN = "http://127.0.0.1:8000"

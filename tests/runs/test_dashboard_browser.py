@@ -10,10 +10,10 @@ import urllib.request
 
 import pytest
 
-from approvals.access import default_project, membership_grant
 from approvals.models import ApprovalRequest, Decision
-from approvals.tokens import api_token_create
 from runs.models import Run, Span
+from tenancy.access import default_project, membership_grant
+from tenancy.tokens import api_token_create
 from tests.conftest import CHROMIUM, ROOT, SCALED, free_port, wait_for
 from tests.conftest import CHROMIUM_ARGS as ARGS
 from tools.models import SandboxCall, SandboxEmail

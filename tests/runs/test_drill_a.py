@@ -7,9 +7,9 @@ import urllib.request
 
 import pytest
 
-from approvals.tokens import api_token_create
 from runs.models import Artifact, FaultFiring, Run, Span, Task
 from runs.services import run_start
+from tenancy.tokens import api_token_create
 from tests.conftest import free_port, wait_for
 from tools.models import SandboxCall
 

@@ -4,10 +4,10 @@ comparison page shows where they differ. Only people of the suite's project see 
 import pytest
 
 from agents.models import ModelVersion
-from approvals.access import default_project, membership_grant
-from approvals.models import AuditEvent, Project
 from runs.evals import comparison, demo_suite_load
 from runs.models import EvalResult, Run
+from tenancy.access import default_project, membership_grant
+from tenancy.models import AuditEvent, Project
 from tests.conftest import wait_for
 
 

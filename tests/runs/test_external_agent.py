@@ -10,10 +10,10 @@ import sys
 import httpx
 import pytest
 
-from approvals.access import default_project, membership_grant
 from approvals.models import ApprovalRequest, Decision
-from approvals.tokens import api_token_create
 from runs.models import Run, Span, Task
+from tenancy.access import default_project, membership_grant
+from tenancy.tokens import api_token_create
 from tests.conftest import ROOT, wait_for
 from tools.models import ToolOperation
 

@@ -9,12 +9,13 @@ from django.urls import reverse
 from django.utils import timezone
 
 from agents.models import Workflow
-from approvals.access import membership_grant, project_ids
-from approvals.models import ApprovalRequest, Project
+from approvals.models import ApprovalRequest
 from dashboard import charts
 from dashboard.insight import insight_choices, insight_compute, percentile, period_start, step_bins, step_width
 from runs.models import Run, Task
 from runs.services import run_start
+from tenancy.access import membership_grant, project_ids
+from tenancy.models import Project
 from tools.models import ToolOperation
 
 EVIL = "<script>alert('owned')</script>"

@@ -11,12 +11,12 @@ from django.contrib.messages import get_messages
 from django.test import Client
 from django.urls import reverse
 
-from approvals.access import default_project, membership_grant
-from approvals.models import AuditEvent, Project
 from runs.blackboard import knowledge
 from runs.heartbeat import lease_keeper
 from runs.models import BlackboardEntry, Run, Span, Task
 from runs.services import run_cancel, run_start, task_execute
+from tenancy.access import default_project, membership_grant
+from tenancy.models import AuditEvent, Project
 from tools import registry
 from tools.models import ToolOperation
 

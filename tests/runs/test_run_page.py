@@ -18,10 +18,11 @@ from django.utils import timezone
 
 from agents.demo import load_demo_workflows
 from agents.models import Agent, Workflow
-from approvals.access import default_project, membership_grant
-from approvals.models import ApprovalRequest, Project
+from approvals.models import ApprovalRequest
 from dashboard.views.run_page import PREVIEW_CHARS, run_push
 from runs.models import Artifact, Payload, Run, Span, Task
+from tenancy.access import default_project, membership_grant
+from tenancy.models import Project
 from tools.models import ToolOperation
 
 K = Span.Kind

@@ -2,9 +2,9 @@
 
 import pytest
 
-from approvals.access import default_project, membership_grant
-from approvals.models import AuditEvent
 from runs.models import Run
+from tenancy.access import default_project, membership_grant
+from tenancy.models import AuditEvent
 
 
 def test_an_operator_starts_a_run_with_drill_input_and_lands_on_its_page(demo, operator, client):

@@ -10,11 +10,12 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
-from approvals.access import default_project, membership_grant
-from approvals.models import ApprovalRequest, AuditEvent, Project
+from approvals.models import ApprovalRequest
 from dashboard.listing import PAGE_SIZE, run_row_html
 from runs.models import Run, Task
 from runs.services import run_start
+from tenancy.access import default_project, membership_grant
+from tenancy.models import AuditEvent, Project
 from tools.models import ToolOperation
 
 ROW = re.compile(r'<tr id="run-row-(\d+)"')

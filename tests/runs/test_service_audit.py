@@ -4,11 +4,11 @@ admin), done inside the service's transaction, denied (with why) when the servic
 import pytest
 from django.urls import reverse
 
-from approvals.access import default_project
-from approvals.models import AuditEvent
-from approvals.tokens import api_token_create
 from runs.models import Run
 from runs.services import run_start
+from tenancy.access import default_project
+from tenancy.models import AuditEvent
+from tenancy.tokens import api_token_create
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ SECRET = "whsec-test-1"
 
 
 def test_each_event_arrives_once_and_signed(demo_tx, operator, worker, webhook_receiver, django_user_model):
-    from approvals.access import default_project, membership_grant
+    from tenancy.access import default_project, membership_grant
 
     WebhookEndpoint.objects.create(url=webhook_receiver.url, secret=SECRET)
     run = run_start(workflow="incident-fanout", input={"propose_tools": ["email.send"]}, started_by=operator)

@@ -17,10 +17,10 @@ import pytest
 from django.test import Client
 
 from agents.models import Agent, Workflow
-from approvals.access import default_project, membership_grant
 from approvals.models import ApprovalRequest
 from runs.models import Run, Span, Task
 from runs.services import run_start
+from tenancy.access import default_project, membership_grant
 from tests.conftest import CHROMIUM, wait_for
 from tests.conftest import CHROMIUM_ARGS as ARGS
 from tools.models import SandboxRecord

@@ -16,14 +16,14 @@ from django.contrib.contenttypes.models import ContentType
 from django.urls import URLResolver, get_resolver
 
 from agents.models import Agent, ModelPrice, Workflow
-from approvals.access import default_project, membership_grant
 from approvals.models import AllowRule, ApprovalRequest
-from approvals.tokens import api_token_create
 from config.api import api as ninja_api
 from runs.evals import demo_suite_load
 from runs.heartbeat import lease_keeper
 from runs.models import EvalCase, EvalSuite, Run, WebhookEndpoint
 from runs.services import run_start
+from tenancy.access import default_project, membership_grant
+from tenancy.tokens import api_token_create
 from tests.agents.test_model_providers import completion, provider  # noqa: F401  (the fixture)
 from tests.runs.test_run_actions import drive
 from tests.runs.test_xss_corpus import CORPUS, JOINED, SHORT, run_input, xss_workflows

@@ -18,18 +18,7 @@ from django.forms.models import model_to_dict
 from django.urls import reverse
 
 from agents.models import Agent, ModelPrice, ModelVersion, Workflow
-from approvals.access import default_project, membership_grant
-from approvals.models import (
-    AllowRule,
-    ApprovalPolicy,
-    ApprovalRequest,
-    AuditEvent,
-    Decision,
-    Membership,
-    Notification,
-    Project,
-)
-from approvals.tokens import api_token_create
+from approvals.models import AllowRule, ApprovalPolicy, ApprovalRequest, Decision, Notification
 from runs.models import (
     Artifact,
     BlackboardEntry,
@@ -48,6 +37,9 @@ from runs.models import (
     WebhookEndpoint,
 )
 from runs.services import run_start
+from tenancy.access import default_project, membership_grant
+from tenancy.models import AuditEvent, Membership, Project
+from tenancy.tokens import api_token_create
 from tests.approvals.test_access import ADMIN_ACTIONS, ALLOWED
 from tools.models import (
     SandboxCall,
@@ -107,11 +99,11 @@ TABLE = {
     "tools.sandboxemail": (SU, NOBODY, NOBODY, SU),
     "tools.sandboxdeployment": (SU, SU, SU, SU),
     "tools.sandboxdocument": (SU, SU, SU, SU),
-    "approvals.apitoken": (OWN, OWN, STAFF, SU),  # the row is another person's token
+    "tenancy.apitoken": (OWN, OWN, STAFF, SU),  # the row is another person's token
     "approvals.approvalrequest": (V, NOBODY, NOBODY, SU),
-    "approvals.project": (V, ADM, SU, SU),
-    "approvals.membership": (V, ADM, ADM, ADM),
-    "approvals.auditevent": (V, NOBODY, NOBODY, NOBODY),
+    "tenancy.project": (V, ADM, SU, SU),
+    "tenancy.membership": (V, ADM, ADM, ADM),
+    "tenancy.auditevent": (V, NOBODY, NOBODY, NOBODY),
     "approvals.decision": (V, NOBODY, NOBODY, NOBODY),
     "approvals.approvalpolicy": (V, ADM, ADM, ADM),
     "approvals.notification": (V, NOBODY, NOBODY, SU),
@@ -248,11 +240,11 @@ def scene(demo, people, django_user_model):
         "tools.sandboxemail": SandboxEmail.objects.create(message_id="M-1", idempotency_key="k3", to="a@b.c"),
         "tools.sandboxdeployment": SandboxDeployment.objects.create(service="svc", version="v1", region="eu"),
         "tools.sandboxdocument": SandboxDocument.objects.create(title="Runbook", body="…"),
-        "approvals.apitoken": api_token_create(user=victim)[0],
+        "tenancy.apitoken": api_token_create(user=victim)[0],
         "approvals.approvalrequest": request,
-        "approvals.project": home,
-        "approvals.membership": Membership.objects.get(user=people["viewer"], project=home),
-        "approvals.auditevent": AuditEvent.objects.create(actor_label="x", action="test", project=home),
+        "tenancy.project": home,
+        "tenancy.membership": Membership.objects.get(user=people["viewer"], project=home),
+        "tenancy.auditevent": AuditEvent.objects.create(actor_label="x", action="test", project=home),
         "approvals.decision": Decision.objects.create(
             request=request, reviewer=people["reviewer"], verdict="approve", arguments_hash="a" * 64
         ),
@@ -324,7 +316,7 @@ ACTION_ROWS = {
     "tooloperation": "tools.tooloperation",
     "approvalrequest": "approvals.approvalrequest",
     "allowrule": "approvals.allowrule",
-    "apitoken": "approvals.apitoken",
+    "apitoken": "tenancy.apitoken",
     "webhookdelivery": "runs.webhookdelivery",
     "workflow": "agents.workflow",
     "artifact": "runs.artifact",
@@ -341,7 +333,7 @@ def _snapshot():
         list(Artifact.objects.order_by("id").values_list("id", "verification")),
         list(BlackboardEntry.objects.order_by("id").values_list("id", "verification")),
         list(WebhookDelivery.objects.order_by("id").values_list("id", "status", "attempts")),
-        list(apps.get_model("approvals", "ApiToken").objects.order_by("id").values_list("id", "revoked_at")),
+        list(apps.get_model("tenancy", "ApiToken").objects.order_by("id").values_list("id", "revoked_at")),
     )
 
 

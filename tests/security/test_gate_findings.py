@@ -14,13 +14,14 @@ from django.contrib.auth.models import Permission
 from django.urls import reverse
 
 from agents.models import Agent, Workflow
-from approvals.access import default_project
-from approvals.models import AllowRule, ApiToken, ApprovalPolicy, ApprovalRequest, AuditEvent, Membership, Project
-from approvals.tokens import api_token_create
+from approvals.models import AllowRule, ApprovalPolicy, ApprovalRequest
 from runs.heartbeat import lease_keeper
 from runs.models import Run, Task, WebhookDelivery, WebhookEndpoint
 from runs.services import run_start
 from runs.webhooks import webhook_deliver
+from tenancy.access import default_project
+from tenancy.models import ApiToken, AuditEvent, Membership, Project
+from tenancy.tokens import api_token_create
 from tests.runs.test_engine import scripted_workflow
 from tests.runs.test_run_actions import drive
 from tests.tools.test_ledger_api import Api, member
@@ -72,12 +73,12 @@ def test_1_the_admin_makes_api_tokens_for_oneself_only(db, client, django_user_m
     tess.user_permissions.add(*Permission.objects.filter(content_type__model="apitoken"))
     client.force_login(tess)
     response = client.post(
-        reverse("admin:approvals_apitoken_add"), {"user": root.pk, "name": "mine now", "scopes": '["read"]'}
+        reverse("admin:tenancy_apitoken_add"), {"user": root.pk, "name": "mine now", "scopes": '["read"]'}
     )
     assert response.status_code in (200, 403)  # the form refuses the choice, or the service refuses
     assert not ApiToken.objects.filter(user=root).exists()
     # for herself it works, and it is audited
-    client.post(reverse("admin:approvals_apitoken_add"), {"user": tess.pk, "name": "own", "scopes": '["read"]'})
+    client.post(reverse("admin:tenancy_apitoken_add"), {"user": tess.pk, "name": "own", "scopes": '["read"]'})
     assert ApiToken.objects.filter(user=tess).count() == 1
     assert AuditEvent.objects.filter(actor=tess, action="token_add", outcome="done").exists()
 
@@ -180,7 +181,7 @@ def test_5b_a_project_admin_cannot_make_himself_admin_of_another_project(team, c
     ada = _staff_with_every_permission(team["admin"].user)
     client.force_login(ada)
     response = client.post(
-        reverse("admin:approvals_membership_add"), {"project": other.pk, "user": ada.pk, "role": "admin"}
+        reverse("admin:tenancy_membership_add"), {"project": other.pk, "user": ada.pk, "role": "admin"}
     )
     assert response.status_code in (200, 403)  # the form refuses the project, or the save is refused
     assert not Membership.objects.filter(project=other).exists()
@@ -188,7 +189,7 @@ def test_5b_a_project_admin_cannot_make_himself_admin_of_another_project(team, c
     rita = _staff_with_every_permission(team["reviewer"].user)
     client.force_login(rita)
     response = client.post(
-        reverse("admin:approvals_membership_add"), {"project": default_project().pk, "user": rita.pk, "role": "admin"}
+        reverse("admin:tenancy_membership_add"), {"project": default_project().pk, "user": rita.pk, "role": "admin"}
     )
     assert response.status_code == 403
     assert Membership.objects.get(user=rita, project=default_project()).role == "reviewer"

@@ -17,8 +17,8 @@ from django.db import connection
 from django.test import Client
 from django.urls import resolve
 
-from approvals.tokens import api_token_create
 from dashboard.consumers import RunConsumer
+from tenancy.tokens import api_token_create
 from tests.runs import test_consumers as ws
 from tests.runs.test_consumers import people, run  # noqa: F401  (fixtures)
 from tests.security.conftest import api_get_paths, fill, routes

@@ -7,9 +7,9 @@ import pytest
 
 from agents.models import Agent, Workflow
 from approvals.models import ApprovalRequest
-from approvals.tokens import api_token_create
 from runs.models import Artifact, Run, Task
 from runs.services import run_start
+from tenancy.tokens import api_token_create
 from tests.conftest import decide, wait_for
 from tools.models import SandboxCall, SandboxEmail, SandboxRecord, SandboxTicket, ToolOperation
 from tools.saga import run_compensate

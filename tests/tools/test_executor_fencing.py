@@ -13,10 +13,10 @@ from collections import Counter
 
 import pytest
 
-from approvals.access import default_project, membership_grant
 from approvals.models import ApprovalRequest
 from runs.models import Run
 from runs.services import run_start
+from tenancy.access import default_project, membership_grant
 from tests.conftest import decide, wait_for
 from tools.models import SandboxEmail, ToolOperation
 

@@ -9,9 +9,10 @@ from django.db import IntegrityError, transaction
 
 from agents.models import Workflow
 from api.tools import TOOL_CLASS
-from approvals.access import default_project
-from approvals.models import ApprovalPolicy, Project
+from approvals.models import ApprovalPolicy
 from runs.services import run_start
+from tenancy.access import default_project
+from tenancy.models import Project
 from tests.conftest import ROOT
 from tests.runs.test_engine import scripted_workflow
 from tools.classifications import tool_classification_set
@@ -101,8 +102,8 @@ def test_a_project_classification_sets_the_class_and_a_claim_only_raises_it(run,
 
 
 def test_a_classification_needs_a_project_admin_and_sane_values(run, django_user_model):
-    from approvals.access import membership_grant
     from core.errors import Forbidden, InvalidInput
+    from tenancy.access import membership_grant
 
     rita = django_user_model.objects.create_user(username="rita", password="rita-pass-123")
     membership_grant(user=rita, project=default_project(), role="reviewer")

@@ -27,12 +27,13 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from agents.models import Agent
-from approvals.access import authorize, membership_grant, membership_revoke, role_of
-from approvals.models import AllowRule, ApprovalPolicy, ApprovalRequest, Membership, Project
+from approvals.models import AllowRule, ApprovalPolicy, ApprovalRequest
 from approvals.services import approval_decide
 from core.errors import WardenError
 from runs.models import Run
 from runs.services import run_start
+from tenancy.access import authorize, membership_grant, membership_revoke, role_of
+from tenancy.models import Membership, Project
 from tests.conftest import SQLITE
 from tests.runs.test_engine import scripted_workflow
 from tools import broker

@@ -11,20 +11,21 @@ from django.db import transaction
 from django.test import override_settings
 from django.utils import timezone
 
-from approvals.access import default_project, membership_grant
-from approvals.models import ApprovalRequest, AuditEvent, Decision, Project
+from approvals.models import ApprovalRequest, Decision
 from approvals.services import approval_request_for_operations
-from approvals.tokens import api_token_create
 from runs.models import Outbox, Run
 from runs.services import run_start
 from runs.services.runs import run_transition
+from tenancy.access import default_project, membership_grant
+from tenancy.models import AuditEvent, Project
+from tenancy.tokens import api_token_create
 from tests.conftest import wait_for
 from tests.runs.test_engine import finished
 from tests.tools.test_ledger import fault, idle, stopped
 from tools.models import SandboxCall, SandboxEmail, SandboxTicket, ToolOperation
 
 OS = ToolOperation.Status
-# endpoint action → the access action it needs (approvals.access.ACTIONS) and the status it answers with
+# endpoint action → the access action it needs (tenancy.access.ACTIONS) and the status it answers with
 ACTIONS = {"compensate": "operate", "resolve": "operate", "decide": "decide"}
 DONE = {"compensate": 202, "resolve": 200, "decide": 200}
 ALL_SCOPES = ["read", "run", "operate", "approve"]

@@ -14,9 +14,9 @@ from django.apps import apps
 from django.urls import reverse
 
 from approvals.models import ApprovalRequest
-from approvals.tokens import api_token_create
 from runs.models import Payload, Run, Span, Task
 from runs.services import run_start
+from tenancy.tokens import api_token_create
 from tests.conftest import decide
 from tests.runs.test_engine import finished, scripted_workflow
 from tests.tools.test_ledger import stopped

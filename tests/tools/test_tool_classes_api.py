@@ -4,8 +4,9 @@ nothing written."""
 import pytest
 from django.utils import timezone
 
-from approvals.access import default_project
-from approvals.models import AllowRule, AuditEvent
+from approvals.models import AllowRule
+from tenancy.access import default_project
+from tenancy.models import AuditEvent
 from tests.tools.test_ledger_api import member
 from tools.models import ToolClassification
 

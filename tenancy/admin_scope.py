@@ -1,4 +1,4 @@
-"""The admin's half of the access table (approvals/access.py, docs/access.md).
+"""The admin's half of the access table (tenancy/access.py, docs/access.md).
 
 Every admin page of project data answers by the user's role in each row's project, for view, change,
 add and delete, exactly as the dashboard and the API do. Django's model permissions are needed too and
@@ -81,7 +81,7 @@ def config_delete(*, actor, obj, project_id=None, request=None) -> None:
 
 class ScopedAdmin(admin.ModelAdmin):
     """``project_path``: from a row to its project (None: no project's data, a superuser's). Each
-    ``*_action`` names the role action of approvals/access.py a user needs in the row's project: None
+    ``*_action`` names the role action of tenancy/access.py a user needs in the row's project: None
     nobody (read-only: state changes go through the page's actions), ``SUPERUSER`` superusers only.
     ``shared_rows``: rows without a project (shared configuration) are shown to every member, changed by
     superusers only. ``global_view``: a model of no project (shared configuration, like agents) that

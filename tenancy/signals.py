@@ -36,7 +36,7 @@ def _login_failed(sender, credentials, request=None, **kwargs):
 @receiver(post_save, sender=LogEntry)
 def _admin_change(sender, instance: LogEntry, created, **kwargs):
     """Every data fix made in the admin (add, change, delete) is in the audit log too: here for the pages
-    of no project (people), by the services for the others (approvals/admin_scope.py), with the project."""
+    of no project (people), by the services for the others (tenancy/admin_scope.py), with the project."""
     model = instance.content_type.model_class() if instance.content_type_id else None
     if isinstance(admin.site._registry.get(model), ScopedAdmin):
         return
@@ -55,6 +55,6 @@ def _admin_change(sender, instance: LogEntry, created, **kwargs):
 def _user_saved(sender, instance, created, **kwargs):
     """A deactivated user (admin, or any code path) loses their open sockets now, not at the next
     heartbeat; their sessions no longer authenticate (Django refuses inactive users) and their API
-    tokens stop working (approvals/tokens.py)."""
+    tokens stop working (tenancy/tokens.py)."""
     if not created and not instance.is_active:
         access_changed(instance.id)

@@ -1,7 +1,7 @@
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
-from approvals.tokens import api_token_create
+from tenancy.tokens import api_token_create
 
 
 class Command(BaseCommand):
