@@ -6,9 +6,9 @@ from graphlib import CycleError, TopologicalSorter
 from pydantic import ValidationError
 
 from core.errors import InvalidInput
-from runs.schemas import PlanIn, PlannedTaskIn
 
 from .models import Agent
+from .schemas import PlanIn, PlannedTaskIn
 
 
 def pydantic_errors(exc: ValidationError, prefix: str = "") -> list[dict]:

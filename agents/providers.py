@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from django.conf import settings
 
 from core.errors import StepFailure
-from runs.blackboard import TOOL_SCHEMAS
+from tools.memory import TOOL_SCHEMAS
 from tools.registry import TOOLS
 
 from .gateway import ModelRequest, ModelResponse

@@ -13,6 +13,7 @@ from api.external import operation_out as external_out
 from api.runs import RunOut, run_for, run_out
 from core.errors import NotFound
 from runs.external import external_operation_intent
+from runs.saga import compensation_plan, operation_resolve, run_compensate
 from runs.schemas import BodyIn, PathId, QueryWhole
 from runs.selectors import run_get
 from tenancy.access import authorize, authorize_token, project_ids, visible_rows
@@ -20,7 +21,6 @@ from tenancy.models import Project
 from tools.classifications import TOOL_NAME, TOOL_NAME_RULE, tool_classification_set
 from tools.gate import Verdict
 from tools.models import SandboxCall, ToolClassification, ToolOperation
-from tools.saga import compensation_plan, operation_resolve, run_compensate
 
 router = Router(tags=["ledger"])
 

@@ -10,10 +10,16 @@ class ApprovalsConfig(AppConfig):
     def ready(self):
         from . import actors  # noqa: F401  (registered in every process)
         from .expiry import approvals_and_notifications_sweep
-        from .services import approval_request_for_operation, approval_request_for_operations, approvals_withdraw
+        from .services import (
+            approval_request_for_operation,
+            approval_request_for_operations,
+            approvals_withdraw,
+            approvals_withdraw_ids,
+        )
 
         # The broker and the engine call these inside their transactions, by name (core.hooks).
         hooks.provide(hooks.APPROVAL_REQUEST_FOR_OPERATION, approval_request_for_operation)
         hooks.provide(hooks.APPROVAL_REQUEST_FOR_OPERATIONS, approval_request_for_operations)
         hooks.provide(hooks.APPROVALS_WITHDRAW, approvals_withdraw)
+        hooks.provide(hooks.APPROVALS_WITHDRAW_IDS, approvals_withdraw_ids)
         hooks.add_sweep(approvals_and_notifications_sweep)

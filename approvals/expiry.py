@@ -8,8 +8,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from runs.models import Run
+from runs.saga import run_operations_send
 from tools.broker import operations_decided
-from tools.saga import run_operations_send
 
 from .models import ApprovalPolicy, ApprovalRequest, Notification
 from .notify import notifications_add, notifications_due

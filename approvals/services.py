@@ -14,6 +14,7 @@ from agents.planning import pydantic_errors
 from core import bus
 from core.errors import Conflict, Forbidden, InvalidInput, NotFound
 from runs.models import Run, Task
+from runs.saga import run_operations_send
 from runs.services.runs import run_transition, task_set_ready
 from runs.webhooks import webhook_emit
 from tenancy.access import role_of
@@ -22,7 +23,6 @@ from tools.broker import arguments_hash, operations_decided
 from tools.gate import Origin, Verdict, gate, strictest
 from tools.models import ToolOperation
 from tools.registry import TOOLS, redact
-from tools.saga import run_operations_send
 from tools.transitions import OPERATION
 
 from .models import ApprovalRequest
@@ -145,6 +145,13 @@ def approvals_withdraw(*, run: Run, reason: str) -> int:
         ended_at=now,
     )
     return len(ids)
+
+
+def approvals_withdraw_ids(*, ids: list[int], reason: str, now) -> int:
+    """Withdraw these pending requests: the calls they were about will not be made (a retry from an
+    earlier step superseded them). The caller holds the run's lock."""
+    pending = ApprovalRequest.objects.filter(id__in=ids)
+    return APPROVAL_REQUEST.move_where(pending, ApprovalRequest.Status.WITHDRAWN, decided_at=now, note=reason[:1000])
 
 
 def approval_decide(

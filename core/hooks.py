@@ -3,9 +3,9 @@
 The broker writes an operation that must wait for a reviewer, and the engine cancels a run whose
 approvals must be withdrawn, in the same transaction as the upper layer's rows; an after-commit event
 would leave a window where the operation waits for a request that does not exist. So the upper layer
-(approvals) provides these functions at start-up (its AppConfig.ready) and the lower layers call them by
-name, without importing it. A call with no provider raises: a missing approvals app can never let an
-operation go out unrecorded.
+(approvals above the engine, the engine above the tools and core) provides these functions at start-up
+(its AppConfig.ready) and the lower layers call them by name, without importing it. A call with no
+provider raises: a missing approvals app can never let an operation go out unrecorded.
 """
 
 from collections.abc import Callable
@@ -18,12 +18,19 @@ APPROVAL_REQUEST_FOR_OPERATION = "approval_request_for_operation"
 APPROVAL_REQUEST_FOR_OPERATIONS = "approval_request_for_operations"
 # run (locked), reason → how many pending requests were withdrawn
 APPROVALS_WITHDRAW = "approvals_withdraw"
-# (tools) run (locked), now → True when the run's proposals now wait for one approval (a bundle)
+# ids, reason, now → how many of these pending requests were withdrawn (their calls will not be made)
+APPROVALS_WITHDRAW_IDS = "approvals_withdraw_ids"
+# (runs) run (locked), now → True when the run's proposals now wait for one approval (a bundle)
 PROPOSALS_BUNDLE_IF_ANY = "proposals_bundle_if_any"
-# (tools) run (locked), reason → how many proposals were recorded as not done
+# (runs) run (locked), reason → how many proposals were recorded as not done
 PROPOSALS_DROP = "proposals_drop"
-# (tools) operation id → whether it still waits for a reviewer's decision
+# (runs) operation id → whether it still waits for a reviewer's decision
 OPERATION_AWAITS_DECISION = "operation_awaits_decision"
+
+# (runs) event, project_id, data → a run webhook queued to the project's endpoints (outbox, same transaction)
+WEBHOOK_EMIT = "webhook_emit"
+# (runs) run_id, task_key, point, mode → True the first time a drill fault fires (recorded before it acts)
+FAULT_FIRE_ONCE = "fault_fire_once"
 
 _providers: dict[str, Callable] = {}
 _sweeps: list[Callable] = []

@@ -4,6 +4,7 @@ the database decides what, if anything, is left to do. Retries belong to the eng
 import dramatiq
 from django.conf import settings
 
+from .saga import run_operations as operations_run
 from .services.execution import task_execute
 from .webhooks import webhook_deliver
 
@@ -20,3 +21,9 @@ def execute_task(run_id: int, task_id: int) -> None:
 @dramatiq.actor(actor_name="deliver_webhook", queue_name="warden", max_retries=0, time_limit=TIME_LIMIT_MS)
 def deliver_webhook(delivery_id: int) -> None:
     webhook_deliver(delivery_id=delivery_id)
+
+
+@dramatiq.actor(actor_name="run_operations", queue_name="warden", max_retries=0, time_limit=TIME_LIMIT_MS)
+def run_operations(run_id: int) -> None:
+    """The supervisor's executor of a run's proposals and compensations (runs/saga.py)."""
+    operations_run(run_id)

@@ -7,14 +7,14 @@ from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
+from agents.models import Workflow
 from core.errors import WardenError
 from core.outbound import url_refusal
-from tenancy.access import authorize
+from tenancy.access import authorize, default_project
 from tenancy.admin_scope import ReadOnlyScopedAdmin, ScopedAdmin, ScopedInline, SuperuserAdmin, SuperuserReadOnlyAdmin
 from tenancy.audit import audit
 from tenancy.models import AuditEvent
-from tools.models import ToolOperation
-from tools.saga import compensation_plan, run_compensate
+from tools.models import SealedArguments, ToolOperation
 
 from .models import (
     Artifact,
@@ -34,7 +34,8 @@ from .models import (
     WebhookDelivery,
     WebhookEndpoint,
 )
-from .services import run_cancel, run_resume, task_retry
+from .saga import compensation_plan, operation_resolve, run_compensate
+from .services import run_cancel, run_resume, run_start, task_retry
 from .services.runs import RUN_BUDGET_FIELDS, run_budget_set
 from .transitions import TransitionNotAllowed
 from .webhooks import webhook_endpoint_save
@@ -453,3 +454,83 @@ class BlackboardEntryAdmin(RunData):
 
         note = f"{verdict} in the admin by {request.user.get_username()} (operator)"
         admin_action_apply(self, request, queryset, entry_decide, id_arg="entry_id", verdict=verdict, note=note)
+
+
+# The ledger: statuses change only through the broker and the saga (the actions below); secret argument
+# values never appear here.
+@admin.register(ToolOperation)
+class ToolOperationAdmin(RunData):
+    list_display = [
+        "id",
+        "run",
+        "task",
+        "step",
+        "kind",
+        "tool",
+        "status",
+        "tool_class",
+        "reversibility",
+        "gate",
+        "committed_at",
+    ]
+    list_filter = ["status", "gate", "kind", "tool", "tool_class", "reversibility", "proposed"]
+    search_fields = ["=id", "=run__id", "idempotency_key", "tool", "external_id", "status_reason"]
+    list_select_related = ["run", "task"]
+    actions = ["resolve_committed", "resolve_not_committed"]
+
+    def _resolve(self, request, queryset, committed: bool):
+        note = f"checked by {request.user}"
+        admin_action_apply(
+            self, request, queryset, operation_resolve, id_arg="operation_id", committed=committed, note=note
+        )
+
+    @admin.action(description="Resolve the selected ambiguous operations: the effect happened")
+    def resolve_committed(self, request, queryset):
+        self._resolve(request, queryset, committed=True)
+
+    @admin.action(description="Resolve the selected ambiguous operations: the effect did not happen")
+    def resolve_not_committed(self, request, queryset):
+        self._resolve(request, queryset, committed=False)
+
+
+@admin.register(SealedArguments)
+class SealedArgumentsAdmin(RunData):
+    """Which calls had secret arguments; the values themselves are not shown."""
+
+    project_path = "task__run__project"
+
+    list_display = ["id", "task", "step", "secret_fields"]
+    search_fields = ["=task__id"]
+    fields = ["task", "step", "secret_fields"]
+
+    @admin.display(description="secret fields")
+    def secret_fields(self, obj):
+        return ", ".join(sorted(obj.values))
+
+
+@admin.register(Workflow)
+class WorkflowAdmin(ScopedAdmin):
+    """A project's workflows are its admins' to configure (tool policies, the agents a planner may
+    assign); shared workflows (no project) are a superuser's."""
+
+    project_path = "project"
+    shared_rows = True
+    change_action = add_action = delete_action = "administer"
+    list_display = ["slug", "name", "project", "planner", "planner_agent", "max_tasks", "max_concurrent_tasks"]
+    list_filter = ["planner", "project"]
+    search_fields = ["slug", "name", "description"]
+    actions = ["start_runs"]
+
+    @admin.action(description="Start a run of each selected workflow (default goal and budget)")
+    def start_runs(self, request, queryset):
+
+        for workflow in queryset:
+            project = workflow.project or default_project()
+            try:
+                authorize(request.user, project.id, "start", what=f"project {project.slug}", request=request)
+                who = {"started_by": request.user, "via": "admin", "request": request}
+                run = run_start(workflow=workflow.slug, project=project, **who)
+            except WardenError as exc:
+                self.message_user(request, f"{workflow.slug}: {exc}", messages.ERROR)
+                continue
+            self.message_user(request, f"{workflow.slug}: started run {run.id}", messages.SUCCESS)

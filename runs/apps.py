@@ -1,5 +1,7 @@
 from django.apps import AppConfig
 
+from core import hooks
+
 
 class RunsConfig(AppConfig):
     name = "runs"
@@ -8,3 +10,14 @@ class RunsConfig(AppConfig):
     def ready(self):
         # Every process that sends messages (server, workers, tests) needs the actors registered.
         from . import actors  # noqa: F401
+        from .fault_log import fault_fire_once
+        from .saga import ledger_sweep, operation_awaits_decision, proposals_bundle_if_any, proposals_drop
+        from .webhooks import webhook_emit
+
+        # The saga sits above the engine's services, which ask it by name (core.hooks) when a run finishes.
+        hooks.provide(hooks.PROPOSALS_BUNDLE_IF_ANY, proposals_bundle_if_any)
+        hooks.provide(hooks.PROPOSALS_DROP, proposals_drop)
+        hooks.provide(hooks.OPERATION_AWAITS_DECISION, operation_awaits_decision)
+        hooks.add_sweep(ledger_sweep)
+        hooks.provide(hooks.WEBHOOK_EMIT, webhook_emit)  # the broker's operation.ambiguous
+        hooks.provide(hooks.FAULT_FIRE_ONCE, fault_fire_once)  # drill faults (core/faults.py)

@@ -20,14 +20,13 @@ from django.utils import timezone
 from django.utils.text import slugify
 
 from agents.models import Agent, Workflow
-from approvals.services import approval_request_for_operation
-from core import bus
+from core import bus, hooks
 from core.errors import Conflict, Forbidden, InvalidInput, NotFound
+from runs.saga import operation_compensated, operation_supervised_failed, run_operations
 from tools.broker import arguments_hash, idempotency_key, operation_ambiguous_announce
 from tools.gate import REFUSE, Origin, gate, gate_satisfied
 from tools.ledger import operation_record
 from tools.models import ToolOperation
-from tools.saga import operation_compensated, operation_supervised_failed, run_operations
 from tools.transitions import OPERATION
 
 from .models import Run, Span, Task
@@ -192,7 +191,7 @@ def external_operation_intent(
             compensation=plan,
         )
         if verdict.waits:
-            approval_request_for_operation(op, requested_by_id=run.started_by_id)
+            hooks.call(hooks.APPROVAL_REQUEST_FOR_OPERATION, op, requested_by_id=run.started_by_id)
         return op
 
 

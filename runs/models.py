@@ -51,7 +51,7 @@ class Run(models.Model):
     # The supervisor's executor of proposals and compensations holds this lease while it works.
     ops_lease_owner = models.CharField(max_length=128, blank=True)
     ops_lease_expires_at = models.DateTimeField(null=True, blank=True)
-    # Incremented by every claim of that lease: a frozen executor's token no longer matches (tools/saga.py).
+    # Incremented by every claim of that lease: a frozen executor's token no longer matches (runs/saga.py).
     ops_lease_token = models.PositiveBigIntegerField(default=0)
     pruned_at = models.DateTimeField(
         null=True, blank=True, help_text="When retention emptied its span bodies and payloads"

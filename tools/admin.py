@@ -1,12 +1,11 @@
-"""Admin for the ledger and the sandbox systems. Ledger statuses change only through the broker and
-the saga engine (the actions below); secret argument values never appear here."""
+"""Admin for the tools' classifications and the sandbox systems (the ledger's admin is the engine's, in
+runs/admin.py: its actions are the engine's services)."""
 
 from django import forms
 from django.contrib import admin
 from django.core.exceptions import PermissionDenied
 
 from core.errors import WardenError
-from runs.admin import RunData, admin_action_apply
 from tenancy.admin_scope import ScopedAdmin, SuperuserAdmin, SuperuserReadOnlyAdmin
 
 from .classifications import classification_refusal, tool_classification_remove, tool_classification_set
@@ -18,46 +17,8 @@ from .models import (
     SandboxRecord,
     SandboxRecordChange,
     SandboxTicket,
-    SealedArguments,
     ToolClassification,
-    ToolOperation,
 )
-from .saga import operation_resolve
-
-
-@admin.register(ToolOperation)
-class ToolOperationAdmin(RunData):
-    list_display = [
-        "id",
-        "run",
-        "task",
-        "step",
-        "kind",
-        "tool",
-        "status",
-        "tool_class",
-        "reversibility",
-        "gate",
-        "committed_at",
-    ]
-    list_filter = ["status", "gate", "kind", "tool", "tool_class", "reversibility", "proposed"]
-    search_fields = ["=id", "=run__id", "idempotency_key", "tool", "external_id", "status_reason"]
-    list_select_related = ["run", "task"]
-    actions = ["resolve_committed", "resolve_not_committed"]
-
-    def _resolve(self, request, queryset, committed: bool):
-        note = f"checked by {request.user}"
-        admin_action_apply(
-            self, request, queryset, operation_resolve, id_arg="operation_id", committed=committed, note=note
-        )
-
-    @admin.action(description="Resolve the selected ambiguous operations: the effect happened")
-    def resolve_committed(self, request, queryset):
-        self._resolve(request, queryset, committed=True)
-
-    @admin.action(description="Resolve the selected ambiguous operations: the effect did not happen")
-    def resolve_not_committed(self, request, queryset):
-        self._resolve(request, queryset, committed=False)
 
 
 class ToolClassificationForm(forms.ModelForm):
@@ -112,21 +73,6 @@ class ToolClassificationAdmin(ScopedAdmin):
 
     def delete_through_service(self, request, obj):
         tool_classification_remove(user=request.user, row=obj, request=request)
-
-
-@admin.register(SealedArguments)
-class SealedArgumentsAdmin(RunData):
-    """Which calls had secret arguments; the values themselves are not shown."""
-
-    project_path = "task__run__project"
-
-    list_display = ["id", "task", "step", "secret_fields"]
-    search_fields = ["=task__id"]
-    fields = ["task", "step", "secret_fields"]
-
-    @admin.display(description="secret fields")
-    def secret_fields(self, obj):
-        return ", ".join(sorted(obj.values))
 
 
 @admin.register(SandboxCall)

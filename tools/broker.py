@@ -21,13 +21,10 @@ from django.utils import timezone
 from django.utils.crypto import salted_hmac
 from pydantic import ValidationError
 
-from core import bus, hooks
+from core import bus, hooks, sql
 from core.circuit import Breaker, rate_wait
 from core.errors import LeaseLost, StepFailure, TransientFailure
-from runs.faults import faults
-from runs.models import Run
-from runs.services import sql
-from runs.webhooks import webhook_emit
+from core.faults import faults
 
 from . import sandbox
 from .gate import REFUSE, Origin, Verdict, gate, gate_satisfied
@@ -96,7 +93,7 @@ def tool_call_for_journal(*, task_id: int, step: int, tool_call: dict | None) ->
     return {**tool_call, "arguments": redact(spec, arguments)}
 
 
-def _unseal(spec: ToolSpec, task_id: int, step: int, arguments: dict) -> dict:
+def arguments_unseal(spec: ToolSpec, task_id: int, step: int, arguments: dict) -> dict:
     if not spec.secret_fields or not any(arguments.get(k) == REDACTED for k in spec.secret_fields):
         return arguments
     sealed = SealedArguments.objects.filter(task_id=task_id, step=step).values_list("values", flat=True).first()
@@ -136,7 +133,7 @@ def tool_call(
         return _refuse("unknown_tool", f"there is no tool named {name!r}", available=sorted(task.allowed_tools))
     if not isinstance(arguments, dict):
         return _refuse("invalid_arguments", f"the arguments of {name} must be an object")
-    arguments = _unseal(spec, task.id, step, arguments)
+    arguments = arguments_unseal(spec, task.id, step, arguments)
     try:
         args = spec.arguments.model_validate(arguments).model_dump()
     except ValidationError as exc:
@@ -199,7 +196,7 @@ def _call_out(call: "_Call", verdict: Verdict, *, propose: bool, fence) -> ToolO
             started_at=timezone.now() if status == OS.EXECUTING else None,
         )
         if status == OS.AWAITING_APPROVAL:
-            starter = Run.objects.filter(id=call.run.id).values_list("started_by_id", flat=True).get()
+            starter = ToolOperation.objects.filter(id=op.id).values_list("run__started_by_id", flat=True).get()
             hooks.call(hooks.APPROVAL_REQUEST_FOR_OPERATION, op, requested_by_id=starter)
     if status == OS.PROPOSED:
         return _proposed(op)
@@ -400,7 +397,7 @@ def _set(op: ToolOperation, to: str, **changes) -> None:
 def operation_ambiguous_announce(op: ToolOperation) -> None:
     """Tell the project's webhooks that a write may or may not have happened (a person may have to look)."""
 
-    project_id = Run.objects.filter(id=op.run_id).values_list("project_id", flat=True).first()
+    project_id = ToolOperation.objects.filter(id=op.id).values_list("run__project_id", flat=True).first()
     data = {
         "operation": op.id,
         "run": op.run_id,
@@ -408,7 +405,7 @@ def operation_ambiguous_announce(op: ToolOperation) -> None:
         "key": op.idempotency_key,
         "reason": op.status_reason,
     }
-    webhook_emit(event="operation.ambiguous", project_id=project_id, data=data)
+    hooks.call(hooks.WEBHOOK_EMIT, event="operation.ambiguous", project_id=project_id, data=data)
 
 
 def operation_execute(op: ToolOperation, spec: ToolSpec, args: dict, *, fence=None) -> ToolOutcome:

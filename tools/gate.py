@@ -30,12 +30,11 @@ from django.db.models import Q
 from django.utils import timezone
 
 from approvals.models import AllowRule, ApprovalPolicy, ApprovalRequest
+from core import sql
 from core.errors import NotFound
-from runs.models import Run
-from runs.services import sql
 from tenancy.access import role_of
 
-from .models import ToolClassification
+from .models import ToolClassification, ToolOperation
 from .registry import TOOLS, Reversibility, ToolClass
 
 ALLOW, APPROVAL, REFUSE = "allow", "approval", "refuse"
@@ -388,7 +387,9 @@ def gate_satisfied(op) -> str:
         return f"its approval request is {request.status}"
     if request.arguments_hash != op.arguments_hash:
         return "the arguments differ from those approved"
-    project_id, started_by = Run.objects.filter(id=op.run_id).values_list("project_id", "started_by_id").get()
+    project_id, started_by = (
+        ToolOperation.objects.filter(id=op.id).values_list("run__project_id", "run__started_by_id").get()
+    )
     excluded = {started_by, request.requested_by_id} - {None}
     eligible = ("admin",) if verdict.admins_only else DECIDERS
     approvers = {

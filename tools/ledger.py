@@ -5,7 +5,6 @@ forgot the gate fails loudly instead of sending a call nobody judged.
 """
 
 from core import bus
-from runs.models import Run
 from tenancy.audit import audit
 
 from .gate import REFUSE, Verdict
@@ -28,7 +27,7 @@ def operation_record(*, verdict: Verdict, run_id: int, project_id: int | None = 
     )
     if verdict.allow_rule:
         if project_id is None:
-            project_id = Run.objects.filter(id=run_id).values_list("project_id", flat=True).first()
+            project_id = ToolOperation.objects.filter(id=op.id).values_list("run__project_id", flat=True).first()
         audit(
             actor=None,
             action="allow_rule_use",

@@ -19,11 +19,10 @@ from django.views.decorators.http import require_http_methods
 
 from approvals.models import ApprovalRequest
 from core.errors import Forbidden, InvalidInput, NotFound, WardenError
-from runs import blackboard, services
+from runs import blackboard, saga, services
 from runs.models import Artifact, BlackboardEntry, Run, Task
 from runs.refusals import run_cancel_refusal, run_resume_refusal
 from runs.transitions import TransitionNotAllowed
-from tools import saga
 from tools.models import ToolOperation
 from tools.registry import TOOLS
 

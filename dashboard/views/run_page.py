@@ -43,10 +43,10 @@ from dashboard.trace import (
 from runs.models import Artifact, BlackboardEntry, Run, Span, Task
 from runs.refusals import run_cancel_refusal, run_resume_refusal
 from runs.retention import stored_bytes_sql
+from runs.saga import COMPENSABLE_FROM, compensation_unresolved, run_compensate_refusal
 from runs.services import sql
 from tools.gate import Verdict
 from tools.models import ToolOperation
-from tools.saga import COMPENSABLE_FROM, compensation_unresolved, run_compensate_refusal
 
 from .common import run_for_view
 
@@ -272,7 +272,7 @@ def header_context(run: Run, now, summary: dict | None = None) -> dict:
         "multiple": f"{multiple:.2f}×" if multiple else "—",
         "estimate": money(estimate) if estimate else "—",
         "stored": int(summary["stored"] or 0),  # bytes of span bodies, payloads and artifacts
-        # The buttons offered are the services' own rules (runs/refusals.py, tools/saga.py).
+        # The buttons offered are the services' own rules (runs/refusals.py, runs/saga.py).
         "can_cancel": run_cancel_refusal(run) is None,
         "can_resume": run_resume_refusal(run) is None,
         **_compensate_offer(run),

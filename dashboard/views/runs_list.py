@@ -8,8 +8,7 @@ from django.shortcuts import render
 from django.views.decorators.http import require_GET, require_POST
 from django.views.decorators.vary import vary_on_headers
 
-from dashboard import listing, presence
-from runs import bulk
+from dashboard import bulk, listing, presence
 from runs.models import Run
 from tenancy import access
 

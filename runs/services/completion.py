@@ -13,8 +13,8 @@ from django.utils import timezone
 
 from core import bus, hooks
 from core.errors import BudgetExceeded, LeaseLost, StepFailure, TransientFailure
+from core.faults import faults
 
-from ..faults import faults
 from ..models import QuarantinedResult, Run, Span, Task
 from ..transitions import RUN, TASK
 from . import hot, sql

@@ -21,10 +21,10 @@ from agents.planning import plan_validate
 from agents.prompts import build_prompt
 from core import bus
 from core.errors import BudgetExceeded, InvalidInput, LeaseLost, StepFailure, TransientFailure
+from core.faults import crash_now, faults
 from tools.broker import TaskParked, tool_call, tool_call_for_journal
 
 from ..blackboard import MEMORY_TOOLS, knowledge, memory_tool_call
-from ..faults import crash_now, faults
 from ..heartbeat import lease_keeper
 from ..models import Artifact, Run, Span, Task
 from . import hot, sql

@@ -16,8 +16,8 @@ from django.utils import timezone
 
 from core import bus
 from core.errors import BudgetExceeded
+from core.faults import faults
 
-from ..faults import faults
 from ..models import Run, Span, Task
 from ..transitions import TASK
 from . import hot, sql

@@ -10,8 +10,7 @@ really happens again — the preview lists those second effects before anyone co
 
 from django.utils import timezone
 
-from approvals.models import ApprovalRequest
-from approvals.transitions import APPROVAL_REQUEST
+from core import hooks
 from core.errors import NotFound
 from tenancy.audit import audited
 from tools.broker import idempotency_key
@@ -97,9 +96,7 @@ def task_retry_from(
         why = f"not done: superseded by a retry from step {step}"
         pending = ops.filter(status__in=NOT_DONE_YET)
         approvals = [a for a in pending.values_list("approval_id", flat=True) if a]
-        APPROVAL_REQUEST.move_where(
-            ApprovalRequest.objects.filter(id__in=approvals), ApprovalRequest.Status.WITHDRAWN, decided_at=now, note=why
-        )
+        hooks.call(hooks.APPROVALS_WITHDRAW_IDS, ids=approvals, reason=why, now=now)
         OPERATION.move_where(pending, ToolOperation.Status.REJECTED, status_reason=why, ended_at=now)
 
         task.journal_epoch += 1

@@ -1,17 +1,18 @@
-"""Hand-written SQL for the engine's hot path (a claim, a step, a completion).
-
-The ORM costs about a millisecond of CPU per query on this class of machine, several times the
-database's own work; these statements keep a journaled step near the database's commit rate. All of
-them are portable between PostgreSQL and SQLite (3.35+, for RETURNING) except the PostgreSQL
-single-statement step in execution.py, which has a portable fallback.
-"""
-
-import json
-from datetime import UTC
-
-from django.db import connection
+"""The engine's own SQL pieces (spans, usage); the generic helpers are core/sql.py's, re-exported here."""
 
 from core import bus
+from core.sql import (  # noqa: F401  (the engine's modules read the generic helpers from here: sql.fetchone, ...)
+    dumps,
+    execute,
+    fetchall,
+    fetchone,
+    for_update,
+    in_list,
+    jsonb,
+    loads,
+    parse_ts,
+    ts,
+)
 
 USAGE_FIELDS = (
     "steps_used",
@@ -27,76 +28,6 @@ USAGE_COLUMNS = (
     "status, steps_used, tokens_used, tool_calls_used, cost_micros, "
     "max_steps, max_tokens, max_tool_calls, max_cost_micros"
 )
-
-
-def dumps(value) -> str | None:
-    return None if value is None else json.dumps(value, default=str)
-
-
-def loads(value):
-    """JSON columns come back parsed from PostgreSQL and as text from SQLite."""
-    return json.loads(value) if isinstance(value, str) else value
-
-
-def ts(value):
-    return connection.ops.adapt_datetimefield_value(value)
-
-
-def parse_ts(value):
-    """Timestamps come back as datetimes from PostgreSQL and as text from SQLite."""
-
-    from django.utils.dateparse import parse_datetime
-
-    parsed = parse_datetime(value) if isinstance(value, str) else value
-    return parsed.replace(tzinfo=UTC) if parsed is not None and parsed.tzinfo is None else parsed
-
-
-def jsonb() -> str:
-    return "::jsonb" if connection.vendor == "postgresql" else ""
-
-
-def for_update(of: str = "") -> str:
-    if not connection.features.has_select_for_update:
-        return ""
-    return f" FOR UPDATE OF {of}" if of else " FOR UPDATE"
-
-
-def _run(sql: str, params, fetch):
-    if connection.vendor == "postgresql":
-        # A server-side-binding cursor on Django's own connection (same transaction), so PostgreSQL
-        # prepares each statement once: planning costs more than executing these small statements.
-        import psycopg
-
-        # As Django's own cursor() does: a connection that failed its health check is replaced, and a
-        # driver error is raised as Django's and marks the connection for closing.
-        connection.close_if_health_check_failed()
-        connection.ensure_connection()
-        with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
-            cursor.execute(sql, params, prepare=True)
-            return fetch(cursor)
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        return fetch(cursor)
-
-
-def fetchone(sql: str, params):
-    return _run(sql, params, lambda c: c.fetchone())
-
-
-def fetchall(sql: str, params):
-    return _run(sql, params, lambda c: c.fetchall())
-
-
-def execute(sql: str, params) -> int:
-    return _run(sql, params, lambda c: c.rowcount)
-
-
-def in_list(column: str, values) -> tuple[str, list]:
-    """``column IN (…)`` as one fixed statement text on PostgreSQL (= ANY(array)), so it stays prepared."""
-    values = list(values)
-    if connection.vendor == "postgresql":
-        return f"{column} = ANY(%s)", [values]
-    return f"{column} IN ({', '.join(['%s'] * len(values))})", values
 
 
 RUN_ROOT = object()

@@ -1,10 +1,10 @@
-"""Drill faults live behind one injector (runs/faults.py): a no-op unless drill faults are on and the run
+"""Drill faults live behind one injector (core/faults.py): a no-op unless drill faults are on and the run
 asks for some, and no production signature carries a fault list."""
 
 import ast
 from pathlib import Path
 
-from runs.faults import faults
+from core.faults import faults
 from runs.models import FaultFiring
 
 ROOT = Path(__file__).resolve().parents[2]

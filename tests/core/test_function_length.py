@@ -19,7 +19,7 @@ LONG = {
     "runs/services/replan.py:replan",
     "runs/services/retry.py:task_retry_from",
     "runs/services/runs.py:run_start",
-    "tools/saga.py:run_compensate",
+    "runs/saga.py:run_compensate",
     "dashboard/charts.py:histogram",
     "dashboard/charts.py:horizontal_bars",
     "dashboard/views/insight.py:_charts",

@@ -6,6 +6,7 @@ import ast
 import os
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 from config.api import api
@@ -53,6 +54,16 @@ def test_the_import_linter_contracts_hold():
         text=True,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+
+
+def test_every_app_has_its_layer_and_the_exceptions_stay_one():
+    """The order of docs/architecture.md; an exception to it is a decision written in pyproject.toml with its
+    reason, never a way round: the list may not grow unnoticed."""
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    (layers,) = [c for c in contracts if c["type"] == "layers"]
+    assert layers["layers"] == ["api", "dashboard", "approvals", "runs", "agents", "tools", "tenancy", "core"]
+    assert set(APPS) - {"config"} == set(layers["layers"])
+    assert layers.get("ignore_imports", []) == ["tools.gate -> approvals.models"]
 
 
 def test_no_function_level_import_between_apps():

@@ -11,14 +11,14 @@ import pytest
 from django.db import transaction
 
 from core.errors import WardenError
+from dashboard.bulk import bulk_apply, bulk_preview
 from dashboard.views.run_actions import _cancel_preview, _compensate_preview, _resume_preview
 from dashboard.views.run_page import header_context
-from runs.bulk import bulk_apply, bulk_preview
 from runs.models import Run, Task
+from runs.saga import operation_resolve, operation_resolve_refusal, run_compensate
 from runs.services import run_cancel, run_resume, run_start, task_retry, task_retry_from, task_retry_preview
 from runs.transitions import TransitionNotAllowed
 from tools.models import ToolOperation
-from tools.saga import operation_resolve, operation_resolve_refusal, run_compensate
 
 TASKS = ["idle", "failed", "running", "replaced"]
 OPERATIONS = [None, ToolOperation.Status.AMBIGUOUS, ToolOperation.Status.COMMITTED]

@@ -7,7 +7,7 @@ import pytest
 
 from agents.models import Agent, Workflow
 from core.errors import Conflict
-from runs.bulk import bulk_apply, bulk_preview
+from dashboard.bulk import bulk_apply, bulk_preview
 from runs.models import Artifact, Run, Span, Task
 from runs.services import run_start, task_retry
 from tests.runs.test_engine import effects, finished

@@ -20,6 +20,7 @@ from approvals.models import ApprovalRequest, Decision
 from runs import retention
 from runs.models import Artifact, BlackboardEntry, Payload, QuarantinedResult, Run, Span
 from runs.retention import runs_prune
+from runs.saga import run_compensate, run_operations
 from runs.services import run_cancel, run_start
 from runs.services.recovery import sweep_once
 from tenancy.models import AuditEvent
@@ -29,7 +30,6 @@ from tests.runs.test_outbox_and_recovery import run_at_once
 from tests.runs.test_run_actions import EMAIL_FAILS, drive
 from tests.runs.test_run_page import NODE, text
 from tools.models import ToolOperation
-from tools.saga import run_compensate, run_operations
 
 DAY = timedelta(days=1)
 # A journaled step this large is kept by reference, as a Payload. Random letters, since PostgreSQL's

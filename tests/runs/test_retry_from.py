@@ -6,10 +6,10 @@ import pytest
 
 from core.errors import Conflict, InvalidInput
 from runs.models import Run, Span, Task
+from runs.saga import operation_resolve
 from runs.services import run_start, task_retry, task_retry_from, task_retry_from_preview, task_retry_preview
 from tests.conftest import wait_for
 from tools.models import SandboxCall, SealedArguments, ToolOperation
-from tools.saga import operation_resolve
 
 EMAIL_FAILS = {"faults": [{"task": "worker-3", "call": 4, "mode": "error"}]}
 

@@ -17,6 +17,7 @@ from agents.models import Agent, Workflow
 from approvals.models import AllowRule, ApprovalPolicy, ApprovalRequest
 from runs.heartbeat import lease_keeper
 from runs.models import Run, Task, WebhookDelivery, WebhookEndpoint
+from runs.saga import run_operations
 from runs.services import run_start
 from runs.webhooks import webhook_deliver
 from tenancy.access import default_project
@@ -26,7 +27,6 @@ from tests.runs.test_engine import scripted_workflow
 from tests.runs.test_run_actions import drive
 from tests.tools.test_ledger_api import Api, member
 from tools.models import SandboxCall, SandboxEmail, SandboxTicket, ToolOperation
-from tools.saga import run_operations
 
 OS = ToolOperation.Status
 TICKET = {"customer_id": "cust-9", "title": "Refund follow-up"}

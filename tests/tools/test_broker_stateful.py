@@ -12,7 +12,7 @@ once it has retried, without faults, whatever is pending):
 3. a committed operation's ``result`` is what a repeat of the same step returns, and the repeat reaches
    no system (replay returns the stored receipt).
 
-A crash point normally SIGKILLs the worker (`runs.faults.crash_now`); here it raises `SimulatedCrash`.
+A crash point normally SIGKILLs the worker (`core.faults.crash_now`); here it raises `SimulatedCrash`.
 No broker crash point sits inside a transaction, so what a real crash would leave committed is exactly
 what this leaves in the database.
 
@@ -249,7 +249,7 @@ class BrokerMachine(RuleBasedStateMachine):
 @pytest.fixture
 def broker_machine(db, monkeypatch):
     scripted_workflow("broker-stateful", [{"final": {}}], tools=TOOLS)
-    monkeypatch.setattr("runs.faults.crash_now", _crash)  # where the fault injector finds it
+    monkeypatch.setattr("core.faults.crash_now", _crash)  # where the fault injector finds it
     broker.circuit_reset()
     yield BrokerMachine
     broker.circuit_reset()

@@ -8,11 +8,11 @@ import pytest
 from agents.models import Agent, Workflow
 from approvals.models import ApprovalRequest
 from runs.models import Artifact, Run, Task
+from runs.saga import run_compensate
 from runs.services import run_start
 from tenancy.tokens import api_token_create
 from tests.conftest import decide, wait_for
 from tools.models import SandboxCall, SandboxEmail, SandboxRecord, SandboxTicket, ToolOperation
-from tools.saga import run_compensate
 
 SHORT_LEASE = {"WARDEN_LEASE_SECONDS": 2, "WARDEN_HEARTBEAT_SECONDS": 0.5}
 OS = ToolOperation.Status

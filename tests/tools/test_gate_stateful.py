@@ -31,6 +31,7 @@ from approvals.models import AllowRule, ApprovalPolicy, ApprovalRequest
 from approvals.services import approval_decide
 from core.errors import WardenError
 from runs.models import Run
+from runs.saga import proposals_bundle_if_any, run_operations
 from runs.services import run_start
 from tenancy.access import authorize, membership_grant, membership_revoke, role_of
 from tenancy.models import Membership, Project
@@ -38,7 +39,6 @@ from tests.conftest import SQLITE
 from tests.runs.test_engine import scripted_workflow
 from tools import broker
 from tools.models import SandboxCall, ToolOperation
-from tools.saga import proposals_bundle_if_any, run_operations
 
 TOOLS = {  # tool → (is a write, is irreversible)
     "email.send": (True, True),

@@ -6,11 +6,11 @@ import pytest
 from approvals.models import ApprovalRequest
 from core.errors import Conflict
 from runs.models import Run, Task
+from runs.saga import compensation_plan, run_compensate
 from runs.services import run_cancel, run_start
 from tests.conftest import decide
 from tests.runs.test_engine import finished, scripted_workflow
 from tools.models import SandboxCall, SandboxEmail, SandboxRecord, SandboxTicket, ToolOperation
-from tools.saga import compensation_plan, run_compensate
 
 OS = ToolOperation.Status
 
@@ -264,9 +264,9 @@ def test_cancelling_a_run_that_waits_for_approval_withdraws_the_request_and_send
 def test_an_ambiguous_write_resolved_by_an_operator_lets_the_retried_task_finish(demo_tx, worker, monkeypatch):
     import dataclasses
 
+    from runs.saga import operation_resolve
     from runs.services import task_retry
     from tools import registry
-    from tools.saga import operation_resolve
 
     spec = registry.TOOLS["email.send"]
     monkeypatch.setitem(registry.TOOLS, "email.send", dataclasses.replace(spec, lookup=None))
@@ -328,7 +328,7 @@ def test_proposals_of_a_run_that_ends_over_budget_are_recorded_as_not_executed(d
 
 
 def test_a_compensated_run_says_which_effects_still_stand(demo_tx, worker):
-    from tools.saga import operation_resolve
+    from runs.saga import operation_resolve
 
     script = [
         {"tool": "tickets.create", "arguments": {"customer_id": "c1", "title": "t"}},

@@ -8,8 +8,7 @@ from daphne.server import Server
 from django.conf import settings
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
 from django.core.management.base import BaseCommand
-
-from config.asgi import application
+from django.utils.module_loading import import_string
 
 
 class Command(BaseCommand):
@@ -40,7 +39,8 @@ class Command(BaseCommand):
             # during a slow shutdown would only be cut short. Unfinished work is recovered on restart.
             reactor.addSystemEventTrigger("before", "shutdown", self._stop_worker, worker)
         Server(
-            application=ASGIStaticFilesHandler(application),
+            # The project's ASGI application, named by the settings as for any ASGI server (config/asgi.py).
+            application=ASGIStaticFilesHandler(import_string(settings.ASGI_APPLICATION)),
             endpoints=build_endpoint_description_strings(host=host, port=port),
             signal_handlers=True,
         ).run()

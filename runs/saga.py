@@ -16,26 +16,25 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from agents.models import Workflow
-from approvals.models import ApprovalRequest
 from core import bus, hooks
 from core.errors import Conflict, LeaseLost, NotFound, StepFailure, TransientFailure, WardenError
-from runs.faults import faults
-from runs.heartbeat import lease_keeper
-from runs.models import Run, Task
-from runs.selectors import set_aside_by_replan
-from runs.services import sql
-from runs.services.leases import worker_id
-from runs.services.outbox import outbox_add
-from runs.services.runs import run_transition
-from runs.transitions import TASK
+from core.faults import faults
 from tenancy.audit import audited
+from tools.broker import approval_recheck, arguments_hash, arguments_unseal, operation_execute, reconcile
+from tools.gate import APPROVAL, REFUSE, Origin, gate
+from tools.ledger import operation_record
+from tools.models import ToolOperation
+from tools.registry import TOOLS, Reversibility
+from tools.transitions import OPERATION, UNKNOWN_OUTCOME
 
-from .broker import _unseal, approval_recheck, arguments_hash, operation_execute, reconcile
-from .gate import APPROVAL, REFUSE, Origin, gate
-from .ledger import operation_record
-from .models import ToolOperation
-from .registry import TOOLS, Reversibility
-from .transitions import OPERATION, UNKNOWN_OUTCOME
+from .heartbeat import lease_keeper
+from .models import Run, Task
+from .selectors import set_aside_by_replan
+from .services import sql
+from .services.leases import worker_id
+from .services.outbox import outbox_add
+from .services.runs import run_transition
+from .transitions import TASK
 
 log = logging.getLogger("warden.saga")
 OS, Kind = ToolOperation.Status, ToolOperation.Kind
@@ -43,7 +42,7 @@ COMPENSABLE_FROM = (Run.Status.NEEDS_ATTENTION, Run.Status.FAILED, Run.Status.CA
 SUPERVISED = Q(proposed=True) | Q(kind__in=[Kind.COMPENSATION, Kind.CORRECTION])
 INLINE_RETRIES = 3
 UNDO_REFUSED = "its undo was refused by the gate"
-RUN_OPERATIONS = "run_operations"  # the executor's actor (tools/actors.py)
+RUN_OPERATIONS = "run_operations"  # the executor's actor (runs/actors.py)
 
 
 # --- propose mode ------------------------------------------------------------------------------------
@@ -72,7 +71,7 @@ def proposals_bundle_if_any(run: Run, now) -> bool:
         hooks.APPROVAL_REQUEST_FOR_OPERATIONS,
         run=run,
         operations=proposals,
-        kind=ApprovalRequest.Kind.BUNDLE,
+        kind="bundle",
         title=f"Run {run.id}: the supervisor will execute these {len(proposals)} proposed operations once each",
         requested_by_id=Run.objects.filter(id=run.id).values_list("started_by_id", flat=True).get(),
     )
@@ -223,7 +222,7 @@ def run_compensate(
                 hooks.APPROVAL_REQUEST_FOR_OPERATIONS,
                 run=run,
                 operations=waiting,
-                kind=ApprovalRequest.Kind.CORRECTION,
+                kind="correction",
                 title=f"Run {run.id}: these {len(waiting)} compensation step(s) wait for a reviewer",
                 requested_by_id=getattr(actor, "pk", None),
             )
@@ -367,7 +366,7 @@ def _execute_supervised(run: Run, op: ToolOperation, fence: ExecutorFence | None
         return True  # rejected just now: its verdict is not satisfied (any more); the others go on
     if op.kind == Kind.ACTION:
         where = {"task_key": op.task.key, "call": op.call_number}
-        arguments = _unseal(spec, op.task_id, op.step, op.arguments)
+        arguments = arguments_unseal(spec, op.task_id, op.step, op.arguments)
     else:
         where = {"task_key": "compensation", "call": op.order}
         arguments = op.arguments

@@ -9,9 +9,8 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
 
-from .models import FaultFiring
+from . import hooks
 
 
 def faults_at(
@@ -35,14 +34,8 @@ def faults_at(
 
 
 def fault_fire_once(*, run_id: int, task_key: str, point: str, mode: str) -> bool:
-    """True the first time only; the record is committed before the fault acts, so a crash fault
-    does not fire again in the worker that resumes the run."""
-    try:
-        with transaction.atomic():
-            FaultFiring.objects.create(run_id=run_id, task_key=task_key, point=point, mode=mode)
-    except IntegrityError:
-        return False
-    return True
+    """True the first time only (the engine records it: runs/apps.py provides FAULT_FIRE_ONCE)."""
+    return hooks.call(hooks.FAULT_FIRE_ONCE, run_id=run_id, task_key=task_key, point=point, mode=mode)
 
 
 def crash_now() -> None:

@@ -12,16 +12,15 @@ from django.db.models import Count, F
 
 from approvals.models import ApprovalRequest
 from core.errors import Forbidden, NotFound, WardenError
+from runs.models import Run, Task
+from runs.refusals import run_cancel_refusal, run_retry_failed_refusal, short
+from runs.saga import COMPENSABLE_FROM, compensation_plan, run_compensate, run_compensate_refusal
+from runs.selectors import set_aside_by_replan
+from runs.services import run_cancel, task_retry
+from runs.transitions import TransitionNotAllowed
 from tenancy.access import authorize, project_ids
 from tools.models import ToolOperation
-from tools.saga import COMPENSABLE_FROM, compensation_plan, run_compensate, run_compensate_refusal
 from tools.transitions import UNKNOWN_OUTCOME
-
-from .models import Run, Task
-from .refusals import run_cancel_refusal, run_retry_failed_refusal, short
-from .selectors import set_aside_by_replan
-from .services import run_cancel, task_retry
-from .transitions import TransitionNotAllowed
 
 MAX_RUNS = 500
 ACTIONS = {
