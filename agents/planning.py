@@ -17,6 +17,26 @@ def pydantic_errors(exc: ValidationError, prefix: str = "") -> list[dict]:
     ]
 
 
+def _dependency_errors(tasks: list[PlannedTaskIn], known: set[str], dead_keys: frozenset[str]) -> list[dict]:
+    """A task may wait only for a task that exists and can still complete."""
+    errors = [
+        {"field": f"plan.tasks.{t.key}.depends_on", "message": f"unknown task {d!r}"}
+        for t in tasks
+        for d in t.depends_on
+        if d not in known
+    ]
+    errors += [
+        {
+            "field": f"plan.tasks.{t.key}.depends_on",
+            "message": f"task {d!r} will never complete (it failed or was dropped)",
+        }
+        for t in tasks
+        for d in t.depends_on
+        if d in dead_keys
+    ]
+    return errors
+
+
 def plan_validate(
     raw,
     *,
@@ -44,22 +64,7 @@ def plan_validate(
     duplicates = sorted({k for k in keys if keys.count(k) > 1} | (set(keys) & existing_keys))
     if duplicates:
         raise InvalidInput(f"task keys used twice: {', '.join(duplicates)}")
-    known = set(keys) | existing_keys
-    errors = [
-        {"field": f"plan.tasks.{t.key}.depends_on", "message": f"unknown task {d!r}"}
-        for t in plan.tasks
-        for d in t.depends_on
-        if d not in known
-    ]
-    errors += [
-        {
-            "field": f"plan.tasks.{t.key}.depends_on",
-            "message": f"task {d!r} will never complete (it failed or was dropped)",
-        }
-        for t in plan.tasks
-        for d in t.depends_on
-        if d in dead_keys
-    ]
+    errors = _dependency_errors(plan.tasks, set(keys) | existing_keys, dead_keys)
     agents = {a.slug: a for a in Agent.objects.filter(slug__in={t.agent for t in plan.tasks})}
     errors += [
         {"field": f"plan.tasks.{t.key}.agent", "message": f"unknown agent {t.agent!r}"}

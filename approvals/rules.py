@@ -14,6 +14,26 @@ from tools.registry import TOOLS
 from .models import AllowRule
 
 
+def _tool_refusal(user, project: Project, tool: str, arguments, *, covers_irreversible: bool, role: str, request):
+    """Raises unless a rule may cover this tool: a write tool, its arguments its own; an irreversible one
+    only by an admin who says so explicitly."""
+    spec = TOOLS.get(tool)
+    if spec is None or spec.internal or not spec.is_write:
+        raise InvalidInput(f"{tool!r} is not a write tool", [{"field": "tool", "message": "no such write tool"}])
+    if spec.reversibility == "irreversible":
+        if not covers_irreversible:
+            raise InvalidInput(
+                f"{tool} is irreversible: an allow rule covers it only when an admin says so explicitly",
+                [{"field": "covers_irreversible", "message": "required for an irreversible tool"}],
+            )
+        if role != "admin":
+            _refused(user, project, tool, request, "irreversible tool, not an admin")
+            raise Forbidden("only a project admin may allow an irreversible tool without review")
+    unknown = set(arguments or {}) - set(spec.arguments.model_fields)
+    if unknown:
+        raise InvalidInput(f"{tool} has no arguments {sorted(unknown)}", [{"field": "arguments", "message": "unknown"}])
+
+
 def allow_rule_create(
     *,
     user,
@@ -32,21 +52,7 @@ def allow_rule_create(
     default)."""
 
     role = authorize(user, project.id, "decide", what=f"allow rules of {project.slug}", token=token, request=request)
-    spec = TOOLS.get(tool)
-    if spec is None or spec.internal or not spec.is_write:
-        raise InvalidInput(f"{tool!r} is not a write tool", [{"field": "tool", "message": "no such write tool"}])
-    if spec.reversibility == "irreversible":
-        if not covers_irreversible:
-            raise InvalidInput(
-                f"{tool} is irreversible: an allow rule covers it only when an admin says so explicitly",
-                [{"field": "covers_irreversible", "message": "required for an irreversible tool"}],
-            )
-        if role != "admin":
-            _refused(user, project, tool, request, "irreversible tool, not an admin")
-            raise Forbidden("only a project admin may allow an irreversible tool without review")
-    unknown = set(arguments or {}) - set(spec.arguments.model_fields)
-    if unknown:
-        raise InvalidInput(f"{tool} has no arguments {sorted(unknown)}", [{"field": "arguments", "message": "unknown"}])
+    _tool_refusal(user, project, tool, arguments, covers_irreversible=covers_irreversible, role=role, request=request)
     if run is not None and run.project_id != project.id:
         raise NotFound(f"run {run.id} does not exist")
     if run is not None and run.started_by_id == user.pk:

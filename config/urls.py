@@ -1,13 +1,27 @@
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
-from django.urls import include, path
+from django.urls import include, path, re_path
 from django.views.generic import RedirectView
 
 from dashboard.views import queue as approvals_views
 
 from .api import api
 
+
+class MovedToTenancy(RedirectView):
+    """Admin pages of the models that moved from approvals to tenancy: old bookmarks still land (deprecated)."""
+
+    permanent = False
+
+    def get_redirect_url(self, *args, **kwargs):
+        query = self.request.META.get("QUERY_STRING", "")
+        return f"/admin/tenancy/{kwargs['model']}/{kwargs['rest']}" + (f"?{query}" if query else "")
+
+
 urlpatterns = [
+    re_path(
+        r"^admin/approvals/(?P<model>project|membership|apitoken|auditevent)/(?P<rest>.*)$", MovedToTenancy.as_view()
+    ),
     path("admin/", admin.site.urls),
     path("api/v1/", api.urls),
     path("login/", auth_views.LoginView.as_view(), name="login"),

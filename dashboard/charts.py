@@ -234,6 +234,15 @@ def histogram(
                     b.label,
                 )
             )
+    body += _marks(bins, marks, w, plot_h)
+    body += _x_axis(x_label)
+    shown = ", ".join(f"{b.label}: {b.count}" for b in bins)
+    return _frame(chart_id, title, f"{y_label} per bin of {x_label}: {shown}", body)
+
+
+def _marks(bins: Sequence[Bin], marks: Sequence[tuple[float, str]], w: float, plot_h: float) -> list:
+    """Vertical lines at values (a percentile) with their labels, placed within their bin in proportion."""
+    body = []
     for n, (value, label) in enumerate(marks):
         x = _position(bins, value, LEFT, w)
         right = x > WIDTH - RIGHT - 160  # no room after the line: the label goes before it
@@ -250,9 +259,7 @@ def histogram(
                 x=_n(x),
             )
         )
-    body += _x_axis(x_label)
-    shown = ", ".join(f"{b.label}: {b.count}" for b in bins)
-    return _frame(chart_id, title, f"{y_label} per bin of {x_label}: {shown}", body)
+    return body
 
 
 def _position(bins: Sequence[Bin], value: float, left: float, w: float) -> float:
@@ -264,6 +271,25 @@ def _position(bins: Sequence[Bin], value: float, left: float, w: float) -> float
             share = min(max((value - b.lo) / (b.hi - b.lo), 0), 1)
             return left + w * (i + share)
     return left  # pragma: no cover - bins is not empty
+
+
+def _x_grid(top: float, step: float, fmt: Callable[[float], str], *, left: float, width: float, base: float) -> list:
+    """Vertical grid lines with their values under the axis, from 0 to ``top``."""
+    body = []
+    for i in range(round(top / step) + 1):
+        x = left + width * step * i / top
+        body.append(
+            format_html(
+                '<line class="grid" x1="{x}" x2="{x}" y1="{}" y2="{}"/>'
+                '<text class="tick-label" x="{x}" y="{}" text-anchor="middle">{}</text>',
+                TOP,
+                base,
+                base + 16,
+                fmt(step * i),
+                x=_n(x),
+            )
+        )
+    return body
 
 
 def horizontal_bars(
@@ -290,20 +316,7 @@ def horizontal_bars(
         step = nice_scale(top, integer=integer)[1]
     plot_w = WIDTH - label_w - RIGHT - 40
     base = height - BOTTOM
-    body = []
-    for i in range(round(top / step) + 1):
-        x = label_w + plot_w * step * i / top
-        body.append(
-            format_html(
-                '<line class="grid" x1="{x}" x2="{x}" y1="{}" y2="{}"/>'
-                '<text class="tick-label" x="{x}" y="{}" text-anchor="middle">{}</text>',
-                TOP,
-                base,
-                base + 16,
-                fmt(step * i),
-                x=_n(x),
-            )
-        )
+    body = _x_grid(top, step, fmt, left=label_w, width=plot_w, base=base)
     for i, (label, value) in enumerate(items):
         y = TOP + row * i
         w = plot_w * min(value, top) / top

@@ -128,6 +128,15 @@ def external_span_report(
         return span
 
 
+def _undo_plan(undo: dict | None, verdict) -> dict | None:
+    """The agent's word for how its effect is undone, used if an operator compensates the run: unless the
+    tool is reversible (by Warden's classification) it is a correction, which waits for a reviewer."""
+    if not undo or verdict.tool_class == ToolOperation.ToolClass.READ_ONLY:
+        return None
+    kind = "compensation" if verdict.reversibility == "reversible" else "correction"
+    return {"kind": kind, "by": "the agent", "tool": undo["tool"], "arguments": undo.get("arguments", {})}
+
+
 def external_operation_intent(
     *,
     run_id: int,
@@ -168,12 +177,6 @@ def external_operation_intent(
         )
         if verdict.decision == REFUSE:
             raise Forbidden(f"{tool} may not be called: {'; '.join(verdict.reasons)}")
-        # The agent's word for how its effect is undone, used if an operator compensates the run: unless
-        # the tool is reversible (by Warden's classification) it is a correction, which waits for a reviewer.
-        plan = None
-        if undo and verdict.tool_class != ToolOperation.ToolClass.READ_ONLY:
-            kind = "compensation" if verdict.reversibility == "reversible" else "correction"
-            plan = {"kind": kind, "by": "the agent", "tool": undo["tool"], "arguments": undo.get("arguments", {})}
         op = operation_record(
             verdict=verdict,
             run_id=run.id,
@@ -188,7 +191,7 @@ def external_operation_intent(
             status=OS.AWAITING_APPROVAL if verdict.waits else OS.EXECUTING,
             started_at=None if verdict.waits else timezone.now(),
             attempts=0 if verdict.waits else 1,
-            compensation=plan,
+            compensation=_undo_plan(undo, verdict),
         )
         if verdict.waits:
             hooks.call(hooks.APPROVAL_REQUEST_FOR_OPERATION, op, requested_by_id=run.started_by_id)

@@ -200,23 +200,7 @@ def run_compensate(
             status_reason="not done: the run was compensated",
             ended_at=now,
         )
-        order = ToolOperation.objects.filter(run=run).exclude(kind=Kind.ACTION).count()
-        waiting = []
-        items = plan["undo"] + plan["correct"]
-        originals = ToolOperation.objects.in_bulk([item["operation"] for item in items])
-        for item in items:
-            original = originals[item["operation"]]
-            retry = original.compensations.filter(status=OS.FAILED).first()
-            if retry is not None:  # a compensation that failed before: try it again, same key and verdict
-                OPERATION.move(retry, OS.APPROVED, status_reason="retried")
-            elif not original.compensations.exists():
-                op = _undo_record(run, original, item, order=order + 1)
-                if op is None:
-                    continue  # the gate refuses the undo: the effect stands, and the run's reason says so
-                order += 1
-                if op.gate == APPROVAL:
-                    waiting.append(op)
-            OPERATION.move(original, OS.COMPENSATING, status_reason="")
+        waiting = _undo_steps(run, plan["undo"] + plan["correct"])
         if waiting:
             hooks.call(
                 hooks.APPROVAL_REQUEST_FOR_OPERATIONS,
@@ -233,6 +217,28 @@ def run_compensate(
         )
     log.info("run %s: compensation started (%d undo, %d wait for a reviewer)", run_id, len(plan["undo"]), len(waiting))
     return run
+
+
+def _undo_steps(run: Run, items: list[dict]) -> list[ToolOperation]:
+    """One undo or correction per committed effect (a failed one is tried again, same key and verdict);
+    each original moves to compensating. Returns the steps that wait for a reviewer."""
+    order = ToolOperation.objects.filter(run=run).exclude(kind=Kind.ACTION).count()
+    waiting = []
+    originals = ToolOperation.objects.in_bulk([item["operation"] for item in items])
+    for item in items:
+        original = originals[item["operation"]]
+        retry = original.compensations.filter(status=OS.FAILED).first()
+        if retry is not None:  # a compensation that failed before: try it again, same key and verdict
+            OPERATION.move(retry, OS.APPROVED, status_reason="retried")
+        elif not original.compensations.exists():
+            op = _undo_record(run, original, item, order=order + 1)
+            if op is None:
+                continue  # the gate refuses the undo: the effect stands, and the run's reason says so
+            order += 1
+            if op.gate == APPROVAL:
+                waiting.append(op)
+        OPERATION.move(original, OS.COMPENSATING, status_reason="")
+    return waiting
 
 
 def _undo_record(run: Run, original: ToolOperation, item: dict, *, order: int) -> ToolOperation | None:

@@ -388,10 +388,13 @@ def operations_decided(*, approval_ids, approved: bool, reason: str, now) -> int
 
 
 def _set(op: ToolOperation, to: str, **changes) -> None:
-    OPERATION.move(op, to, **changes)
+    if to == OS.AMBIGUOUS and op.status != OS.AMBIGUOUS:  # announced once, when it becomes ambiguous
+        with transaction.atomic():  # the status and its webhook commit together, or neither does
+            OPERATION.move(op, to, **changes)
+            operation_ambiguous_announce(op)
+    else:
+        OPERATION.move(op, to, **changes)
     bus.run_changed(op.run_id)
-    if to == OS.AMBIGUOUS:
-        operation_ambiguous_announce(op)
 
 
 def operation_ambiguous_announce(op: ToolOperation) -> None:

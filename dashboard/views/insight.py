@@ -56,11 +56,11 @@ def _percent(value: float) -> str:
 
 
 def _charts(data: Insight) -> dict:
+    return {**_per_day(data), **_distributions(data), **_rankings(data)}
+
+
+def _per_day(data: Insight) -> dict:
     days = [(f.key.strftime("%b %d"), f) for f in data.by_day]
-    p95 = data.total.steps_p95
-    waits = [
-        (v, f"{name} = {fmt_duration(v)}") for name, v in (("p50", data.total.wait_p50), ("p95", data.total.wait_p95))
-    ]
     return {
         "success": charts.bar_chart(
             [(d, None if f.success_rate is None else f.success_rate * 100) for d, f in days],
@@ -88,6 +88,15 @@ def _charts(data: Insight) -> dict:
             fmt=fmt_usd,
             tick_fmt=lambda micros: f"${micros / 1_000_000:g}",
         ),
+    }
+
+
+def _distributions(data: Insight) -> dict:
+    p95 = data.total.steps_p95
+    waits = [
+        (v, f"{name} = {fmt_duration(v)}") for name, v in (("p50", data.total.wait_p50), ("p95", data.total.wait_p95))
+    ]
+    return {
         "steps": charts.histogram(
             data.step_bins,
             chart_id="chart-steps",
@@ -107,6 +116,11 @@ def _charts(data: Insight) -> dict:
             marks=[(v, label) for v, label in waits if v is not None],
             empty_text="No request was decided in this period",
         ),
+    }
+
+
+def _rankings(data: Insight) -> dict:
+    return {
         "tools": charts.horizontal_bars(
             data.top_tools,
             chart_id="chart-tools",

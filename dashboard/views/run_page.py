@@ -515,6 +515,65 @@ def _run_for_push(run_id: int) -> Run | None:
     return run
 
 
+def _spans_with_ancestors(run_id: int, ids: list[int]) -> dict[int, dict]:
+    """The changed spans and their ancestors only (the database sums their subtrees later): a push costs
+    the same for a task of ten steps or of a thousand."""
+    rows: dict[int, dict] = {}
+    wanted = set(ids)
+    while wanted - rows.keys():
+        in_ids, id_params = sql.in_list("id", sorted(wanted - rows.keys()))
+        fetched = sql.fetchall(
+            f"SELECT {', '.join(SPAN_FIELDS)} FROM runs_span WHERE run_id = %s AND {in_ids}", [run_id, *id_params]
+        )
+        if not fetched:
+            break
+        for values in fetched:
+            row = _span_row(values)
+            rows[row["id"]] = row
+            if row["parent_id"]:
+                wanted.add(row["parent_id"])
+    return rows
+
+
+def _step_flags(run_id: int, task_ids: list[int]) -> dict[tuple[int, int], set]:
+    """(task, step) → {"irreversible", "approval"}: what the tree marks on a step's row."""
+    flags: dict[tuple[int, int], set] = {}
+    if task_ids:
+        in_tasks, task_params = sql.in_list("task_id", task_ids)
+        for task_id, step, reversibility, status in sql.fetchall(
+            f"SELECT task_id, step, reversibility, status FROM tools_tooloperation WHERE run_id = %s AND {in_tasks}",
+            [run_id, *task_params],
+        ):
+            mine = flags.setdefault((task_id, step), set())
+            if reversibility == "irreversible":
+                mine.add("irreversible")
+            if status in ("awaiting_approval", "proposed"):
+                mine.add("approval")
+    return flags
+
+
+def _changed_rows(changed: list[dict], nodes: dict, run_id: int, now, *, new_after: int) -> list:
+    """A new span as a lazy subtree, a changed one as its row, and each ancestor's row once (its totals)."""
+    parts = []
+    rows_done: set[int] = set()
+    for span in changed:
+        node = nodes.get(span["id"])
+        if node is None:
+            continue
+        if span["id"] > new_after:
+            parts.append(node_html(node, run_id, now, mode="lazy"))
+        else:
+            parts.append(node_row(node, now))
+        rows_done.add(node.id)
+        parent = nodes.get(node.parent_id) if node.parent_id else None
+        while parent is not None:  # subtree totals moved all the way up
+            if parent.id not in rows_done:
+                parts.append(node_row(parent, now))
+                rows_done.add(parent.id)
+            parent = nodes.get(parent.parent_id) if parent.parent_id else None
+    return parts
+
+
 def run_push(run_id: int) -> dict | None:
     """What changed in the run since the last push, as HTML fragments with stable ids (no payloads).
 
@@ -547,53 +606,12 @@ def run_push(run_id: int) -> dict | None:
     ]
     task_ids = sorted({s["task_id"] for s in changed if s["task_id"]})
     changed_ops = [i for i, status in statuses.items() if mark["ops"].get(i) != status]
-    # The changed spans and their ancestors only, then the ancestors' subtree totals summed by the
-    # database: a push costs the same for a task of ten steps or of a thousand.
-    rows: dict[int, dict] = {}
-    wanted = {s["id"] for s in changed}
-    while wanted - rows.keys():
-        in_ids, id_params = sql.in_list("id", sorted(wanted - rows.keys()))
-        fetched = sql.fetchall(
-            f"SELECT {', '.join(SPAN_FIELDS)} FROM runs_span WHERE run_id = %s AND {in_ids}", [run_id, *id_params]
-        )
-        if not fetched:
-            break
-        for values in fetched:
-            row = _span_row(values)
-            rows[row["id"]] = row
-            if row["parent_id"]:
-                wanted.add(row["parent_id"])
-    flags: dict[tuple[int, int], set] = {}
-    if task_ids:
-        in_tasks, task_params = sql.in_list("task_id", task_ids)
-        for task_id, step, reversibility, status in sql.fetchall(
-            f"SELECT task_id, step, reversibility, status FROM tools_tooloperation WHERE run_id = %s AND {in_tasks}",
-            [run_id, *task_params],
-        ):
-            mine = flags.setdefault((task_id, step), set())
-            if reversibility == "irreversible":
-                mine.add("irreversible")
-            if status in ("awaiting_approval", "proposed"):
-                mine.add("approval")
+    rows = _spans_with_ancestors(run_id, [s["id"] for s in changed])
+    flags = _step_flags(run_id, task_ids)
     _, nodes = tree_build([rows[i] for i in sorted(rows)], flags)
     _subtree_totals(run, nodes, summary)
     parts = [render_to_string(TEMPLATE + "#run-header", header_context(run, now, summary))]
-    rows_done: set[int] = set()
-    for span in changed:
-        node = nodes.get(span["id"])
-        if node is None:
-            continue
-        if span["id"] > mark["span"]:
-            parts.append(node_html(node, run_id, now, mode="lazy"))
-        else:
-            parts.append(node_row(node, now))
-        rows_done.add(node.id)
-        parent = nodes.get(node.parent_id) if node.parent_id else None
-        while parent is not None:  # subtree totals moved all the way up
-            if parent.id not in rows_done:
-                parts.append(node_row(parent, now))
-                rows_done.add(parent.id)
-            parent = nodes.get(parent.parent_id) if parent.parent_id else None
+    parts += _changed_rows(changed, nodes, run_id, now, new_after=mark["span"])
     if changed_ops:
         parts += [ledger_row_html(op, run_id) for op in _operations(run_id, ids=changed_ops)]
     parts.append(render_to_string(TEMPLATE + "#attribution", {"attribution": _attribution(run)}))

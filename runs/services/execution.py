@@ -169,22 +169,26 @@ def _load_context(lease: Lease) -> tuple[Run, Task, Agent, dict]:
     )
     task.agent, task.run = agent, run
     task.max_seconds, task.started_at = max_seconds, sql.parse_ts(started_at)
-    deps, task.join_problems = {}, []
-    if task.depends_on:
-        where, keys = sql.in_list("t.key", task.depends_on)
-        latest = {}
-        for dep_key, artifact_id, content, schema, verification in sql.fetchall(
-            "SELECT t.key, a.id, a.content, a.schema, a.verification FROM runs_artifact a "
-            f"JOIN runs_task t ON t.id = a.task_id WHERE a.run_id = %s AND {where} ORDER BY a.version",
-            [lease.run_id, *keys],
-        ):
-            latest[dep_key] = (artifact_id, sql.loads(content), sql.loads(schema), verification)
-        deps = {key: content for key, (_, content, _, _) in latest.items()}
-        task.join_problems = _join_check(latest)
+    deps, task.join_problems = _dependencies(lease.run_id, task.depends_on)
     task.knowledge = knowledge(lease.run_id) if has_knowledge else []  # as of this attempt's start
     # A re-planner sees the world as it is now, not as it was when the run began (seed 000).
     task.world = world_state(run.id, exclude_task=task.id) if agent.is_planner and plan_version > 1 else None
     return run, task, agent, deps
+
+
+def _dependencies(run_id: int, depends_on: list[str]) -> tuple[dict, list[str]]:
+    """The latest artifact of each dependency (by key), and what is wrong with joining them."""
+    if not depends_on:
+        return {}, []
+    where, keys = sql.in_list("t.key", depends_on)
+    latest = {}
+    for dep_key, artifact_id, content, schema, verification in sql.fetchall(
+        "SELECT t.key, a.id, a.content, a.schema, a.verification FROM runs_artifact a "
+        f"JOIN runs_task t ON t.id = a.task_id WHERE a.run_id = %s AND {where} ORDER BY a.version",
+        [run_id, *keys],
+    ):
+        latest[dep_key] = (artifact_id, sql.loads(content), sql.loads(schema), verification)
+    return {key: content for key, (_, content, _, _) in latest.items()}, _join_check(latest)
 
 
 def _join_check(latest: dict) -> list[str]:
@@ -253,34 +257,7 @@ def _attempt(lease: Lease):
                     return task_yield(lease)
                 run_usage.check_before_step("run")
                 task_usage.check_before_step("task")
-                request = ModelRequest(
-                    agent_slug=agent.slug,
-                    instructions=agent.instructions,
-                    turn=state.model_turns + 1,
-                    attempt=lease.attempt,
-                    prompt=build_prompt(
-                        objective=task.objective,
-                        output_schema=task.output_schema,
-                        dependencies=deps,
-                        journal=state.journal,
-                        knowledge=task.knowledge,
-                        world=world_lines(task.world) if task.world else None,
-                    ),
-                    context={
-                        "deps": deps,
-                        "last": state.last_result or {},
-                        "input": run.input,
-                        "task": task.key,
-                        "known": {entry["key"]: entry["value"] for entry in task.knowledge},
-                        "world": {"tasks": {t["key"]: t for t in task.world["tasks"]}, **task.world}
-                        if task.world
-                        else {},
-                    },
-                    tool_names=list(task.allowed_tools),
-                    cache_seconds=agent.cache_seconds,
-                    fallback=(agent.fallback_provider, agent.fallback_model) if agent.fallback_provider else None,
-                    routing=agent.routing,
-                )
+                request = _model_request(lease, run, task, agent, state, deps)
                 started = timezone.now()
                 try:
                     response = model_complete(
@@ -312,6 +289,37 @@ def _attempt(lease: Lease):
     except Exception as exc:  # a bug must not leave the task leased until the lease expires
         log.exception("task %s attempt %s failed unexpectedly", lease.task_id, lease.attempt)
         return task_fail_or_retry(lease, StepFailure(f"internal error: {exc!r}", "permanent"))
+
+
+def _model_request(lease: Lease, run: Run, task: Task, agent: Agent, state: _LoopState, deps: dict) -> ModelRequest:
+    """What the model is asked at this turn: the prompt from the journal so far, and the context a
+    scripted agent reads."""
+    return ModelRequest(
+        agent_slug=agent.slug,
+        instructions=agent.instructions,
+        turn=state.model_turns + 1,
+        attempt=lease.attempt,
+        prompt=build_prompt(
+            objective=task.objective,
+            output_schema=task.output_schema,
+            dependencies=deps,
+            journal=state.journal,
+            knowledge=task.knowledge,
+            world=world_lines(task.world) if task.world else None,
+        ),
+        context={
+            "deps": deps,
+            "last": state.last_result or {},
+            "input": run.input,
+            "task": task.key,
+            "known": {entry["key"]: entry["value"] for entry in task.knowledge},
+            "world": {"tasks": {t["key"]: t for t in task.world["tasks"]}, **task.world} if task.world else {},
+        },
+        tool_names=list(task.allowed_tools),
+        cache_seconds=agent.cache_seconds,
+        fallback=(agent.fallback_provider, agent.fallback_model) if agent.fallback_provider else None,
+        routing=agent.routing,
+    )
 
 
 def _final(lease: Lease, run: Run, task: Task, agent: Agent, state: _LoopState, response: ModelResponse, started):

@@ -276,6 +276,23 @@ def finish_pg(lease: Lease, run: Run, task: Task, *, step, response, started, no
     return Finished(Usage(*usage), plan_version, held_back, ready, missed)
 
 
+def _artifact_insert(run: Run, task: Task, content, provenance, now) -> None:
+    sql.execute(
+        "INSERT INTO runs_artifact (run_id, task_id, key, schema, content, provenance, verification, version, "
+        "created_at) VALUES (%s, %s, %s, %s, %s, %s, %s, 1, %s)",
+        [
+            run.id,
+            task.id,
+            task.key,
+            sql.dumps(task.output_schema),
+            sql.dumps(content),
+            sql.dumps(provenance),
+            "unverified",
+            sql.ts(now),
+        ],
+    )
+
+
 def finish_portable(lease: Lease, run: Run, task: Task, *, step, response, started, now, body, provenance) -> Finished:
     """finish_pg's twin, in several statements of one transaction (the caller's)."""
     tokens, cost = response.tokens_in + response.tokens_out, response.cost_micros
@@ -318,20 +335,7 @@ def finish_portable(lease: Lease, run: Run, task: Task, *, step, response, start
         cost_micros=cost,
         body=body,
     )
-    sql.execute(
-        "INSERT INTO runs_artifact (run_id, task_id, key, schema, content, provenance, verification, version, "
-        "created_at) VALUES (%s, %s, %s, %s, %s, %s, %s, 1, %s)",
-        [
-            run.id,
-            task.id,
-            task.key,
-            sql.dumps(task.output_schema),
-            sql.dumps(response.final),
-            sql.dumps(provenance),
-            "unverified",
-            sql.ts(now),
-        ],
-    )
+    _artifact_insert(run, task, response.final, provenance, now)
     sql.end_spans([lease.span_id, lease.task_span_id], now=now, status=Span.Status.OK)
     bus.run_changed(run.id)
     dependents = [int(i) for i in sql.loads(completed[0])]

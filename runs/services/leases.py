@@ -84,6 +84,12 @@ def claim(task: Task, *, owner: str, now) -> Lease | None:
             task_span_id=claimed.task_span_id,
             fresh=True,
         )
+    return _claim_again(task, owner=owner, now=now, attempt=attempt, token=token, continuing=continuing)
+
+
+def _claim_again(task: Task, *, owner: str, now, attempt: int, token: int, continuing: bool) -> Lease | None:
+    """A retry, a reclaim after a lost lease, or a continuation after a yield: the attempt span is new
+    (or, continuing, the same one again)."""
     running = TASK.edge(task.status, Task.Status.RUNNING)  # ready, waiting to retry, or its lease expired
     claimed = sql.execute(
         "UPDATE runs_task SET status = %s, attempts = %s, fencing_token = %s, lease_owner = %s, "
@@ -141,6 +147,43 @@ def claim(task: Task, *, owner: str, now) -> Lease | None:
     )
 
 
+def _run_problem(code_version: str, overdue: bool) -> str:
+    """Why the run stops for a person before this task starts ("" when nothing is wrong)."""
+    if code_version != settings.WARDEN["CODE_VERSION"]:
+        return (
+            f"code version changed from {code_version} to {settings.WARDEN['CODE_VERSION']}; "
+            "resume to continue under it"
+        )
+    return "run budget exceeded: deadline" if overdue else ""
+
+
+def _held_back(run_id: int, task_id: int, max_concurrent: int | None, now) -> bool:
+    """True when the run already runs as many tasks as it may: the task stays ready and the next sibling
+    to finish (or the sweeper) sends it again. Counted after the lock, in a statement of its own, so it
+    sees siblings claimed meanwhile."""
+    running = sql.fetchone(
+        "SELECT COUNT(*) FROM runs_task WHERE run_id = %s AND status = %s AND id <> %s",
+        [run_id, Task.Status.RUNNING, task_id],
+    )[0]
+    if running < (max_concurrent or settings.WARDEN["MAX_CONCURRENT_TASKS_PER_RUN"]):
+        return False
+    sql.execute(
+        "UPDATE runs_task SET ready_at = %s WHERE id = %s AND status = %s", [sql.ts(now), task_id, Task.Status.READY]
+    )
+    sql.execute("UPDATE runs_run SET held_back = held_back + 1 WHERE id = %s", [run_id])
+    return True
+
+
+def _fail(run_id: int, task_id: int, *, failure_class: str | None, reason: str, now) -> None:
+    """The task fails before an attempt starts (no budget or no attempts left); None: nothing to run."""
+    from .completion import fail_task  # completion imports this module
+
+    task = Task.objects.get(id=task_id)
+    failure_class = failure_class or task.failure_class or "permanent"
+    fail_task(task=task, run=Run.objects.get(id=run_id), failure_class=failure_class, reason=reason, now=now)
+    return None
+
+
 def task_reserve(*, run_id: int, task_id: int, owner: str):
     """Reserve an attempt: lease, fencing token, attempt number and budget check, in one transaction.
 
@@ -172,59 +215,22 @@ def task_reserve(*, run_id: int, task_id: int, owner: str):
         )
         if not claimable or status != Run.Status.RUNNING:
             return None  # a duplicate or stale message; a paused run is re-driven by its resume
-        problem = ""
-        if code_version != settings.WARDEN["CODE_VERSION"]:
-            problem = (
-                f"code version changed from {code_version} to {settings.WARDEN['CODE_VERSION']}; "
-                "resume to continue under it"
-            )
-        elif overdue:
-            problem = "run budget exceeded: deadline"
+        problem = _run_problem(code_version, overdue)
         if problem:
             run_transition(run=Run.objects.get(id=run_id), to=Run.Status.NEEDS_ATTENTION, reason=problem, now=now)
             return None
         try:
             Usage(status, *usage).check_before_step("run")
         except BudgetExceeded as exc:
-            from .completion import fail_task
-
-            fail_task(
-                task=Task.objects.get(id=task_id),
-                run=Run.objects.get(id=run_id),
-                failure_class=exc.failure_class,
-                reason=str(exc),
-                now=now,
-            )
-            return None
-        # Counted after the lock, in a statement of its own, so it sees siblings claimed meanwhile.
-        running = sql.fetchone(
-            "SELECT COUNT(*) FROM runs_task WHERE run_id = %s AND status = %s AND id <> %s",
-            [run_id, Task.Status.RUNNING, task_id],
-        )[0]
-        if running >= (max_concurrent or settings.WARDEN["MAX_CONCURRENT_TASKS_PER_RUN"]):
-            # Held back: the next sibling to finish (or the sweeper) sends it again.
-            sql.execute(
-                "UPDATE runs_task SET ready_at = %s WHERE id = %s AND status = %s",
-                [sql.ts(now), task_id, Task.Status.READY],
-            )
-            sql.execute("UPDATE runs_run SET held_back = held_back + 1 WHERE id = %s", [run_id])
+            return _fail(run_id, task_id, failure_class=exc.failure_class, reason=str(exc), now=now)
+        if _held_back(run_id, task_id, max_concurrent, now):
             return None
         task = claim_candidate(run_id, (task_id, t_status, key, token, attempts, continuing, agent_id))
         if t_status == Task.Status.RUNNING:
             record_lease_expiry(task=Task.objects.get(id=task_id), now=now)
             recoveries += 1
         if not continuing and attempts >= max_attempts + recoveries:
-            from .completion import fail_task
-
-            full = Task.objects.get(id=task_id)
-            fail_task(
-                task=full,
-                run=Run.objects.get(id=run_id),
-                failure_class=full.failure_class or "permanent",
-                reason=f"no attempts left ({attempts} made)",
-                now=now,
-            )
-            return None
+            return _fail(run_id, task_id, failure_class=None, reason=f"no attempts left ({attempts} made)", now=now)
         if faults.start_crash_due(sql.loads(run_input), run_id=run_id, task_key=key):
             return CRASH
         return claim(task, owner=owner, now=now)

@@ -53,6 +53,22 @@ def _refusal(run: Run, task: Task, failure_class: str, wf: dict | None) -> str:
     return ""
 
 
+def _supersede_unstarted(run: Run, *, why: str, now) -> list[str]:
+    """The tasks of the old plan that never started are set aside; their keys."""
+    superseded = list(
+        Task.objects.filter(run_id=run.id, status__in=NOT_STARTED, attempts=0).values_list("key", flat=True)
+    )
+    TASK.move_where(
+        Task.objects.filter(run_id=run.id, key__in=superseded),
+        Task.Status.SUPERSEDED,
+        sources=NOT_STARTED,
+        status_reason=why,
+        finished_at=now,
+        ready_at=None,
+    )
+    return superseded
+
+
 def replan(*, run: Run, task: Task, failure_class: str, reason: str, now) -> str:
     """Send the run back to its planner after ``task`` failed for good. Returns '' when it did, else
     why not (NO_REPLANNING when the workflow never re-plans). Call with the run (and task) locked,
@@ -67,17 +83,7 @@ def replan(*, run: Run, task: Task, failure_class: str, reason: str, now) -> str
     run.plan_version += 1  # the run is locked: its row is current
     Run.objects.filter(id=run.id).update(plan_version=run.plan_version)
     why = f"superseded by plan {run.plan_version}: task {task.key} failed"
-    superseded = list(
-        Task.objects.filter(run_id=run.id, status__in=NOT_STARTED, attempts=0).values_list("key", flat=True)
-    )
-    TASK.move_where(
-        Task.objects.filter(run_id=run.id, key__in=superseded),
-        Task.Status.SUPERSEDED,
-        sources=NOT_STARTED,
-        status_reason=why,
-        finished_at=now,
-        ready_at=None,
-    )
+    superseded = _supersede_unstarted(run, why=why, now=now)
     objective = (
         f"Re-plan{': ' + run.goal if run.goal else ''}\nTask {task.key} failed ({failure_class}): {reason[:1000]}\n"
         "Plan only the work that is left. The world state below is what has already happened: tasks, "

@@ -48,6 +48,51 @@ def _operations(task_id: int, from_step: int):
     )
 
 
+def _supersede_steps(task: Task, journal: list, ops, *, step: int, now) -> list:
+    """Steps ``step``.. leave the journal (kept in the trace, marked), their sealed secrets go, and the
+    calls they asked for that were not done yet will not be: the new epoch asks again. Returns the
+    superseded spans."""
+    superseded = [span for span in journal if span.step >= step]
+    for span in superseded:
+        span.attributes = {
+            **(span.attributes or {}),
+            "superseded_by_retry_from": step,
+            "journal_step": span.step,
+            "journal_epoch": task.journal_epoch,
+        }
+        span.step = None
+    Span.objects.bulk_update(superseded, ["step", "attributes"])
+    # A model step seals its call's secrets under the next step: those of steps after N belong to
+    # superseded responses. Step N's stay, when step N-1 (a replayed response) asked for that call.
+    SealedArguments.objects.filter(task_id=task.id, step__gt=step).delete()
+    # Calls asked for in superseded steps and not done yet will not be done: the new epoch asks again.
+    why = f"not done: superseded by a retry from step {step}"
+    pending = ops.filter(status__in=NOT_DONE_YET)
+    approvals = [a for a in pending.values_list("approval_id", flat=True) if a]
+    hooks.call(hooks.APPROVALS_WITHDRAW_IDS, ids=approvals, reason=why, now=now)
+    OPERATION.move_where(pending, ToolOperation.Status.REJECTED, status_reason=why, ended_at=now)
+    return superseded
+
+
+def _retry_span(run: Run, task: Task, *, step: int, superseded: list, reason: str, now) -> None:
+    """The trace's record of the retry: from which step, which steps are executed again, the new epoch."""
+    Span.objects.create(
+        run_id=run.id,
+        task_id=task.id,
+        parent_id=Span.objects.filter(task_id=task.id, kind=Span.Kind.TASK).values_list("id", flat=True).first(),
+        kind=Span.Kind.RECOVERY,
+        name=f"retry from step {step}",
+        started_at=now,
+        ended_at=now,
+        attributes={
+            "from_step": step,
+            "superseded_steps": [span.attributes["journal_step"] for span in superseded],
+            "journal_epoch": task.journal_epoch,
+            "reason": reason[:2000],
+        },
+    )
+
+
 def task_retry_from(
     *,
     task_id: int,
@@ -79,43 +124,10 @@ def task_retry_from(
         if refused is not None:
             raise refused
 
-        superseded = [span for span in journal if span.step >= step]
-        for span in superseded:
-            span.attributes = {
-                **(span.attributes or {}),
-                "superseded_by_retry_from": step,
-                "journal_step": span.step,
-                "journal_epoch": task.journal_epoch,
-            }
-            span.step = None
-        Span.objects.bulk_update(superseded, ["step", "attributes"])
-        # A model step seals its call's secrets under the next step: those of steps after N belong to
-        # superseded responses. Step N's stay, when step N-1 (a replayed response) asked for that call.
-        SealedArguments.objects.filter(task_id=task.id, step__gt=step).delete()
-        # Calls asked for in superseded steps and not done yet will not be done: the new epoch asks again.
-        why = f"not done: superseded by a retry from step {step}"
-        pending = ops.filter(status__in=NOT_DONE_YET)
-        approvals = [a for a in pending.values_list("approval_id", flat=True) if a]
-        hooks.call(hooks.APPROVALS_WITHDRAW_IDS, ids=approvals, reason=why, now=now)
-        OPERATION.move_where(pending, ToolOperation.Status.REJECTED, status_reason=why, ended_at=now)
-
+        superseded = _supersede_steps(task, journal, ops, step=step, now=now)
         task.journal_epoch += 1
         task.save(update_fields=["journal_epoch"])
-        Span.objects.create(
-            run_id=run.id,
-            task_id=task.id,
-            parent_id=Span.objects.filter(task_id=task.id, kind=Span.Kind.TASK).values_list("id", flat=True).first(),
-            kind=Span.Kind.RECOVERY,
-            name=f"retry from step {step}",
-            started_at=now,
-            ended_at=now,
-            attributes={
-                "from_step": step,
-                "superseded_steps": [span.attributes["journal_step"] for span in superseded],
-                "journal_epoch": task.journal_epoch,
-                "reason": reason[:2000],
-            },
-        )
+        _retry_span(run, task, step=step, superseded=superseded, reason=reason, now=now)
         task_retry_locked(run=run, task=task, reason=reason, now=now)
         repeated = [op.id for op in ops if op.status in HAPPENED and op.tool_class != "read_only"]
         act["detail"] = {

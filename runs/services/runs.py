@@ -125,6 +125,42 @@ def tasks_create(*, run: Run, planned, agents: dict[str, Agent], depth: int, now
     return created
 
 
+def _run_input(value: dict | None) -> RunInputIn:
+    """A run's input, validated; drill faults only where drills are on, a model version only if it exists."""
+    try:
+        run_input = RunInputIn.model_validate(value or {})
+    except ValidationError as exc:
+        raise InvalidInput("the run's input is invalid", pydantic_errors(exc, "input")) from exc
+    if run_input.faults and not settings.WARDEN["DRILL_FAULTS"]:
+        # A fault can kill a worker on purpose: where drills are off, starting a run cannot ask for one.
+        raise InvalidInput(
+            "drill faults are turned off here (WARDEN_DRILL_FAULTS=0)",
+            [{"field": "input.faults", "message": "not accepted here"}],
+        )
+    if run_input.model_version is not None:
+        if not ModelVersion.objects.filter(slug=run_input.model_version).exists():
+            raise InvalidInput(
+                f"unknown model version {run_input.model_version!r}",
+                [{"field": "input.model_version", "message": "no such model version"}],
+            )
+    return run_input
+
+
+def _first_plan(wf: Workflow, *, goal: str, max_tasks: int) -> tuple[list, dict]:
+    """The tasks a run starts with: the workflow's static plan, its planner's one task, or none (an
+    external agent opens its own)."""
+    if wf.planner == Workflow.Planner.STATIC:
+        return plan_validate(wf.tasks, max_tasks=max_tasks)
+    if wf.planner == Workflow.Planner.EXTERNAL:
+        return [], {}  # an agent running elsewhere opens its tasks and reports (runs/external.py)
+    if wf.planner_agent is None:
+        raise InvalidInput(f"workflow {wf.slug!r} has no planner agent")
+    return plan_validate(
+        [{"key": "plan", "agent": wf.planner_agent.slug, "objective": f"Plan: {goal or wf.default_goal}"}],
+        max_tasks=max_tasks,
+    )
+
+
 def run_start(
     *,
     workflow: str,
@@ -151,39 +187,14 @@ def run_start(
             f"workflow {workflow!r} belongs to another project",
             [{"field": "workflow", "message": "not available in this project"}],
         )
-    try:
-        run_input = RunInputIn.model_validate(input or {})
-    except ValidationError as exc:
-        raise InvalidInput("the run's input is invalid", pydantic_errors(exc, "input")) from exc
-    if run_input.faults and not settings.WARDEN["DRILL_FAULTS"]:
-        # A fault can kill a worker on purpose: where drills are off, starting a run cannot ask for one.
-        raise InvalidInput(
-            "drill faults are turned off here (WARDEN_DRILL_FAULTS=0)",
-            [{"field": "input.faults", "message": "not accepted here"}],
-        )
-    if run_input.model_version is not None:
-        if not ModelVersion.objects.filter(slug=run_input.model_version).exists():
-            raise InvalidInput(
-                f"unknown model version {run_input.model_version!r}",
-                [{"field": "input.model_version", "message": "no such model version"}],
-            )
+    run_input = _run_input(input)
     try:
         limits = BudgetIn.model_validate({**wf.default_budget, **(budget or {})})
     except ValidationError as exc:
         raise InvalidInput("the budget is invalid", pydantic_errors(exc, "budget")) from exc
     cfg = settings.WARDEN
     max_tasks = wf.max_tasks or cfg["MAX_TASKS_PER_RUN"]
-    if wf.planner == Workflow.Planner.STATIC:
-        planned, agents = plan_validate(wf.tasks, max_tasks=max_tasks)
-    elif wf.planner == Workflow.Planner.EXTERNAL:
-        planned, agents = [], {}  # an agent running elsewhere opens its tasks and reports (runs/external.py)
-    else:
-        if wf.planner_agent is None:
-            raise InvalidInput(f"workflow {workflow!r} has no planner agent")
-        planned, agents = plan_validate(
-            [{"key": "plan", "agent": wf.planner_agent.slug, "objective": f"Plan: {goal or wf.default_goal}"}],
-            max_tasks=max_tasks,
-        )
+    planned, agents = _first_plan(wf, goal=goal, max_tasks=max_tasks)
 
     now = timezone.now()
     with audited("run_start", actor=started_by, via=via, request=request, target="", project_id=project.id) as act:

@@ -54,3 +54,10 @@ def test_rows_and_permissions_made_before_the_move_are_kept():
     assert not ContentType.objects.filter(app_label="approvals", model="project").exists()
     assert Membership.objects.get(user=pat).project == Project.objects.get(slug="payments")
     assert AuditEvent.objects.filter(action="login", actor_label="pat").exists()
+
+
+def test_old_admin_links_of_the_moved_models_redirect_to_their_new_place(admin_client):
+    response = admin_client.get("/admin/approvals/project/3/change/?_changelist_filters=q")
+    assert response.status_code == 302
+    assert response["Location"] == "/admin/tenancy/project/3/change/?_changelist_filters=q"
+    assert admin_client.get("/admin/approvals/approvalpolicy/").status_code == 200  # still approvals'

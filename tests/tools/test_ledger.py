@@ -347,3 +347,30 @@ def test_a_compensated_run_says_which_effects_still_stand(demo_tx, worker):
     assert SandboxTicket.objects.get(customer_id="c1").status == "closed"
     assert "1 effects undone or corrected" in run.status_reason
     assert f"1 still stand (not undone): operations {update.id} (crm.update)" in run.status_reason
+
+
+def test_an_ambiguous_write_and_its_webhook_commit_together(demo_tx, worker, monkeypatch):
+    """The operation.ambiguous webhook is written in the transaction that makes the operation ambiguous:
+    a crash between the two can neither lose the event nor announce a status that was not written."""
+    import dataclasses
+
+    from django.db import connection
+
+    from core import hooks
+    from tools import registry
+
+    spec = registry.TOOLS["email.send"]
+    monkeypatch.setitem(registry.TOOLS, "email.send", dataclasses.replace(spec, lookup=None))
+    emit, seen = hooks._providers[hooks.WEBHOOK_EMIT], []
+
+    def watched(**kwargs):
+        if kwargs["event"] == "operation.ambiguous":
+            status = ToolOperation.objects.get(id=kwargs["data"]["operation"]).status
+            seen.append((connection.in_atomic_block, status))
+        return emit(**kwargs)
+
+    monkeypatch.setitem(hooks._providers, hooks.WEBHOOK_EMIT, watched)
+    run = finished(run_start(workflow="incident-fanout", input=fault("timeout_after_commit")))
+    assert run.status == Run.Status.NEEDS_ATTENTION
+    assert ops(run, status=OS.AMBIGUOUS).exists()
+    assert seen == [(True, OS.AMBIGUOUS)]  # once, though reconciling found it ambiguous again
