@@ -169,7 +169,7 @@ def webhook_redeliver(*, delivery_id: int) -> None:
 
 def webhook_endpoint_save(*, endpoint: WebhookEndpoint, actor, created: bool, request=None) -> WebhookEndpoint:
     """Register (or change) an endpoint: its URL may not lead to this machine, a private network or a
-    metadata service (runs/outbound.py); the change is audited, the secret never."""
+    metadata service (core/outbound.py); the change is audited, the secret never."""
     why = outbound.url_refusal(endpoint.url)
     if why:
         raise InvalidInput(f"this webhook URL is refused: {why}", [{"field": "url", "message": why}])

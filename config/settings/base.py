@@ -269,7 +269,7 @@ WARDEN = {
     # The longest an allow rule stands; a rule asked for without an end gets this one (docs/access.md).
     "ALLOW_RULE_MAX_DAYS": _env_float("WARDEN_ALLOW_RULE_MAX_DAYS", 30),
     # Webhook and notification URLs may point at loopback, private, link-local or metadata addresses only
-    # when this is set (tests, a receiver on the same machine); refused otherwise (runs/outbound.py).
+    # when this is set (tests, a receiver on the same machine); refused otherwise (core/outbound.py).
     "WEBHOOK_ALLOW_PRIVATE": os.environ.get("WARDEN_WEBHOOK_ALLOW_PRIVATE", "") == "1",
     # The sandbox systems' effects listing (GET /api/v1/sandbox/effects); off where real tools run.
     "SANDBOX_TOOLS": os.environ.get("WARDEN_SANDBOX_TOOLS", "1") == "1",

@@ -1,1 +1,1 @@
-"""The dashboard's pages and htmx fragments (session + CSRF). The integration API is runs/api.py."""
+"""The dashboard's pages and htmx fragments (session + CSRF). The integration API is api/ (assembled by config/api.py)."""

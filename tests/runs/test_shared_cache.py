@@ -1,5 +1,5 @@
 """The shared cache (Redis) holds breakers, rate windows, sequence numbers and viewers: while it is
-unreachable, runs go on and pages render from the database (runs/shared.py)."""
+unreachable, runs go on and pages render from the database (core/cache.py)."""
 
 from django.test import override_settings
 

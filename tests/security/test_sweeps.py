@@ -38,7 +38,7 @@ FORM = {
 }
 # Columns a GET may write, on purpose. Nothing else: a view that writes on GET fails the sweep.
 GET_WRITES = {
-    # An API token's last use, stamped by authentication at most once a minute (approvals/tokens.py).
+    # An API token's last use, stamped by authentication at most once a minute (tenancy/tokens.py).
     "approvals_apitoken": {"last_used_at"},
 }
 
