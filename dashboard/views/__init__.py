@@ -1,1 +1,2 @@
-"""The dashboard's pages and htmx fragments (session + CSRF). The integration API is api/ (assembled by config/api.py)."""
+"""The dashboard's pages and htmx fragments (session + CSRF). The integration API is api/ (config/api.py
+assembles it)."""
