@@ -26,8 +26,8 @@ from core.circuit import Breaker, rate_wait
 from core.errors import LeaseLost, StepFailure, TransientFailure
 from core.faults import faults
 
-from . import sandbox
 from .gate import REFUSE, Origin, Verdict, gate, gate_satisfied
+from .kit import ToolFailure, ToolRefused, ToolTimeout, ToolUnavailable, secrets_read
 from .ledger import operation_record
 from .models import SealedArguments, ToolOperation
 from .registry import REDACTED, TOOLS, ToolSpec, redact
@@ -283,9 +283,9 @@ def _read(call: _Call, verdict: Verdict) -> ToolOutcome:
     faults.crash("after_intent")  # a read has no intent row: this is just before the call
     try:
         result = _external(spec, call.args, key=call.key, fault=faults.system)
-    except (sandbox.SystemTimeout, sandbox.SystemTransient) as exc:  # a read is safe to try again
+    except (ToolTimeout, ToolUnavailable) as exc:  # a read is safe to try again
         raise TransientFailure(f"{spec.name}: {exc}") from exc
-    except sandbox.SystemError_ as exc:
+    except ToolRefused as exc:
         raise StepFailure(f"{spec.name}: {exc}", "permanent") from exc
     faults.crash("after_call")
     outcome = _validated(spec, result)
@@ -438,12 +438,12 @@ def _call_and_receipt(op: ToolOperation, spec: ToolSpec, args: dict, *, fence=No
     _fenced(fence)
     try:
         result = _external(spec, args, key=op.idempotency_key, fault=faults.system)
-    except (sandbox.SystemTimeout, sandbox.SystemTransient) as exc:
-        if spec.is_write and isinstance(exc, sandbox.SystemTimeout):
+    except (ToolTimeout, ToolUnavailable) as exc:
+        if spec.is_write and isinstance(exc, ToolTimeout):
             return _timed_out(op, spec, exc)
         _set(op, OS.FAILED, status_reason=str(exc), ended_at=timezone.now())
         raise TransientFailure(f"{op.tool}: {exc}") from exc
-    except sandbox.SystemError_ as exc:
+    except ToolRefused as exc:
         _set(op, OS.FAILED, status_reason=str(exc), ended_at=timezone.now())
         raise StepFailure(f"{op.tool}: {exc}", "permanent") from exc
     faults.crash("after_call")
@@ -464,8 +464,11 @@ def _timed_out(op: ToolOperation, spec: ToolSpec, exc: Exception) -> ToolOutcome
 def _external(spec: ToolSpec, args: dict, *, key: str, fault: str | None) -> dict:
     """The call itself, with the tool's deadline; feeds the circuit breaker."""
     try:
-        result = spec.execute(args, key=key, logged=redact(spec, args), fault=fault, deadline=spec.timeout_seconds)
-    except (sandbox.SystemTimeout, sandbox.SystemTransient, sandbox.SystemError_):
+        secrets = secrets_read(spec.secrets)  # by name, now: never from the model, never recorded
+        result = spec.execute(
+            args, key=key, logged=redact(spec, args), fault=fault, deadline=spec.timeout_seconds, secrets=secrets
+        )
+    except ToolFailure:
         _circuit_record(spec.name, ok=False)
         raise
     _circuit_record(spec.name, ok=True)
@@ -476,8 +479,8 @@ def _receipt(op: ToolOperation, spec: ToolSpec, result: dict, reason: str = "") 
     outcome = _validated(spec, result)
     now = timezone.now()
     external_id = ""
-    if isinstance(result, dict):
-        external_id = str(result.get("ticket_id") or result.get("message_id") or result.get("customer_id") or "")[:200]
+    if spec.external_id and isinstance(outcome.result, dict):
+        external_id = str(outcome.result.get(spec.external_id) or "")[:200]
     plan = op.compensation
     if outcome.error is None and plan is not None and spec.undo is not None:
         tool, undo_args = spec.undo(op.arguments, outcome.result)

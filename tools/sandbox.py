@@ -14,6 +14,7 @@ import time
 from django.db import transaction
 from django.utils import timezone
 
+from .kit import ToolRefused, ToolTimeout, ToolUnavailable
 from .models import (
     SandboxCall,
     SandboxDeployment,
@@ -32,15 +33,15 @@ SEARCH_SEED = [
 ]
 
 
-class SystemError_(Exception):
+class SystemError_(ToolRefused):
     """The system refused the request; nothing changed."""
 
 
-class SystemTransient(Exception):
+class SystemTransient(ToolUnavailable):
     """The system is briefly unavailable; nothing changed."""
 
 
-class SystemTimeout(Exception):
+class SystemTimeout(ToolTimeout):
     """No answer before the deadline: the change may or may not have been made."""
 
 

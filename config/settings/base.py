@@ -271,8 +271,13 @@ WARDEN = {
     # Webhook and notification URLs may point at loopback, private, link-local or metadata addresses only
     # when this is set (tests, a receiver on the same machine); refused otherwise (core/outbound.py).
     "WEBHOOK_ALLOW_PRIVATE": os.environ.get("WARDEN_WEBHOOK_ALLOW_PRIVATE", "") == "1",
-    # The sandbox systems' effects listing (GET /api/v1/sandbox/effects); off where real tools run.
+    # The sandbox systems' tools (tools/sandbox_tools.py) and their effects listing (GET
+    # /api/v1/sandbox/effects): for the demos and the drills; off where real tools run.
     "SANDBOX_TOOLS": os.environ.get("WARDEN_SANDBOX_TOOLS", "1") == "1",
+    # A team's own tool modules, comma-separated dotted paths (docs/tools.md, "Python tools").
+    "TOOL_MODULES": [m.strip() for m in os.environ.get("WARDEN_TOOL_MODULES", "").split(",") if m.strip()],
+    # Where the broker reads the secrets tools name: a callable name -> value (default: the environment).
+    "SECRET_SOURCE": os.environ.get("WARDEN_SECRET_SOURCE", "tools.kit.environment_secret"),
     # Drill faults in a run's input (docs/scenarios.md); they can kill a worker on purpose (off in production).
     "DRILL_FAULTS": os.environ.get("WARDEN_DRILL_FAULTS", "1") == "1",
     # Retention (runs/retention.py): bodies and payloads of runs finished this many days ago are pruned

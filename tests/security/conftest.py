@@ -189,6 +189,9 @@ def fill(route: str, scene, *, every: bool, admin_rows: int = 1) -> list[str]:
                 # the admin's "view on site" of a row
                 "content_type_id": [ContentType.objects.get_for_model(Run).id],
                 "object_id": [run.id],
+                # old admin links of the models that moved to tenancy (config/urls.py)
+                "model": ["project", "membership", "apitoken", "auditevent"],
+                "rest": [""],
             }
         ]
     urls = []

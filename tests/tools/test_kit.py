@@ -1,0 +1,180 @@
+"""A team's own Python tools (tests/tools/team_tools.py, declared with tools/kit.py): registered from the
+tool modules setting, called through the gate and the ledger like Warden's own, given their credentials by
+name and never showing them, undone by the tool they name, reconciled by their lookup; a bad declaration
+stops the start with its reason and registers nothing."""
+
+import json
+import logging
+import sys
+import types
+import uuid
+
+import pytest
+from django.apps import apps
+from django.core.exceptions import ImproperlyConfigured
+
+from runs.models import Run
+from runs.saga import run_compensate
+from runs.services import run_start
+from tests.conftest import wait_for
+from tests.runs.test_engine import finished, scripted_workflow
+from tools.models import ToolOperation
+from tools.registry import TOOLS, tools_load
+
+OS = ToolOperation.Status
+CANARY = f"pay-key-{uuid.uuid4().hex}"
+
+
+@pytest.fixture
+def payments(monkeypatch, tmp_path):
+    """The team's module registered beside the sandbox's, its credential in the environment; the file
+    its payments service keeps, to count effects from outside Warden."""
+    ledger = tmp_path / "payments.jsonl"
+    monkeypatch.setenv("TEAM_PAYMENTS_KEY", CANARY)
+    monkeypatch.setenv("TEAM_PAYMENTS_EXPECTED_KEY", CANARY)
+    monkeypatch.setenv("TEAM_PAYMENTS_FILE", str(ledger))
+    before = dict(TOOLS)
+    tools_load(["tools.sandbox_tools", "tests.tools.team_tools"])
+    yield ledger
+    TOOLS.clear()
+    TOOLS.update(before)
+
+
+def effects(ledger) -> list[dict]:
+    return [json.loads(line) for line in ledger.read_text().splitlines()] if ledger.exists() else []
+
+
+def _hold_run(card: str, *, then_fail: bool = False) -> Run:
+    wf = scripted_workflow(
+        f"pay-{card}-{then_fail}",
+        [
+            {"tool": "payments.hold", "arguments": {"card": card, "amount_cents": 1250}},
+            {"final": {"hold": "{last[hold_id]}"}},
+        ],
+        tools=["payments.hold"],
+        # then_fail: the order step after the hold fails for good, so the hold is to be undone
+        output_schema={"type": "object", "required": ["order"]} if then_fail else None,
+        max_attempts=1,
+    )
+    return finished(run_start(workflow=wf.slug))
+
+
+def test_a_teams_tool_is_gated_journaled_and_undone_by_the_tool_it_names(demo_tx, worker, payments, caplog):
+    caplog.set_level(logging.DEBUG)
+    run = _hold_run("card_4242", then_fail=True)
+    assert run.status == Run.Status.NEEDS_ATTENTION, run.status_reason
+    [held] = effects(payments)  # the service saw the call once, with the run's key and the right credential
+    op = ToolOperation.objects.get(run=run, tool="payments.hold")
+    assert (op.status, op.idempotency_key, op.external_id) == (OS.COMMITTED, held["key"], held["answer"]["hold_id"])
+    assert op.verdict["decision"] and op.tool_class == "idempotent_write" and op.reversibility == "reversible"
+
+    run_compensate(run_id=run.id, reason="the order was cancelled")
+    wait_for(lambda: Run.objects.get(id=run.id).status == Run.Status.COMPENSATED, message="the compensation")
+    release = effects(payments)[1]
+    assert release["op"] == "release" and release["answer"]["hold_id"] == held["answer"]["hold_id"]
+    assert ToolOperation.objects.get(run=run, tool="payments.release").status == OS.COMMITTED
+
+    # The credential reached the service (it checks it) and nothing else: no row, no log line.
+    for model in apps.get_models():
+        assert CANARY not in json.dumps(list(model._default_manager.values()), default=str), model.__name__
+    assert CANARY not in caplog.text
+
+
+def test_a_lost_answer_is_reconciled_by_the_tools_own_lookup_and_not_sent_again(demo_tx, worker, payments):
+    run = _hold_run("card_lostanswer")
+    assert run.status == Run.Status.COMPLETED, run.status_reason
+    assert len(effects(payments)) == 1  # made once; the timeout did not make the broker call again
+    op = ToolOperation.objects.get(run=run, tool="payments.hold")
+    assert op.status == OS.COMMITTED and "reconciled" in op.status_reason
+
+
+def test_a_missing_credential_refuses_the_call_and_sends_nothing(demo_tx, worker, payments, monkeypatch):
+    monkeypatch.delenv("TEAM_PAYMENTS_KEY")
+    run = _hold_run("card_4242")
+    assert run.status == Run.Status.NEEDS_ATTENTION
+    assert "TEAM_PAYMENTS_KEY is not set" in run.status_reason
+    assert effects(payments) == []
+
+
+BAD = {
+    "an unknown side-effect class": (
+        "tool_class='sometimes_write', reversibility=''",
+        "unknown side-effect class 'sometimes_write'",
+    ),
+    "an undo naming a missing tool": (
+        "tool_class=ToolClass.IDEMPOTENT_WRITE, reversibility=Reversibility.REVERSIBLE,"
+        " undo=Undo('refunds.cancel', lambda a, r: {})",
+        "its undo names the tool 'refunds.cancel', which is not registered",
+    ),
+    "a secret that is not set": (
+        "tool_class=ToolClass.READ_ONLY, secrets=['NO_SUCH_WARDEN_SECRET']",
+        "it needs the secret NO_SUCH_WARDEN_SECRET, which is not set",
+    ),
+    "a write that does not say whether it can be undone": (
+        "tool_class=ToolClass.NON_IDEMPOTENT_WRITE",
+        "a write must say whether it is reversible or irreversible",
+    ),
+    "an external id its result does not have": (
+        "tool_class=ToolClass.READ_ONLY, external_id='refund_id'",
+        "external_id names 'refund_id', which its result does not have",
+    ),
+}
+
+
+def _module(name: str, declaration: str):
+    """A tool module as a team would write it, with one declaration in it."""
+    module = types.ModuleType(name)
+    sys.modules[name] = module
+    exec(
+        "from tools.kit import *\n"
+        "class A(ToolArguments):\n    x: int = 1\n"
+        "class R(ToolResult):\n    y: int = 0\n"
+        f"@tool('refunds.create', arguments=A, result=R, {declaration})\n"
+        "def create(arguments, *, key, secrets, deadline):\n    return {'y': 1}\n",
+        module.__dict__,
+    )
+    return name
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_a_bad_declaration_stops_the_start_with_its_reason_and_registers_nothing(case):
+    declaration, reason = BAD[case]
+    name = _module(f"team_bad_{uuid.uuid4().hex[:8]}", declaration)
+    before = dict(TOOLS)
+    try:
+        with pytest.raises(ImproperlyConfigured) as raised:
+            tools_load(["tools.sandbox_tools", name])
+    finally:
+        sys.modules.pop(name, None)
+    assert f"refunds.create ({name}): {reason}" in str(raised.value)
+    assert TOOLS == before  # not even the good modules of the same load
+
+
+def test_a_tool_module_that_cannot_be_imported_is_named():
+    before = dict(TOOLS)
+    with pytest.raises(ImproperlyConfigured, match="tool module team.no_such_module: cannot be imported"):
+        tools_load(["tools.sandbox_tools", "team.no_such_module"])
+    assert TOOLS == before
+
+
+@pytest.mark.processes
+def test_a_worker_process_registers_the_modules_its_setting_names(demo_tx, processes, tmp_path):
+    """Discovery from the setting, in a real worker process: the test process never registered them."""
+    assert "payments.hold" not in TOOLS
+    ledger = tmp_path / "payments.jsonl"
+    wf = scripted_workflow(
+        "pay-process",
+        [{"tool": "payments.hold", "arguments": {"card": "card_1", "amount_cents": 5}}, {"final": {}}],
+        tools=["payments.hold"],
+    )
+    run = run_start(workflow=wf.slug)
+    processes.worker(
+        WARDEN_TOOL_MODULES="tests.tools.team_tools",
+        TEAM_PAYMENTS_KEY=CANARY,
+        TEAM_PAYMENTS_EXPECTED_KEY=CANARY,
+        TEAM_PAYMENTS_FILE=str(ledger),
+    )
+    wait_for(lambda: Run.objects.get(id=run.id).is_terminal, timeout=60, message="the run in the worker process")
+    run.refresh_from_db()
+    assert run.status == Run.Status.COMPLETED, run.status_reason
+    assert [e["op"] for e in effects(ledger)] == ["hold"]

@@ -1,0 +1,228 @@
+"""The tool kit: how a team declares its own tools in Python (docs/tools.md, "Python tools").
+
+    from pydantic import Field
+    from tools.kit import ToolArguments, ToolResult, ToolClass, Reversibility, Undo, tool
+
+    class RefundArgs(ToolArguments):
+        charge_id: str = Field(pattern=r"^ch_[a-z0-9]+$")
+        amount_cents: int = Field(gt=0)
+
+    class Refund(ToolResult):
+        refund_id: str
+
+    @tool(
+        "payments.refund",
+        arguments=RefundArgs,
+        result=Refund,
+        tool_class=ToolClass.NON_IDEMPOTENT_WRITE,
+        reversibility=Reversibility.IRREVERSIBLE,
+        secrets=["PAYMENTS_API_KEY"],
+        external_id="refund_id",
+    )
+    def refund(arguments: RefundArgs, *, key: str, secrets: dict, deadline: float) -> Refund:
+        ...  # call the payments service with `key` as its idempotency key, within `deadline` seconds
+
+The module is named in WARDEN_TOOL_MODULES; Warden imports it at start-up and checks every declaration
+before it registers any (tools/registry.py). A tool function raises ToolRefused (nothing changed, do not
+retry), ToolUnavailable (nothing changed, worth another try) or ToolTimeout (no answer in time: the change
+may or may not have been made, so Warden reconciles by key, or a person decides). Secrets are named, never
+passed by the model: the broker reads them at call time from the secret source (the environment by
+default, WARDEN_SECRET_SOURCE for another) and hands them to the function alone.
+"""
+
+import os
+import re
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from django.conf import settings
+from django.utils.module_loading import import_string
+from pydantic import BaseModel, ConfigDict
+
+SECRET = {"secret": True}  # json_schema_extra of an argument field that must never be shown
+NAME = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)+$")  # system.operation, e.g. payments.refund
+SECRET_NAME = re.compile(r"^[A-Z][A-Z0-9_]{0,127}$")
+
+
+class ToolClass:
+    READ_ONLY = "read_only"
+    IDEMPOTENT_WRITE = "idempotent_write"  # the system deduplicates by the idempotency key
+    NON_IDEMPOTENT_WRITE = "non_idempotent_write"  # it does not: a repeat is a duplicate
+    ALL = (READ_ONLY, IDEMPOTENT_WRITE, NON_IDEMPOTENT_WRITE)
+
+
+class Reversibility:
+    NONE = ""  # a read
+    REVERSIBLE = "reversible"  # undone by another call (close the ticket)
+    IRREVERSIBLE = "irreversible"  # only corrected (a correction e-mail)
+    ALL = (NONE, REVERSIBLE, IRREVERSIBLE)
+
+
+class ToolArguments(BaseModel):
+    """Arguments as the model must send them: unknown fields are an error."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class ToolResult(BaseModel):
+    """What the system answers, as much of it as the tool declares (the rest is dropped)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+
+class ToolFailure(Exception):
+    """Base of what a tool function raises."""
+
+
+class ToolRefused(ToolFailure):
+    """The system refused the request; nothing changed. Not tried again."""
+
+
+class ToolUnavailable(ToolFailure):
+    """The system is briefly unavailable; nothing changed. Worth another try."""
+
+
+class ToolTimeout(ToolFailure):
+    """No answer before the deadline: the change may or may not have been made."""
+
+
+@dataclass(frozen=True)
+class Undo:
+    """What undoes (reversible) or corrects (irreversible) an effect: another registered tool, with
+    arguments derived from the call's arguments and its receipt."""
+
+    tool: str
+    arguments: Callable[[dict, dict], dict]
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    name: str
+    system: str
+    tool_class: str
+    reversibility: str
+    arguments: type[BaseModel]
+    result: type[BaseModel]
+    # execute(validated_args_dict, key=..., logged=..., fault=..., deadline=..., secrets=...) -> dict
+    execute: Callable[..., dict]
+    # Status lookup by idempotency key, for reconciling an ambiguous write; None when the system has none.
+    lookup: Callable[[str], dict | None] | None = None
+    # For a reversible write, the undo; for an irreversible one, the correction: (arguments, result) -> (tool, args)
+    undo: Callable[[dict, dict], tuple[str, dict]] | None = None
+    cacheable: bool = False  # a read whose result may be reused within a run
+    timeout_seconds: float = 10.0
+    rate_per_minute: int | None = None
+    internal: bool = False  # used by the engine (compensations); not for agents' allowlists
+    description: str = ""
+    secret_fields: frozenset = field(default=frozenset())
+    secrets: tuple[str, ...] = ()  # named credentials the broker hands the function at call time
+    external_id: str = ""  # the result field that names the created object (a ticket id, a message id)
+    undo_tool: str = ""  # the tool ``undo`` calls, checked when the tools are loaded
+    module: str = ""
+
+    @property
+    def is_write(self) -> bool:
+        return self.tool_class != ToolClass.READ_ONLY
+
+
+def secret_fields(model: type[BaseModel]) -> frozenset:
+    return frozenset(name for name, info in model.model_fields.items() if (info.json_schema_extra or {}).get("secret"))
+
+
+_declared: dict[str, list[ToolSpec]] = defaultdict(list)  # by module, as its import declared them
+
+
+def declare(spec: ToolSpec) -> ToolSpec:
+    """Declare a ready-made spec (the sandbox module does; teams use @tool). Checked when loaded."""
+    _declared[spec.module].append(spec)
+    return spec
+
+
+def declared(module: str) -> list[ToolSpec]:
+    return list(_declared.get(module, ()))
+
+
+def tool(
+    name: str,
+    *,
+    arguments: type[BaseModel],
+    result: type[BaseModel],
+    tool_class: str,
+    reversibility: str = Reversibility.NONE,
+    undo: Undo | None = None,
+    lookup: Callable[..., dict | None] | None = None,
+    timeout_seconds: float = 10.0,
+    rate_per_minute: int | None = None,
+    secrets: Sequence[str] = (),
+    cacheable: bool = False,
+    internal: bool = False,
+    external_id: str = "",
+    description: str = "",
+):
+    """Declare the decorated function as the tool ``name``. The function gets the validated arguments
+    (an instance of ``arguments``), the idempotency key to pass to the system, the secrets it named and
+    its deadline in seconds; it returns a dict or a ``result`` instance. ``lookup(key, secrets=...)``
+    finds what a call with that key did, for reconciling a write whose answer was lost."""
+    names = tuple(secrets)
+
+    def decorate(function):
+        def execute(values: dict, *, key: str, deadline: float, secrets: dict, **_drill) -> dict:
+            answer = function(arguments.model_validate(values), key=key, secrets=secrets, deadline=deadline)
+            return answer.model_dump(mode="json") if isinstance(answer, BaseModel) else answer
+
+        def find(key: str) -> dict | None:
+            return lookup(key, secrets=secrets_read(names))
+
+        def undo_call(values: dict, receipt: dict) -> tuple[str, dict]:
+            return undo.tool, undo.arguments(values, receipt)
+
+        if undo is not None:
+            undo_call.__name__ = f"calling {undo.tool}"
+        declare(
+            ToolSpec(
+                name=name,
+                system=name.partition(".")[0],
+                tool_class=tool_class,
+                reversibility=reversibility,
+                arguments=arguments,
+                result=result,
+                execute=execute,
+                lookup=find if lookup is not None else None,
+                undo=undo_call if undo is not None else None,
+                undo_tool=undo.tool if undo is not None else "",
+                cacheable=cacheable,
+                timeout_seconds=timeout_seconds,
+                rate_per_minute=rate_per_minute,
+                internal=internal,
+                description=description or (function.__doc__ or "").strip().split("\n")[0],
+                secret_fields=secret_fields(arguments) if isinstance(arguments, type) else frozenset(),
+                secrets=names,
+                external_id=external_id,
+                module=function.__module__,
+            )
+        )
+        return function
+
+    return decorate
+
+
+def environment_secret(name: str) -> str | None:
+    """The default secret source: the process environment."""
+    return os.environ.get(name) or None
+
+
+def secret_read(name: str) -> str | None:
+    source = settings.WARDEN.get("SECRET_SOURCE") or "tools.kit.environment_secret"
+    return import_string(source)(name)
+
+
+def secrets_read(names: Sequence[str]) -> dict[str, str]:
+    """The named secrets, read now (a rotated secret is used at the next call). A missing one: refused."""
+    values = {}
+    for name in names:
+        value = secret_read(name)
+        if value is None:
+            raise ToolRefused(f"the secret {name} is not set")
+        values[name] = value
+    return values
