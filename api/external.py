@@ -157,7 +157,7 @@ class ExternalOperationOut(Schema):
                     "task": "refund",
                     "step": 2,
                     "tool": "payments.refund",
-                    "idempotency_key": "warden:57:refund:2",
+                    "idempotency_key": "warden:i3fa9c0b12:57:refund:2",
                     "status": "committed",
                     "status_reason": "",
                     "approval_id": 12,

@@ -1,6 +1,7 @@
 """Integration API for the ledger: a run's operations, its compensation (preview and start), resolving
 an ambiguous operation, and the sandbox systems' effects listing. Arguments are always redacted."""
 
+import re
 from datetime import datetime
 from typing import Any, Literal
 
@@ -20,10 +21,13 @@ from tenancy.access import authorize, authorize_token, project_ids, visible_rows
 from tenancy.models import Project
 from tools.classifications import TOOL_NAME, TOOL_NAME_RULE, tool_classification_set
 from tools.gate import Verdict
+from tools.installation import run_key_prefix
 from tools.models import SandboxCall, ToolClassification, ToolOperation
 
 router = Router(tags=["ledger"])
 
+
+LEGACY_RUN_PREFIX = re.compile(r"^warden:(\d+):")
 
 EMAIL_ARGUMENTS = {
     "to": "worker-3@customers.example",
@@ -53,7 +57,7 @@ class OperationOut(Schema):
                     "step": 4,
                     "kind": "action",
                     "tool": "email.send",
-                    "idempotency_key": "warden:42:worker-3:4",
+                    "idempotency_key": "warden:i3fa9c0b12:42:worker-3:4",
                     "arguments": EMAIL_ARGUMENTS,
                     "tool_class": "non_idempotent_write",
                     "reversibility": "irreversible",
@@ -316,7 +320,12 @@ class EffectOut(Schema):
 
 class EffectsQuery(Schema):
     system: str | None = Field(default=None, max_length=32)
-    key_prefix: str | None = Field(default=None, max_length=200, description="e.g. warden:42: for one run")
+    run: QueryWhole(ge=1) | None = Field(default=None, description="Only the effects of this run")
+    key_prefix: str | None = Field(
+        default=None,
+        max_length=200,
+        description="Keys starting so. Deprecated for one run's effects (use run): warden:42: still means run 42",
+    )
     after: QueryWhole(ge=0) = Field(default=0, description="Only effects with a larger id (paging)")
     limit: QueryWhole(ge=1, le=5000) = 500
 
@@ -332,7 +341,7 @@ class EffectsOut(Schema):
                             "system": "tickets",
                             "kind": "tickets.create",
                             "tool": "tickets.create",
-                            "idempotency_key": "warden:42:worker-3:2",
+                            "idempotency_key": "warden:i3fa9c0b12:42:worker-3:2",
                             "object_id": "T-859853a5bd",
                             "at": "2026-03-14T09:21:35.938Z",
                         },
@@ -341,7 +350,7 @@ class EffectsOut(Schema):
                             "system": "email",
                             "kind": "email.send",
                             "tool": "email.send",
-                            "idempotency_key": "warden:42:worker-3:4",
+                            "idempotency_key": "warden:i3fa9c0b12:42:worker-3:4",
                             "object_id": "M-eb83687dee",
                             "at": "2026-03-14T09:21:40.729Z",
                         },
@@ -370,8 +379,12 @@ def sandbox_effects(request, filters: Query[EffectsQuery]):
         rows = rows.filter(idempotency_key__in=keys)
     if filters.system:
         rows = rows.filter(system=filters.system)
+    if filters.run is not None:
+        rows = rows.filter(idempotency_key__startswith=run_key_prefix(filters.run))
     if filters.key_prefix:
-        rows = rows.filter(idempotency_key__startswith=filters.key_prefix)
+        legacy = LEGACY_RUN_PREFIX.match(filters.key_prefix)  # warden:<run>: from before keys named the installation
+        prefix = run_key_prefix(int(legacy[1])) + filters.key_prefix[legacy.end() :] if legacy else filters.key_prefix
+        rows = rows.filter(idempotency_key__startswith=prefix)
     page = list(rows[: filters.limit + 1])
     more = len(page) > filters.limit
     page = page[: filters.limit]

@@ -46,6 +46,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tools.installation import run_key_prefix
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -368,7 +370,7 @@ def invariants(run_ids: list[int], reviewer: Reviewer) -> dict:
     runs = list(Run.objects.filter(id__in=run_ids).values("id", "status", "status_reason"))
     keys = Q()
     for run_id in run_ids:
-        keys |= Q(idempotency_key__startswith=f"warden:{run_id}:")
+        keys |= Q(idempotency_key__startswith=run_key_prefix(run_id))
     effects = SandboxCall.objects.filter(keys, is_effect=True)
     duplicates = effects.values("system", "idempotency_key").annotate(n=Count("id")).filter(n__gt=1).count()
     intents = set(ToolOperation.objects.filter(run_id__in=run_ids).values_list("idempotency_key", flat=True))

@@ -148,7 +148,7 @@ class Task(models.Model):
     not_before = models.DateTimeField(null=True, blank=True)
     continuing = models.BooleanField(default=False, help_text="Next claim continues the same attempt")
     # A retry from step N takes steps N.. out of the journal and starts a new epoch: the steps executed
-    # again carry new idempotency keys (warden:<run>:<task>:<step>:e<epoch>), so they really happen again.
+    # again carry new idempotency keys (…:<task>:<step>:e<epoch>), so they really happen again.
     journal_epoch = models.PositiveIntegerField(
         default=0, help_text="Retries from an earlier step so far; part of the idempotency keys of later calls"
     )

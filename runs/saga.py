@@ -22,6 +22,7 @@ from core.faults import faults
 from tenancy.audit import audited
 from tools.broker import approval_recheck, arguments_hash, arguments_unseal, operation_execute, reconcile
 from tools.gate import APPROVAL, REFUSE, Origin, gate
+from tools.installation import run_key_prefix
 from tools.ledger import operation_record
 from tools.models import ToolOperation
 from tools.registry import TOOLS, Reversibility
@@ -264,7 +265,7 @@ def _undo_record(run: Run, original: ToolOperation, item: dict, *, order: int) -
         task_id=original.task_id,
         kind=Kind.CORRECTION if correction else Kind.COMPENSATION,
         tool=item["action"],
-        idempotency_key=f"warden:{run.id}:undo:{original.id}",
+        idempotency_key=f"{run_key_prefix(run.id)}undo:{original.id}",
         arguments_hash=arguments_hash(item["action"], item["arguments"]),
         arguments=item["arguments"],
         status=OS.AWAITING_APPROVAL if verdict.waits else OS.APPROVED,

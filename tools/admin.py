@@ -10,6 +10,7 @@ from tenancy.admin_scope import ScopedAdmin, SuperuserAdmin, SuperuserReadOnlyAd
 
 from .classifications import classification_refusal, tool_classification_remove, tool_classification_set
 from .models import (
+    Installation,
     SandboxCall,
     SandboxDeployment,
     SandboxDocument,
@@ -73,6 +74,16 @@ class ToolClassificationAdmin(ScopedAdmin):
 
     def delete_through_service(self, request, obj):
         tool_classification_remove(user=request.user, row=obj, request=request)
+
+
+@admin.register(Installation)
+class InstallationAdmin(SuperuserReadOnlyAdmin):
+    """The id every idempotency key starts with: never edited here (WARDEN_INSTALLATION_ID overrides it)."""
+
+    list_display = ["key", "legacy_runs_through", "created_at"]
+
+    def has_delete_permission(self, request, obj=None):
+        return False  # a new id would make every key new: a retried step would call again
 
 
 @admin.register(SandboxCall)

@@ -27,6 +27,7 @@ from core.errors import LeaseLost, StepFailure, TransientFailure
 from core.faults import faults
 
 from .gate import REFUSE, Origin, Verdict, gate, gate_satisfied
+from .installation import run_key_prefix
 from .kit import ToolFailure, ToolRefused, ToolTimeout, ToolUnavailable, secrets_read
 from .ledger import operation_record
 from .models import SealedArguments, ToolOperation
@@ -62,9 +63,10 @@ def _refuse(code: str, message: str, **extra) -> ToolOutcome:
 
 
 def idempotency_key(*, run_id: int, task_key: str, step: int, epoch: int = 0) -> str:
-    """Derived from run, task and step, never from the attempt: a retry reuses it. ``epoch`` is the task's
-    journal epoch: after a retry from an earlier step, the steps executed again get keys of their own."""
-    key = f"warden:{run_id}:{task_key}:{step}"
+    """Derived from the installation, run, task and step, never from the attempt: a retry reuses it.
+    ``epoch`` is the task's journal epoch: after a retry from an earlier step, the steps executed again
+    get keys of their own."""
+    key = f"{run_key_prefix(run_id)}{task_key}:{step}"
     return f"{key}:e{epoch}" if epoch else key
 
 

@@ -129,6 +129,21 @@ class ToolClassification(models.Model):
         return f"{self.tool} in {self.project}: {self.tool_class} {self.reversibility}".strip()
 
 
+class Installation(models.Model):
+    """This installation's identity, generated once (migration 0007) and kept with the database. It
+    prefixes every idempotency key, so a reset database or a second environment never sends the keys
+    another one already sent to a shared external system (docs/tools.md, "Idempotency keys")."""
+
+    key = models.CharField(max_length=32, unique=True)
+    legacy_runs_through = models.BigIntegerField(
+        default=0, help_text="Runs up to this id started before keys carried the installation: they keep their keys"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return self.key
+
+
 class SealedArguments(models.Model):
     """The real values of secret argument fields of one journaled tool call. Spans, the ledger, logs,
     pages and API responses hold only the redacted form; the broker alone reads this, to make the call."""

@@ -217,6 +217,9 @@ WARDEN = {
     # Stamped on every run and compared before a resume: a run paused across a deploy is not resumed
     # silently under different code.
     "CODE_VERSION": os.environ.get("WARDEN_CODE_VERSION", "warden-0.1.0"),
+    # This installation's id in idempotency keys: empty, the one generated and stored with the database;
+    # set it to keep an installation's id on a new database (docs/tools.md, "Idempotency keys").
+    "INSTALLATION_ID": os.environ.get("WARDEN_INSTALLATION_ID", ""),
     # Tools: consecutive failures that open a tool's circuit, and for how long it stays open.
     "TOOL_CIRCUIT_FAILURES": int(os.environ.get("WARDEN_TOOL_CIRCUIT_FAILURES", 5)),
     "TOOL_CIRCUIT_OPEN_SECONDS": _env_float("WARDEN_TOOL_CIRCUIT_OPEN_SECONDS", 30),

@@ -31,6 +31,9 @@ for _key, _value in {
     "MODEL_TIMEOUT_SECONDS": 5.0,
     # Tests receive webhooks on 127.0.0.1; the tests of the rule itself turn it off.
     "WEBHOOK_ALLOW_PRIVATE": True,
+    # One id for the whole session, whatever a flush of the database does to the stored one (the
+    # worker processes a test starts must use the keys the test computes).
+    "INSTALLATION_ID": "itest",
 }.items():
     if f"WARDEN_{_key}" not in os.environ:
         WARDEN[_key] = _value

@@ -4,7 +4,7 @@ A plain retry replays the whole journal and calls out only past its last step, w
 attempt used (a call it made is found by key, never made twice). A retry **from step N** takes the journal
 entries of steps N.. out of the journal (they stay in the trace, their step cleared, their attributes
 saying what they were) and starts a new journal epoch: steps 1..N-1 are replayed, steps N.. are executed
-afresh under new idempotency keys (``warden:<run>:<task>:<step>:e<epoch>``), so a write made again
+afresh under new idempotency keys (``warden:<installation>:<run>:<task>:<step>:e<epoch>``), so a write made again
 really happens again — the preview lists those second effects before anyone confirms.
 """
 

@@ -12,6 +12,7 @@ from runs.services import run_start
 from tenancy.access import default_project, membership_grant
 from tenancy.models import AuditEvent, Membership, Project
 from tenancy.tokens import api_token_create
+from tools.installation import run_key_prefix
 from tools.models import ToolClassification, ToolOperation
 
 # Every API operation, the role action it needs, and the token scope. A new endpoint without a row
@@ -105,7 +106,7 @@ def scene(demo, django_user_model):
         gate="allow",
         run=run,
         tool="email.send",
-        idempotency_key=f"warden:{run.id}:x:1",
+        idempotency_key=f"{run_key_prefix(run.id)}x:1",
         arguments_hash="h",
         tool_class="non_idempotent_write",
         status=ToolOperation.Status.AMBIGUOUS,
@@ -438,7 +439,7 @@ def _pages(patterns=None, prefix=""):
 
     for pattern in get_resolver().url_patterns if patterns is None else patterns:
         route = prefix + str(pattern.pattern)
-        if route.startswith(("admin/", "api/")):
+        if route.lstrip("^").startswith(("admin/", "api/")):  # the admin and the API have their own tables
             continue
         if isinstance(pattern, URLResolver):
             yield from _pages(pattern.url_patterns, route)

@@ -16,6 +16,7 @@ from tenancy.models import AuditEvent
 from tests.conftest import decide, wait_for
 from tests.runs.test_engine import finished, scripted_workflow
 from tools.broker import TaskParked, tool_call
+from tools.installation import run_key_prefix
 from tools.models import SandboxCall, SandboxEmail, ToolOperation
 
 MAIL = {"to": "a@x.example", "subject": "Refund issued", "body": "b"}
@@ -108,7 +109,7 @@ def test_under_a_quorum_an_edit_counts_only_approvals_of_the_edited_arguments(de
     second.refresh_from_db()
     approval_decide(request_id=second.id, user=rita, approve=True, seen_hash=second.arguments_hash)
     assert finished(other).status == Run.Status.COMPLETED, other.status_reason
-    assert SandboxEmail.objects.get(idempotency_key__startswith=f"warden:{other.id}:").subject == "About your refund"
+    assert SandboxEmail.objects.get(idempotency_key__startswith=run_key_prefix(other.id)).subject == "About your refund"
 
 
 def test_a_quorum_needs_distinct_reviewers_and_one_rejection_with_a_comment_rejects(demo_tx, worker, reviewers):

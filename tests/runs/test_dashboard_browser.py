@@ -16,6 +16,7 @@ from tenancy.access import default_project, membership_grant
 from tenancy.tokens import api_token_create
 from tests.conftest import CHROMIUM, ROOT, SCALED, free_port, wait_for
 from tests.conftest import CHROMIUM_ARGS as ARGS
+from tools.installation import run_key_prefix
 from tools.models import SandboxCall, SandboxEmail
 
 SCREENSHOTS = ROOT / "docs" / "screenshots"
@@ -174,7 +175,7 @@ def test_an_operator_sees_the_run_grow_and_a_double_clicked_approval_decides_onc
     )
     bundle = ApprovalRequest.objects.get(run=run, parent=None)
     assert bundle.kind == ApprovalRequest.Kind.BUNDLE
-    assert not SandboxEmail.objects.filter(idempotency_key__startswith=f"warden:{run.id}:").exists()
+    assert not SandboxEmail.objects.filter(idempotency_key__startswith=run_key_prefix(run.id)).exists()
     queue = warden.login(browser, "rita", "reviewer-pass-123")
     queue.goto(f"{warden.url}/approvals/")
     card = queue.locator(f"#request-{bundle.id}.card.pending")
@@ -197,7 +198,7 @@ def test_an_operator_sees_the_run_grow_and_a_double_clicked_approval_decides_onc
         == [(bundle.id, "rita", "approve")] * 5
     )
     assert decided.values("request").distinct().count() == 5
-    emails = SandboxEmail.objects.filter(idempotency_key__startswith=f"warden:{run.id}:")
+    emails = SandboxEmail.objects.filter(idempotency_key__startswith=run_key_prefix(run.id))
     assert sorted(emails.values_list("to", flat=True)) == [f"worker-{n}@customers.example" for n in range(1, 6)]
     assert emails.values("idempotency_key").distinct().count() == 5
     assert SandboxCall.objects.filter(tool="email.send", is_effect=True).count() == 5

@@ -11,6 +11,7 @@ from core.errors import TransientFailure
 from runs.models import Artifact, QuarantinedResult, Run, Span, Task
 from runs.services import run_cancel, run_resume, run_start, sweep_once, task_retry
 from tests.conftest import wait_for
+from tools.installation import run_key_prefix
 from tools.models import SandboxCall, ToolOperation
 
 
@@ -68,7 +69,7 @@ def test_transient_failure_at_call_4_replays_calls_1_to_3_from_the_journal(demo_
     assert run.status == Run.Status.COMPLETED, run.status_reason
     w3 = Task.objects.get(run=run, key="worker-3")
     assert w3.attempts == 2
-    calls = SandboxCall.objects.filter(idempotency_key__startswith=f"warden:{run.id}:worker-3:")
+    calls = SandboxCall.objects.filter(idempotency_key__startswith=f"{run_key_prefix(run.id)}worker-3:")
     assert list(calls.values_list("tool", flat=True)) == ["crm.read", "tickets.create", "crm.update", "email.send"]
     # attempt 2 made exactly one model call and one tool call: the e-mail and the final answer
     second = Span.objects.filter(task=w3, attempt=2, step__isnull=False).order_by("step")

@@ -20,6 +20,8 @@ from tools.models import ToolOperation
 sys.path.insert(0, str(ROOT / "clients" / "python"))
 from warden_client import WardenClient  # noqa: E402
 
+from tools.installation import run_key_prefix
+
 
 class DjangoTransport(httpx.BaseTransport):
     """The shipped client, talking to Django's test client (inside the test's transaction)."""
@@ -80,7 +82,7 @@ def test_an_external_run_reports_waits_for_approval_and_records_the_receipt(peop
     intent = {"task": "refund", "step": 2, "tool": "payments.refund", "arguments": {"charge": "ch_1"},
               "tool_class": "non_idempotent_write", "reversibility": "irreversible"}  # fmt: skip
     op = call(client, agent, f"/api/v1/runs/{run['id']}/operations", intent).json()
-    assert op["status"] == "awaiting_approval" and op["idempotency_key"] == f"warden:{run['id']}:refund:2"
+    assert op["status"] == "awaiting_approval" and op["idempotency_key"] == f"{run_key_prefix(run['id'])}refund:2"
     refused = call(client, agent, f"/api/v1/operations/{op['id']}/start", {})
     assert refused.status_code == 409  # not approved: it may not be carried out
     other = call(client, agent, f"/api/v1/runs/{run['id']}/operations", {**intent, "arguments": {"charge": "ch_2"}})
@@ -204,7 +206,7 @@ def test_an_operator_compensates_an_external_run_and_the_agent_carries_out_the_u
     [undo] = sdk.undo_pending(run["id"])
     assert (undo.raw["compensates"], undo.raw["tool"], undo.raw["arguments"]) == (ticket["id"], "tickets.close",
                                                                                    {"ticket": "x-1"})  # fmt: skip
-    assert undo.idempotency_key == f"warden:{run['id']}:undo:{ticket['id']}"
+    assert undo.idempotency_key == f"{run_key_prefix(run['id'])}undo:{ticket['id']}"
     ledger = call(client, agent, f"/api/v1/runs/{run['id']}/operations").json()
     correction = next(op for op in ledger if op["compensates"] == email["id"])
     assert (correction["kind"], correction["status"]) == ("correction", "awaiting_approval")

@@ -18,6 +18,7 @@ from runs.models import Run, Task
 from runs.saga import operation_resolve, operation_resolve_refusal, run_compensate
 from runs.services import run_cancel, run_resume, run_start, task_retry, task_retry_from, task_retry_preview
 from runs.transitions import TransitionNotAllowed
+from tools.installation import run_key_prefix
 from tools.models import ToolOperation
 
 TASKS = ["idle", "failed", "running", "replaced"]
@@ -60,7 +61,7 @@ def scene(status: str, tasks: str, operation: str | None) -> tuple[Run, Task, To
             step=1,
             call_number=1,
             tool="tickets.create",
-            idempotency_key=f"warden:{run.id}:{subject.key}:1",
+            idempotency_key=f"{run_key_prefix(run.id)}{subject.key}:1",
             arguments_hash="0" * 64,
             arguments={"customer_id": "c1", "title": "t"},
             tool_class="idempotent_write",

@@ -9,6 +9,7 @@ from runs.models import Run, Span, Task
 from runs.saga import operation_resolve
 from runs.services import run_start, task_retry, task_retry_from, task_retry_from_preview, task_retry_preview
 from tests.conftest import wait_for
+from tools.installation import run_key_prefix
 from tools.models import SandboxCall, SealedArguments, ToolOperation
 
 EMAIL_FAILS = {"faults": [{"task": "worker-3", "call": 4, "mode": "error"}]}
@@ -27,7 +28,9 @@ def repair_the_email_service(run) -> None:
 
 
 def effects(run, task_key="worker-3") -> list[tuple[str, str]]:
-    calls = SandboxCall.objects.filter(idempotency_key__startswith=f"warden:{run.id}:{task_key}:", is_effect=True)
+    calls = SandboxCall.objects.filter(
+        idempotency_key__startswith=f"{run_key_prefix(run.id)}{task_key}:", is_effect=True
+    )
     return sorted(calls.values_list("tool", "idempotency_key"))
 
 
@@ -54,7 +57,7 @@ def failed(demo_tx, worker):
 def test_retry_from_the_crm_update_repeats_it_under_a_new_key_and_replays_the_ticket(failed, where):
     run, w3, update_step = failed()
     n = update_step if where == "the crm.update call" else update_step - 1
-    k = f"warden:{run.id}:worker-3"
+    k = f"{run_key_prefix(run.id)}worker-3"
 
     preview = task_retry_from_preview(task_id=w3.id, step=n)
     assert preview["refusal"] == "" and preview["mode"] == "retry_from" and preview["last_step"] == 7
@@ -106,7 +109,7 @@ def test_retry_from_the_crm_update_repeats_it_under_a_new_key_and_replays_the_ti
 
 def test_a_plain_retry_keeps_the_keys_and_refusals_change_nothing(failed):
     run, w3, update_step = failed()
-    k = f"warden:{run.id}:worker-3"
+    k = f"{run_key_prefix(run.id)}worker-3"
     before = list(Span.objects.filter(task=w3).order_by("id").values_list("id", "step", "attributes"))
 
     with pytest.raises(InvalidInput, match="from step 1 to 8, not 9"):
@@ -158,4 +161,4 @@ def test_proposals_of_superseded_steps_are_withdrawn_so_the_bundle_holds_each_on
     assert old.status_reason == f"not done: superseded by a retry from step {update_step - 1}"
     bundled = ToolOperation.objects.filter(run=run, status=ToolOperation.Status.AWAITING_APPROVAL)
     assert sorted(bundled.values_list("task__key", flat=True)) == [f"worker-{n}" for n in range(1, 6)]
-    assert bundled.get(task=w3).idempotency_key == f"warden:{run.id}:worker-3:{update_step}:e1"
+    assert bundled.get(task=w3).idempotency_key == f"{run_key_prefix(run.id)}worker-3:{update_step}:e1"

@@ -18,6 +18,7 @@ from runs.services import run_cancel, run_start, task_execute
 from tenancy.access import default_project, membership_grant
 from tenancy.models import AuditEvent, Project
 from tools import registry
+from tools.installation import run_key_prefix
 from tools.models import ToolOperation
 
 OS = ToolOperation.Status
@@ -303,7 +304,7 @@ def test_a_plain_retry_previews_the_failed_call_and_retries_with_the_same_keys(s
     url = reverse("runs:task-retry", args=[scene.run.id, scene.w3.id])
     page = client.get(url).content.decode()
     assert "A plain retry" in page and "Steps 1 to 7 are replayed" in page
-    assert f"warden:{scene.run.id}:worker-3:8" in page and "called again with the same key" in page
+    assert f"{run_key_prefix(scene.run.id)}worker-3:8" in page and "called again with the same key" in page
     for step in range(1, 9):  # the picker offers every journaled step, and the one that did not finish
         assert f'name="from_step" value="{step}"' in page
 
@@ -329,7 +330,7 @@ def test_a_retry_from_a_step_flags_the_effects_it_repeats_and_needs_them_confirm
     update = scene.ops["crm.update"]
     page = client.get(url, {"from_step": update.step}).content.decode()
     assert f"A retry from step {update.step}" in page
-    assert f"happens AGAIN under warden:{scene.run.id}:worker-3:{update.step}:e1" in page
+    assert f"happens AGAIN under {run_key_prefix(scene.run.id)}worker-3:{update.step}:e1" in page
     assert "1 committed effect will happen a second time" in page
     assert f'value="{update.step}" checked' in page
 

@@ -23,6 +23,7 @@ from dashboard.views.run_page import PREVIEW_CHARS, run_push
 from runs.models import Artifact, Payload, Run, Span, Task
 from tenancy.access import default_project, membership_grant
 from tenancy.models import Project
+from tools.installation import run_key_prefix
 from tools.models import ToolOperation
 
 K = Span.Kind
@@ -127,7 +128,7 @@ def _op(run, task, step, tool, tool_class, reversibility, *, status=OS.COMMITTED
         task=task,
         step=step,
         tool=tool,
-        idempotency_key=f"warden:{run.id}:{task.key if task else 'run'}:{step}:{tool}:{extra.pop('n', 0)}",
+        idempotency_key=f"{run_key_prefix(run.id)}{task.key if task else 'run'}:{step}:{tool}:{extra.pop('n', 0)}",
         arguments_hash="0" * 64,
         arguments={"customer_id": "c-1"},
         tool_class=tool_class,

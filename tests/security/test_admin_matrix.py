@@ -41,7 +41,9 @@ from tenancy.access import default_project, membership_grant
 from tenancy.models import AuditEvent, Membership, Project
 from tenancy.tokens import api_token_create
 from tests.approvals.test_access import ADMIN_ACTIONS, ALLOWED
+from tools.installation import run_key_prefix
 from tools.models import (
+    Installation,
     SandboxCall,
     SandboxDeployment,
     SandboxDocument,
@@ -93,6 +95,7 @@ TABLE = {
     "tools.sealedarguments": (V, NOBODY, NOBODY, SU),
     "tools.toolclassification": (V, ADM, ADM, ADM),
     "tools.sandboxcall": (SU, NOBODY, NOBODY, SU),
+    "tools.installation": (SU, NOBODY, NOBODY, NOBODY),
     "tools.sandboxticket": (SU, SU, SU, SU),
     "tools.sandboxrecord": (SU, SU, SU, SU),
     "tools.sandboxrecordchange": (SU, NOBODY, NOBODY, SU),
@@ -173,7 +176,7 @@ def scene(demo, people, django_user_model):
         task=task,
         step=1,
         tool="email.send",
-        idempotency_key=f"warden:{run.id}:inventory:1",
+        idempotency_key=f"{run_key_prefix(run.id)}inventory:1",
         arguments_hash="h" * 64,
         tool_class="non_idempotent_write",
         reversibility="irreversible",
@@ -232,6 +235,7 @@ def scene(demo, people, django_user_model):
             project=home, tool="crm.note", tool_class="read_only"
         ),
         "tools.sandboxcall": SandboxCall.objects.create(system="email", operation="send", tool="email.send"),
+        "tools.installation": Installation.objects.get_or_create(key="itest")[0],
         "tools.sandboxticket": SandboxTicket.objects.create(ticket_id="T-1", idempotency_key="k1", customer_id="c"),
         "tools.sandboxrecord": record,
         "tools.sandboxrecordchange": SandboxRecordChange.objects.create(

@@ -11,6 +11,7 @@ from runs.services import run_start
 from tests.conftest import wait_for
 from tools import registry
 from tools.broker import circuit_reset, tool_call
+from tools.installation import run_key_prefix
 from tools.models import SandboxCall, ToolOperation
 
 
@@ -123,7 +124,7 @@ def test_a_workflow_that_compensates_on_failure_does_so_without_waiting_for_a_hu
     )
     wait_for(
         lambda: (
-            not SandboxTicket.objects.filter(idempotency_key__startswith=f"warden:{run.id}:", status="open").exists()
+            not SandboxTicket.objects.filter(idempotency_key__startswith=run_key_prefix(run.id), status="open").exists()
         ),
         message="the run's tickets to be closed",
     )

@@ -39,6 +39,7 @@ from core.errors import StepFailure, TransientFailure
 from runs.services import run_start
 from tests.runs.test_engine import scripted_workflow
 from tools import broker
+from tools.installation import run_key_prefix
 from tools.models import SandboxCall, SandboxEmail, ToolOperation
 
 OS = ToolOperation.Status
@@ -101,7 +102,7 @@ class BrokerMachine(RuleBasedStateMachine):
         # A fresh run per example: keys and fault firings include the run id, so examples never interfere.
         self.run = run_start(workflow=self.workflow)
         self.task = self.run.tasks.get()
-        self.prefix = f"warden:{self.run.id}:{self.task.key}:"
+        self.prefix = f"{run_key_prefix(self.run.id)}{self.task.key}:"
 
     # --- helpers -----------------------------------------------------------------------------------
 

@@ -12,6 +12,7 @@ from runs.saga import run_compensate
 from runs.services import run_start
 from tenancy.tokens import api_token_create
 from tests.conftest import decide, wait_for
+from tools.installation import run_key_prefix
 from tools.models import SandboxCall, SandboxEmail, SandboxRecord, SandboxTicket, ToolOperation
 
 SHORT_LEASE = {"WARDEN_LEASE_SECONDS": 2, "WARDEN_HEARTBEAT_SECONDS": 0.5}
@@ -29,7 +30,7 @@ def effects_api(client, operator):
         while True:
             query = {"after": after, "limit": 100}
             if run_id:
-                query["key_prefix"] = f"warden:{run_id}:"
+                query["key_prefix"] = run_key_prefix(run_id)
             page = client.get("/api/v1/sandbox/effects", query, HTTP_AUTHORIZATION=f"Bearer {token}").json()
             rows += [(e["system"], e["kind"], e["idempotency_key"]) for e in page["effects"]]
             if page["next_after"] is None:
@@ -83,10 +84,10 @@ def test_b2_compensation_survives_a_sigkill_and_undoes_nothing_twice(demo_tx, pr
     assert run.status == Run.Status.NEEDS_ATTENTION and "worker-3" in run.status_reason
     idle(run)
     opened = set(
-        SandboxTicket.objects.filter(idempotency_key__startswith=f"warden:{run.id}:").values_list("id", flat=True)
+        SandboxTicket.objects.filter(idempotency_key__startswith=run_key_prefix(run.id)).values_list("id", flat=True)
     )
     updated = set(
-        SandboxRecord.objects.filter(changes__idempotency_key__startswith=f"warden:{run.id}:").values_list(
+        SandboxRecord.objects.filter(changes__idempotency_key__startswith=run_key_prefix(run.id)).values_list(
             "id", flat=True
         )
     )
@@ -174,7 +175,7 @@ def _end_state(run: Run) -> dict:
     """What a user compares between runs: outcome, artifacts, ledger and effects (ids and times aside)."""
     keys = Counter(
         (c.system, c.operation)
-        for c in SandboxCall.objects.filter(idempotency_key__startswith=f"warden:{run.id}:", is_effect=True)
+        for c in SandboxCall.objects.filter(idempotency_key__startswith=run_key_prefix(run.id), is_effect=True)
     )
     return {
         "status": run.status,

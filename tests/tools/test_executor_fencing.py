@@ -18,6 +18,7 @@ from runs.models import Run
 from runs.services import run_start
 from tenancy.access import default_project, membership_grant
 from tests.conftest import decide, wait_for
+from tools.installation import run_key_prefix
 from tools.models import SandboxEmail, ToolOperation
 
 pytestmark = [pytest.mark.services, pytest.mark.processes]
@@ -51,13 +52,13 @@ def test_a_frozen_executor_sends_nothing_its_successor_already_sent(demo_tx, pro
 
     processes.worker(threads=2, **FROZEN)
     wait_for(lambda: Run.objects.get(id=run.id).status == Run.Status.COMPLETED, timeout=60, message="the takeover")
-    keys = Counter(SandboxEmail.objects.filter(idempotency_key__startswith=f"warden:{run.id}:").values_list(
+    keys = Counter(SandboxEmail.objects.filter(idempotency_key__startswith=run_key_prefix(run.id)).values_list(
         "idempotency_key", flat=True
     ))  # fmt: skip
     assert len(keys) == 5 and set(keys.values()) == {1}
     assert Run.objects.get(id=run.id).ops_lease_token >= 2  # the successor claimed the lease anew
 
-    sent = SandboxEmail.objects.filter(idempotency_key__startswith=f"warden:{run.id}:")
+    sent = SandboxEmail.objects.filter(idempotency_key__startswith=run_key_prefix(run.id))
     os.kill(owner_pid, signal.SIGCONT)  # it wakes, finishes its freeze, and reaches the call
     wait_for(
         lambda: "the executor stops" in processes.log(first) or sent.count() > 5,

@@ -10,6 +10,7 @@ from runs.saga import compensation_plan, run_compensate
 from runs.services import run_cancel, run_start
 from tests.conftest import decide
 from tests.runs.test_engine import finished, scripted_workflow
+from tools.installation import run_key_prefix
 from tools.models import SandboxCall, SandboxEmail, SandboxRecord, SandboxTicket, ToolOperation
 
 OS = ToolOperation.Status
@@ -56,7 +57,7 @@ def test_b1_the_fourth_call_is_repeated_with_the_same_key_and_nothing_else_runs_
     w3 = Task.objects.get(run=run, key="worker-3")
     # one effect per key in every system; five of each kind
     for system, count in {"tickets": 5, "crm": 5, "email": 5}.items():
-        rows = effects(system, key_contains=f"warden:{run.id}:")
+        rows = effects(system, key_contains=run_key_prefix(run.id))
         assert rows.count() == count, (system, list(rows.values_list("idempotency_key", flat=True)))
         assert len(set(rows.values_list("idempotency_key", flat=True))) == count
     email = ops(run, task=w3, tool="email.send").get()
@@ -65,7 +66,7 @@ def test_b1_the_fourth_call_is_repeated_with_the_same_key_and_nothing_else_runs_
     if mode == "transient":
         assert w3.attempts == 2 and email.attempts == 2  # the retry called again, with the same key
         # calls 1-3 were replayed from the journal: each system served worker-3 once per call
-        served = SandboxCall.objects.filter(idempotency_key__startswith=f"warden:{run.id}:worker-3:")
+        served = SandboxCall.objects.filter(idempotency_key__startswith=f"{run_key_prefix(run.id)}worker-3:")
         assert sorted(served.values_list("tool", flat=True)) == sorted(
             ["crm.read", "tickets.create", "crm.update", "email.send"]
         )
@@ -83,7 +84,7 @@ def test_b2_compensation_closes_tickets_restores_records_and_corrects_emails_aft
     assert "worker-3" in run.status_reason
     idle(run)  # attempts in flight finish
     tickets = set(
-        SandboxTicket.objects.filter(idempotency_key__startswith=f"warden:{run.id}:").values_list("id", flat=True)
+        SandboxTicket.objects.filter(idempotency_key__startswith=run_key_prefix(run.id)).values_list("id", flat=True)
     )
     # a worker that had not started when worker-3 failed is held: the run starts nothing new
     assert 1 <= len(tickets) <= 5 and SandboxTicket.objects.filter(idempotency_key__contains=":worker-3:").exists()

@@ -22,6 +22,7 @@ from tenancy.tokens import api_token_create
 from tests.conftest import wait_for
 from tests.runs.test_engine import finished
 from tests.tools.test_ledger import fault, idle, stopped
+from tools.installation import run_key_prefix
 from tools.models import SandboxCall, SandboxEmail, SandboxTicket, ToolOperation
 
 OS = ToolOperation.Status
@@ -137,7 +138,7 @@ def _operation(run, step: int, status: str, **extra) -> ToolOperation:
         step=step,
         call_number=step,
         tool="tickets.create",
-        idempotency_key=f"warden:{run.id}:plan:{step}",
+        idempotency_key=f"{run_key_prefix(run.id)}plan:{step}",
         arguments_hash="0" * 64,
         arguments={"customer_id": "c1", "title": "t"},
         tool_class="idempotent_write",
@@ -476,7 +477,7 @@ def test_the_ledger_of_a_finished_incident_fanout_run(demo_tx, worker, viewer):
         mine = sorted((o for o in ops if o["task"] == f"worker-{n}"), key=lambda o: o["step"])
         assert [o["tool"] for o in mine] == WORKER_CALLS
         # the key is run, task and journal step: what a retry of the same step would use again
-        assert [o["idempotency_key"] for o in mine] == [f"warden:{run.id}:worker-{n}:{o['step']}" for o in mine]
+        assert [o["idempotency_key"] for o in mine] == [f"{run_key_prefix(run.id)}worker-{n}:{o['step']}" for o in mine]
         assert [o["tool_class"] for o in mine] == [
             "read_only",
             "idempotent_write",
@@ -521,7 +522,7 @@ def test_compensation_preview_then_compensate_through_the_api(demo_tx, worker, o
     run = finished(run_start(workflow="incident-fanout", input=fault("error")))
     assert run.status == Run.Status.NEEDS_ATTENTION, run.status_reason
     idle(run)  # a sibling attempt may still be in flight; compensate once none is running
-    prefix = f"warden:{run.id}:"
+    prefix = run_key_prefix(run.id)
     tickets = SandboxTicket.objects.filter(idempotency_key__startswith=prefix)
     sent = SandboxEmail.objects.filter(idempotency_key__startswith=prefix).count()
     assert tickets.exists() and sent < 5  # worker-3's e-mail was refused
@@ -624,7 +625,7 @@ def test_a_bundle_of_proposals_is_listed_and_approved_once_through_the_api(
     assert (decided.json()["status"], decided.json()["decided_by"]) == ("approved", "rita")
     run = finished(run)
     assert run.status == Run.Status.COMPLETED, run.status_reason
-    emails = SandboxEmail.objects.filter(idempotency_key__startswith=f"warden:{run.id}:")
+    emails = SandboxEmail.objects.filter(idempotency_key__startswith=run_key_prefix(run.id))
     assert emails.count() == 5 == SandboxEmail.objects.count()
     assert len(set(emails.values_list("idempotency_key", flat=True))) == 5
     assert set(proposals.values_list("status", flat=True)) == {OS.COMMITTED}
@@ -701,13 +702,17 @@ def test_sandbox_effects_filter_by_run_and_page(demo_tx, worker, viewer):
         assert r["kind"].split(".")[0] == r["system"] and r["idempotency_key"].startswith("warden:")
         datetime.fromisoformat(r["at"])
 
-    prefix = f"warden:{first.id}:"
+    prefix = run_key_prefix(first.id)
     mine = viewer("get", "/sandbox/effects", key_prefix=prefix).json()["effects"]
     assert len(mine) == 15 and all(r["idempotency_key"].startswith(prefix) for r in mine)
     assert sorted(r["kind"] for r in mine) == sorted(["tickets.create", "crm.update", "email.send"] * 5)
     emails = viewer("get", "/sandbox/effects", key_prefix=prefix, system="email").json()["effects"]
     assert [r["kind"] for r in emails] == ["email.send"] * 5
 
+    assert viewer("get", "/sandbox/effects", run=first.id).json()["effects"] == mine
+    # The prefix documented before keys named the installation still means that run (deprecated)
+    assert viewer("get", "/sandbox/effects", key_prefix=f"warden:{first.id}:").json()["effects"] == mine
+    assert prefix.startswith("warden:itest:")  # the test settings' installation id
     paged, pages = _all_pages(viewer, 4, key_prefix=prefix)
     assert paged == mine and pages == 4  # 4 + 4 + 4 + 3, no duplicates, none missed
     paged, pages = _all_pages(viewer, 15, key_prefix=prefix)

@@ -20,6 +20,7 @@ from tenancy.tokens import api_token_create
 from tests.conftest import decide
 from tests.runs.test_engine import finished, scripted_workflow
 from tests.tools.test_ledger import stopped
+from tools.installation import run_key_prefix
 from tools.models import SandboxCall, SandboxTicket, SealedArguments, ToolOperation
 from tools.registry import REDACTED, TOOLS
 
@@ -98,7 +99,7 @@ def test_a_secret_argument_reaches_the_tracker_and_nothing_else(
     assert run.status == Run.Status.COMPLETED, run.status_reason
 
     # The call worked, once, and the tracker was given the real credential every time it was called.
-    ticket = SandboxTicket.objects.get(idempotency_key__startswith=f"warden:{run.id}:only:")
+    ticket = SandboxTicket.objects.get(idempotency_key__startswith=f"{run_key_prefix(run.id)}only:")
     assert (ticket.customer_id, ticket.title) == ("c1", "t")
     assert tracker_keys and set(tracker_keys) == {CANARY}, tracker_keys
     assert len(tracker_keys) == (2 if path == "retried" else 1)
