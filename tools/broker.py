@@ -11,12 +11,14 @@ receipt reconciles first (the tool's lookup by key): committed → the stored an
 call is made again with the same key; no lookup → a human decides. Never a blind retry.
 """
 
+import contextvars
 import json
 import logging
 import re
+import threading
 from dataclasses import dataclass
 
-from django.db import transaction
+from django.db import connections, transaction
 from django.utils import timezone
 from django.utils.crypto import salted_hmac
 from pydantic import ValidationError
@@ -28,10 +30,10 @@ from core.faults import faults
 
 from .gate import REFUSE, Origin, Verdict, gate, gate_satisfied
 from .installation import run_key_prefix
-from .kit import ToolFailure, ToolRefused, ToolTimeout, ToolUnavailable, secrets_read
+from .kit import ToolCutOff, ToolFailure, ToolRefused, ToolTimeout, ToolUnavailable, secrets_read
 from .ledger import operation_record
 from .models import SealedArguments, ToolOperation
-from .registry import REDACTED, TOOLS, ToolSpec, redact
+from .registry import REDACTED, TOOLS, ToolClass, ToolSpec, redact
 from .transitions import OPERATION
 
 log = logging.getLogger("warden.tools")
@@ -360,15 +362,21 @@ def approval_recheck(op: ToolOperation) -> ToolOutcome | None:
     return _refuse("rejected", f"{op.tool} was not done: {why}")
 
 
-def reconcile(op: ToolOperation, spec: ToolSpec) -> ToolOutcome | None:
+def reconcile(op: ToolOperation, spec: ToolSpec, *, in_flight: bool = False) -> ToolOutcome | None:
     """An intent without a receipt: ask the system by key. Committed → its answer (recorded as the
-    receipt); not committed → None, and the caller may call again with the same key."""
+    receipt); not committed → None, and the caller may call again with the same key. ``in_flight``: the
+    broker cut the call off, which may still land: "not found" is not "not done" for a system that does
+    not deduplicate by key, so a person decides rather than a second call."""
     if spec.lookup is None or faults.no_lookup:
         _set(op, OS.AMBIGUOUS, status_reason="no receipt, and the tool has no status lookup: a human must check")
         raise StepFailure(
             f"{op.tool} ({op.idempotency_key}) may or may not have happened: a human must check", "ambiguous"
         )
     found = spec.lookup(op.idempotency_key)
+    if found is None and in_flight and spec.tool_class == ToolClass.NON_IDEMPOTENT_WRITE:
+        reason = "cut off at its deadline and not found yet; it may still land: a human must check"
+        _set(op, OS.AMBIGUOUS, status_reason=reason)
+        raise StepFailure(f"{op.tool} ({op.idempotency_key}) was {reason}", "ambiguous")
     if found is None:
         _set(op, OS.APPROVED, status_reason="reconciled: not committed; calling again with the same key")
         log.info("reconciled %s %s: not committed", op.tool, op.idempotency_key)
@@ -457,19 +465,48 @@ def _call_and_receipt(op: ToolOperation, spec: ToolSpec, args: dict, *, fence=No
 def _timed_out(op: ToolOperation, spec: ToolSpec, exc: Exception) -> ToolOutcome:
     """A write that timed out may have happened: ask the system before anything else."""
     _set(op, OS.AMBIGUOUS, status_reason=str(exc))
-    found = reconcile(op, spec)
+    found = reconcile(op, spec, in_flight=isinstance(exc, ToolCutOff))
     if found is not None:
         return found
     raise TransientFailure(f"{op.tool} timed out and did not take effect; it will be tried again") from exc
+
+
+def _within_deadline(spec: ToolSpec, call):
+    """The call in a thread of its own; at the tool's deadline the broker stops waiting (ToolCutOff) and
+    a late answer is dropped: the operation is then reconciled, never simply called again."""
+    box: dict = {}
+    done = threading.Event()
+    context = contextvars.copy_context()
+
+    def run():
+        try:
+            box["result"] = context.run(call)
+        except BaseException as exc:  # handed to the caller's thread as it is
+            box["error"] = exc
+        finally:
+            connections.close_all()  # this thread's own connections, if the tool opened any
+            done.set()
+
+    threading.Thread(target=run, name=f"tool {spec.name}", daemon=True).start()
+    if not done.wait(spec.timeout_seconds):
+        raise ToolCutOff(f"{spec.name} did not answer within {spec.timeout_seconds:g}s: cut off")
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
 
 
 def _external(spec: ToolSpec, args: dict, *, key: str, fault: str | None) -> dict:
     """The call itself, with the tool's deadline; feeds the circuit breaker."""
     try:
         secrets = secrets_read(spec.secrets)  # by name, now: never from the model, never recorded
-        result = spec.execute(
-            args, key=key, logged=redact(spec, args), fault=fault, deadline=spec.timeout_seconds, secrets=secrets
-        )
+
+        def call():
+            logged = redact(spec, args)
+            return spec.execute(
+                args, key=key, logged=logged, fault=fault, deadline=spec.timeout_seconds, secrets=secrets
+            )
+
+        result = _within_deadline(spec, call) if spec.cut_off else call()
     except ToolFailure:
         _circuit_record(spec.name, ok=False)
         raise

@@ -6,6 +6,7 @@ records effects where the test can count them. The service honours idempotency k
 import fcntl
 import json
 import os
+import time
 import uuid
 
 from pydantic import Field
@@ -22,6 +23,7 @@ from tools.kit import (
 )
 
 KEY = "TEAM_PAYMENTS_KEY"
+SLOW_SECONDS = 2.0  # a slow answer: past the 1-second deadlines below
 
 
 class HoldArgs(ToolArguments):
@@ -57,6 +59,12 @@ def _rows(path: str) -> list[dict]:
         return []
 
 
+def _calls(path: str, key: str) -> None:
+    """Every request the service receives, landed or not (to count the broker's calls)."""
+    with open(path + ".calls", "a") as f:
+        f.write(key + "\n")
+
+
 def _append_once(path: str, row: dict) -> dict:
     """The service's own deduplication: a key it has seen returns the first answer."""
     with open(path, "a+") as f:
@@ -79,10 +87,14 @@ def _append_once(path: str, row: dict) -> dict:
     lookup=lambda key, secrets: next((r["answer"] for r in _rows(_service(secrets)) if r["key"] == key), None),
     secrets=[KEY],
     external_id="hold_id",
+    timeout_seconds=1,
 )
 def hold(arguments: HoldArgs, *, key: str, secrets: dict, deadline: float) -> Hold:
     """Hold an amount on a customer's card (undone by releasing it)"""
     path = _service(secrets)
+    _calls(path, key)
+    if arguments.card == "card_slow":
+        time.sleep(SLOW_SECONDS)  # the service is slow; the hold lands after the broker stopped waiting
     answer = {"hold_id": f"hold_{uuid.uuid4().hex[:10]}", "amount_cents": arguments.amount_cents}
     row = _append_once(path, {"key": key, "op": "hold", "card": arguments.card, "answer": answer})
     if arguments.card == "card_lostanswer" and row["answer"] == answer:
@@ -107,3 +119,33 @@ def release(arguments: ReleaseArgs, *, key: str, secrets: dict, deadline: float)
         {"key": key, "op": "release", "answer": {"hold_id": arguments.hold_id, "released": True}},
     )
     return row["answer"]
+
+
+class NoticeArgs(ToolArguments):
+    to: str = Field(pattern=r"^[^@\s]+@[^@\s]+$")
+    text: str = Field(max_length=500)
+
+
+class Notice(ToolResult):
+    notice_id: str
+
+
+@tool(
+    "payments.notify",
+    arguments=NoticeArgs,
+    result=Notice,
+    tool_class=ToolClass.NON_IDEMPOTENT_WRITE,  # a repeat is a second message
+    reversibility=Reversibility.IRREVERSIBLE,
+    lookup=lambda key, secrets: next((r["answer"] for r in _rows(_service(secrets)) if r["key"] == key), None),
+    secrets=[KEY],
+    timeout_seconds=1,
+)
+def notify(arguments: NoticeArgs, *, key: str, secrets: dict, deadline: float) -> dict:
+    """Tell the card holder (cannot be taken back)"""
+    path = _service(secrets)
+    _calls(path, key)
+    if arguments.text == "slow":
+        time.sleep(SLOW_SECONDS)
+    with open(path, "a") as f:  # no deduplication: every request is a message
+        f.write(json.dumps({"key": key, "op": "notify", "answer": {"notice_id": uuid.uuid4().hex[:8]}}) + "\n")
+    return {"notice_id": "sent"}

@@ -6,6 +6,7 @@ stops the start with its reason and registers nothing."""
 import json
 import logging
 import sys
+import time
 import types
 import uuid
 
@@ -18,6 +19,7 @@ from runs.saga import run_compensate
 from runs.services import run_start
 from tests.conftest import wait_for
 from tests.runs.test_engine import finished, scripted_workflow
+from tests.tools import team_tools
 from tools.models import ToolOperation
 from tools.registry import TOOLS, tools_load
 
@@ -44,7 +46,7 @@ def effects(ledger) -> list[dict]:
     return [json.loads(line) for line in ledger.read_text().splitlines()] if ledger.exists() else []
 
 
-def _hold_run(card: str, *, then_fail: bool = False) -> Run:
+def _hold_run(card: str, *, then_fail: bool = False, attempts: int = 1) -> Run:
     wf = scripted_workflow(
         f"pay-{card}-{then_fail}",
         [
@@ -54,7 +56,7 @@ def _hold_run(card: str, *, then_fail: bool = False) -> Run:
         tools=["payments.hold"],
         # then_fail: the order step after the hold fails for good, so the hold is to be undone
         output_schema={"type": "object", "required": ["order"]} if then_fail else None,
-        max_attempts=1,
+        max_attempts=attempts,
     )
     return finished(run_start(workflow=wf.slug))
 
@@ -86,6 +88,37 @@ def test_a_lost_answer_is_reconciled_by_the_tools_own_lookup_and_not_sent_again(
     assert len(effects(payments)) == 1  # made once; the timeout did not make the broker call again
     op = ToolOperation.objects.get(run=run, tool="payments.hold")
     assert op.status == OS.COMMITTED and "reconciled" in op.status_reason
+
+
+def calls(ledger) -> list[str]:
+    path = ledger.with_name(ledger.name + ".calls")
+    return path.read_text().split() if path.exists() else []
+
+
+def test_a_call_past_its_deadline_is_cut_off_and_reconciled_not_sent_blindly(demo_tx, worker, payments):
+    """An idempotent write: cut off at 1 s, not found yet, called again with the same key; the service
+    kept one hold, and the second call's answer (or the lookup) is the receipt."""
+    run = _hold_run("card_slow", attempts=3)
+    assert run.status == Run.Status.COMPLETED, run.status_reason
+    op = ToolOperation.objects.get(run=run, tool="payments.hold")
+    assert op.status == OS.COMMITTED and op.attempts >= 2
+    assert len(calls(payments)) >= 2 and set(calls(payments)) == {op.idempotency_key}  # same key each time
+    time.sleep(team_tools.SLOW_SECONDS)  # the calls cut off land in the meantime
+    assert [e["op"] for e in effects(payments)] == ["hold"]  # one hold, however many calls
+
+
+def test_a_non_idempotent_call_cut_off_goes_to_a_person_and_is_never_sent_again(demo_tx, worker, payments):
+    wf = scripted_workflow(
+        "notify-slow",
+        [{"tool": "payments.notify", "arguments": {"to": "a@x.example", "text": "slow"}}, {"final": {}}],
+        tools=["payments.notify"],
+    )
+    run = finished(run_start(workflow=wf.slug))
+    assert run.status == Run.Status.NEEDS_ATTENTION
+    op = ToolOperation.objects.get(run=run, tool="payments.notify")
+    assert op.status == OS.AMBIGUOUS and "cut off" in op.status_reason
+    wait_for(lambda: len(effects(payments)) == 1, message="the late message to land")
+    assert len(calls(payments)) == 1  # it landed late, once; the broker did not call again
 
 
 def test_a_missing_credential_refuses_the_call_and_sends_nothing(demo_tx, worker, payments, monkeypatch):
