@@ -150,6 +150,24 @@ def declared(module: str) -> list[ToolSpec]:
     return list(_declared.get(module, ()))
 
 
+def _adapters(function, arguments: type[BaseModel], lookup, undo: Undo | None, names: tuple[str, ...]):
+    """The broker's calling conventions around a team's functions: execute, lookup by key, undo."""
+
+    def execute(values: dict, *, key: str, deadline: float, secrets: dict, **_drill) -> dict:
+        answer = function(arguments.model_validate(values), key=key, secrets=secrets, deadline=deadline)
+        return answer.model_dump(mode="json") if isinstance(answer, BaseModel) else answer
+
+    def find(key: str) -> dict | None:
+        return lookup(key, secrets=secrets_read(names))
+
+    def undo_call(values: dict, receipt: dict) -> tuple[str, dict]:
+        return undo.tool, undo.arguments(values, receipt)
+
+    if undo is not None:
+        undo_call.__name__ = f"calling {undo.tool}"
+    return execute, find if lookup is not None else None, undo_call if undo is not None else None
+
+
 def tool(
     name: str,
     *,
@@ -174,18 +192,7 @@ def tool(
     names = tuple(secrets)
 
     def decorate(function):
-        def execute(values: dict, *, key: str, deadline: float, secrets: dict, **_drill) -> dict:
-            answer = function(arguments.model_validate(values), key=key, secrets=secrets, deadline=deadline)
-            return answer.model_dump(mode="json") if isinstance(answer, BaseModel) else answer
-
-        def find(key: str) -> dict | None:
-            return lookup(key, secrets=secrets_read(names))
-
-        def undo_call(values: dict, receipt: dict) -> tuple[str, dict]:
-            return undo.tool, undo.arguments(values, receipt)
-
-        if undo is not None:
-            undo_call.__name__ = f"calling {undo.tool}"
+        execute, find, undo_call = _adapters(function, arguments, lookup, undo, names)
         declare(
             ToolSpec(
                 name=name,
@@ -195,8 +202,8 @@ def tool(
                 arguments=arguments,
                 result=result,
                 execute=execute,
-                lookup=find if lookup is not None else None,
-                undo=undo_call if undo is not None else None,
+                lookup=find,
+                undo=undo_call,
                 undo_tool=undo.tool if undo is not None else "",
                 cacheable=cacheable,
                 timeout_seconds=timeout_seconds,
