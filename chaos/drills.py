@@ -46,8 +46,6 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tools.installation import run_key_prefix
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -365,6 +363,7 @@ def invariants(run_ids: list[int], reviewer: Reviewer) -> dict:
 
     from approvals.models import ApprovalRequest, Decision
     from runs.models import Run
+    from tools.installation import run_key_prefix
     from tools.models import SandboxCall, ToolOperation
 
     runs = list(Run.objects.filter(id__in=run_ids).values("id", "status", "status_reason"))
