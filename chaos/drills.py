@@ -398,7 +398,7 @@ def invariants(run_ids: list[int], reviewer: Reviewer) -> dict:
         "lost": lost,
         "unreconciled": unreconciled.count(),
         "effects": effects.count(),
-        "reasons": sorted({r["status_reason"][:120] for r in runs if r["status"] == "needs_attention"}),
+        "reasons": sorted({r["status_reason"][:200] for r in runs if r["status"] == "needs_attention"}),
     }
 
 
