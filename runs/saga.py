@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F, Q
+from django.db.models import Exists, F, OuterRef, Q
 from django.utils import timezone
 
 from agents.models import Workflow
@@ -494,8 +494,34 @@ def _settle(run_id: int) -> None:
 
 
 def ledger_sweep(now) -> dict:
-    """The ledger's pass of the recovery sweeper (registered in tools/apps.py)."""
-    return {"operations_redriven": redrive_operations(now), "compensations_started": compensate_by_policy(now)}
+    """The ledger's pass of the recovery sweeper (registered in runs/apps.py)."""
+    return {
+        "operations_redriven": redrive_operations(now),
+        "runs_settled": settle_stranded(now),
+        "compensations_started": compensate_by_policy(now),
+    }
+
+
+def settle_stranded(now) -> int:
+    """Sweeper step: a run whose executor made its last call and died (or lost the database) before it
+    settled the run: nothing is left to call, so no message would come; settle it here."""
+    open_statuses = [OS.PROPOSED, OS.AWAITING_APPROVAL, OS.APPROVED, OS.EXECUTING, OS.AMBIGUOUS]
+    work = ToolOperation.objects.filter(run=OuterRef("pk"), status__in=open_statuses)
+    stranded = (
+        Run.objects.filter(status__in=[Run.Status.RUNNING, Run.Status.COMPENSATING])
+        .filter(Q(ops_lease_expires_at__lt=now) | Q(ops_lease_expires_at__isnull=True))
+        .filter(Exists(ToolOperation.objects.filter(run=OuterRef("pk")).filter(SUPERVISED)))
+        .exclude(Exists(work.filter(SUPERVISED)))
+        .exclude(Exists(Task.objects.filter(run=OuterRef("pk")).exclude(status__in=Task.TERMINAL)))  # at work
+        .exclude(workflow__planner=Workflow.Planner.EXTERNAL)  # the agent's report settles those
+        .values_list("id", flat=True)
+    )
+    settled = 0
+    for run_id in stranded:
+        before = Run.objects.filter(id=run_id).values_list("status", flat=True).first()
+        _settle(run_id)  # under the run's lock; does nothing while tasks are open or corrections wait
+        settled += Run.objects.filter(id=run_id).exclude(status=before).exists()
+    return settled
 
 
 def operation_awaits_decision(operation_id: int) -> bool:

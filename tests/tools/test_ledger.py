@@ -375,3 +375,23 @@ def test_an_ambiguous_write_and_its_webhook_commit_together(demo_tx, worker, mon
     assert run.status == Run.Status.NEEDS_ATTENTION
     assert ops(run, status=OS.AMBIGUOUS).exists()
     assert seen == [(True, OS.AMBIGUOUS)]  # once, though reconciling found it ambiguous again
+
+
+def test_a_run_whose_executor_died_before_settling_it_is_settled_by_the_sweeper(demo_tx, worker, operator):
+    """The executor made the last proposal's call and lost the database (or died) before it settled the
+    run: no message is left to come, so the sweeper settles it (seen in the PostgreSQL-restart drill)."""
+    from django.utils import timezone
+
+    from tests.conftest import wait_for
+
+    run = stopped(
+        run_start(workflow="incident-fanout", input={"propose_tools": ["email.send"]}), {"waiting_for_approval"}
+    )
+    decide(request_id=ApprovalRequest.objects.get(run=run, parent=None).id, user=operator, approve=True)
+    assert finished(run).status == Run.Status.COMPLETED
+    assert set(ops(run, tool="email.send").values_list("status", flat=True)) == {OS.COMMITTED}
+    # What that executor leaves: every proposal sent, the run still running, its lease lapsed.
+    lapsed = timezone.now() - timezone.timedelta(seconds=1)
+    Run.objects.filter(id=run.id).update(status=Run.Status.RUNNING, ops_lease_owner="w:1", ops_lease_expires_at=lapsed)
+    wait_for(lambda: Run.objects.get(id=run.id).status == Run.Status.COMPLETED, message="the sweeper to settle it")
+    assert effects("email", key_contains=run_key_prefix(run.id)).count() == 5  # settling sent nothing again
