@@ -453,17 +453,18 @@ def _open_tasks(run: Run) -> bool:
     return run.tasks.exclude(status=Task.Status.COMPLETED).exclude(set_aside_by_replan(run.plan_version)).exists()
 
 
-def _settle(run_id: int) -> None:
+def _settle(run_id: int) -> bool:
+    """Finish the run if its supervised work is done; True when it moved."""
     now = timezone.now()
     with transaction.atomic():
         run = Run.objects.select_for_update().get(id=run_id)
         bus.run_changed(run_id)
         ops = ToolOperation.objects.filter(run=run)
         if ops.filter(status__in=[OS.APPROVED, OS.EXECUTING, OS.AMBIGUOUS]).filter(SUPERVISED).exists():
-            return  # approved meanwhile: the message that approval sent will do it
+            return False  # approved meanwhile: the message that approval sent will do it
         if run.status == Run.Status.COMPENSATING:
             if ops.filter(status=OS.AWAITING_APPROVAL).exists():
-                return  # corrections wait for a reviewer
+                return False  # corrections wait for a reviewer
             for correction in ops.filter(kind=Kind.CORRECTION, status=OS.REJECTED):
                 OPERATION.move_where(
                     ToolOperation.objects.filter(id=correction.compensates_id),
@@ -482,6 +483,7 @@ def _settle(run_id: int) -> None:
             if standing:
                 reason += f"; {len(standing)} still stand (not undone): operations {', '.join(standing)}"
             run_transition(run=run, to=Run.Status.COMPENSATED, reason=reason[:4000], now=now)
+            return True
         elif run.status == Run.Status.RUNNING and not _open_tasks(run):
             done = ops.filter(proposed=True, status=OS.COMMITTED).count()
             rejected = ops.filter(proposed=True, status=OS.REJECTED).count()
@@ -491,6 +493,8 @@ def _settle(run_id: int) -> None:
                 reason=f"all tasks completed; proposals: {done} executed, {rejected} rejected",
                 now=now,
             )
+            return True
+        return False
 
 
 def ledger_sweep(now) -> dict:
@@ -516,12 +520,8 @@ def settle_stranded(now) -> int:
         .exclude(workflow__planner=Workflow.Planner.EXTERNAL)  # the agent's report settles those
         .values_list("id", flat=True)
     )
-    settled = 0
-    for run_id in stranded:
-        before = Run.objects.filter(id=run_id).values_list("status", flat=True).first()
-        _settle(run_id)  # under the run's lock; does nothing while tasks are open or corrections wait
-        settled += Run.objects.filter(id=run_id).exclude(status=before).exists()
-    return settled
+    # Under each run's lock; nothing moves while tasks are open or corrections wait.
+    return sum(_settle(run_id) for run_id in stranded)
 
 
 def operation_awaits_decision(operation_id: int) -> bool:

@@ -497,8 +497,10 @@ def _within_deadline(spec: ToolSpec, call):
 
 def _external(spec: ToolSpec, args: dict, *, key: str, fault: str | None) -> dict:
     """The call itself, with the tool's deadline; feeds the circuit breaker."""
+    # By name, now: never from the model, never recorded. A missing one refuses the call without
+    # counting against the tool's circuit (the system was not asked).
+    secrets = secrets_read(spec.secrets)
     try:
-        secrets = secrets_read(spec.secrets)  # by name, now: never from the model, never recorded
 
         def call():
             logged = redact(spec, args)
