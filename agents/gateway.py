@@ -50,6 +50,7 @@ class ModelRequest:
     cache_seconds: int = 0  # the agent's: how long an identical request may be answered from the cache
     fallback: tuple[str, str] | None = None  # (provider, model) to use while the provider's breaker is open
     routing: dict = field(default_factory=dict)  # the agent's rule for simple steps (a cheaper model)
+    project_id: int | None = None  # the run's: its own HTTP and MCP tools are among those it may call
 
 
 @dataclass

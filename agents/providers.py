@@ -13,8 +13,8 @@ from contextlib import contextmanager
 from django.conf import settings
 
 from core.errors import StepFailure
+from tools.catalog import tool_spec
 from tools.memory import TOOL_SCHEMAS
-from tools.registry import TOOLS
 
 from .gateway import ModelRequest, ModelResponse
 
@@ -43,18 +43,18 @@ def _tool_name(function: str) -> str:
     return function.replace("__", ".")
 
 
-def tool_functions(tool_names: list[str]) -> list[dict]:
-    """The tools an agent may call, as function declarations from their pydantic argument models."""
+def tool_functions(tool_names: list[str], project_id: int | None = None) -> list[dict]:
+    """The tools an agent may call, as function declarations from their arguments' JSON Schemas."""
 
     functions = []
     for name in tool_names:
         if name in TOOL_SCHEMAS:  # Warden's own memory tools
             description, arguments = TOOL_SCHEMAS[name]
-        elif (spec := TOOLS.get(name)) is not None and not spec.internal:
-            description, arguments = (spec.description or name)[:1000], spec.arguments
+            parameters = arguments.model_json_schema()
+        elif (spec := tool_spec(name, project_id)) is not None and not spec.internal:
+            description, parameters = (spec.description or name)[:1000], spec.arguments_schema()
         else:
             continue
-        parameters = arguments.model_json_schema()
         function = {"name": _function_name(name), "description": description, "parameters": parameters}
         functions.append({"type": "function", "function": function})
     return functions
@@ -108,7 +108,7 @@ class OpenAIProvider:
                 {"role": "user", "content": request.prompt},
             ],
         }
-        functions = tool_functions(request.tool_names)
+        functions = tool_functions(request.tool_names, request.project_id)
         if functions:
             body["tools"] = functions
         client = openai.OpenAI(**_sdk_settings(self.name))
@@ -134,7 +134,7 @@ class AnthropicProvider:
         tools = [
             {"name": f["function"]["name"], "description": f["function"]["description"],
              "input_schema": f["function"]["parameters"]}
-            for f in tool_functions(request.tool_names)
+            for f in tool_functions(request.tool_names, request.project_id)
         ]  # fmt: skip
         if tools:
             body["tools"] = tools

@@ -9,7 +9,7 @@ from core.errors import Forbidden, InvalidInput, NotFound
 from tenancy.access import authorize
 from tenancy.audit import audit
 from tenancy.models import Project
-from tools.registry import TOOLS
+from tools.catalog import tool_spec
 
 from .models import AllowRule
 
@@ -17,7 +17,7 @@ from .models import AllowRule
 def _tool_refusal(user, project: Project, tool: str, arguments, *, covers_irreversible: bool, role: str, request):
     """Raises unless a rule may cover this tool: a write tool, its arguments its own; an irreversible one
     only by an admin who says so explicitly."""
-    spec = TOOLS.get(tool)
+    spec = tool_spec(tool, project.id)
     if spec is None or spec.internal or not spec.is_write:
         raise InvalidInput(f"{tool!r} is not a write tool", [{"field": "tool", "message": "no such write tool"}])
     if spec.reversibility == "irreversible":
@@ -29,7 +29,7 @@ def _tool_refusal(user, project: Project, tool: str, arguments, *, covers_irreve
         if role != "admin":
             _refused(user, project, tool, request, "irreversible tool, not an admin")
             raise Forbidden("only a project admin may allow an irreversible tool without review")
-    unknown = set(arguments or {}) - set(spec.arguments.model_fields)
+    unknown = set(arguments or {}) - spec.argument_names()
     if unknown:
         raise InvalidInput(f"{tool} has no arguments {sorted(unknown)}", [{"field": "arguments", "message": "unknown"}])
 

@@ -8,9 +8,7 @@ import logging
 
 from django.db import transaction
 from django.utils import timezone
-from pydantic import ValidationError
 
-from agents.planning import pydantic_errors
 from core import bus
 from core.errors import Conflict, Forbidden, InvalidInput, NotFound
 from runs.models import Run, Task
@@ -20,9 +18,11 @@ from runs.webhooks import webhook_emit
 from tenancy.access import role_of
 from tenancy.audit import audit
 from tools.broker import arguments_hash, operations_decided
+from tools.catalog import tool_spec
 from tools.gate import Origin, Verdict, gate, strictest
+from tools.kit import ArgumentsInvalid
 from tools.models import ToolOperation
-from tools.registry import TOOLS, redact
+from tools.registry import redact
 from tools.transitions import OPERATION
 
 from .models import ApprovalRequest
@@ -326,15 +326,17 @@ def _apply_edit(item, edited: dict, *, run: Run, user) -> None:
     The gate judges the edited call again: its verdict becomes the stricter of the two, and a reviewer
     who may not decide the stricter one cannot make the edit."""
     op = ToolOperation.objects.select_for_update().get(approval=item)
-    spec = TOOLS[op.tool]
+    spec = tool_spec(op.tool, run.project_id)
+    if spec is None:
+        gone = [{"field": "arguments", "message": "no such tool"}]
+        raise InvalidInput(f"{op.tool} is no longer a tool of this project", gone)
     if set(edited) & spec.secret_fields:
         raise InvalidInput("secret arguments cannot be edited", [{"field": "arguments", "message": "secret field"}])
     try:
-        args = spec.arguments.model_validate({**op.arguments, **edited}).model_dump()
-    except ValidationError as exc:
-        raise InvalidInput(
-            f"the edited arguments are invalid for {op.tool}", pydantic_errors(exc, "arguments")
-        ) from exc
+        args = spec.arguments_validated({**op.arguments, **edited})
+    except ArgumentsInvalid as exc:
+        fields = [{**f, "field": f"arguments.{f['field']}"} for f in exc.fields]
+        raise InvalidInput(f"the edited arguments are invalid for {op.tool}", fields) from exc
     origin = Origin.PROPOSAL if op.proposed else Origin.AGENT
     fresh = gate(run_id=op.run_id, tool=op.tool, arguments=args, origin=origin, agent_id=None)
     verdict = strictest([Verdict.from_json(op.verdict), fresh])

@@ -21,11 +21,12 @@ from core.errors import Conflict, LeaseLost, NotFound, StepFailure, TransientFai
 from core.faults import faults
 from tenancy.audit import audited
 from tools.broker import approval_recheck, arguments_hash, arguments_unseal, operation_execute, reconcile
+from tools.catalog import tool_spec
 from tools.gate import APPROVAL, REFUSE, Origin, gate
 from tools.installation import run_key_prefix
 from tools.ledger import operation_record
 from tools.models import ToolOperation
-from tools.registry import TOOLS, Reversibility
+from tools.registry import Reversibility
 from tools.transitions import OPERATION, UNKNOWN_OUTCOME
 
 from .heartbeat import lease_keeper
@@ -368,7 +369,9 @@ def run_operations(run_id: int) -> None:
 
 def _execute_supervised(run: Run, op: ToolOperation, fence: ExecutorFence | None = None) -> bool:
     bus.run_changed(run.id)
-    spec = TOOLS[op.tool]
+    spec = tool_spec(op.tool, run.project_id)
+    if spec is None:  # a project's HTTP or MCP tool removed (or disabled) since the call was planned
+        return operation_supervised_failed(run, op, f"{op.tool} is no longer a tool of this project")
     if op.status == OS.APPROVED and approval_recheck(op) is not None:
         return True  # rejected just now: its verdict is not satisfied (any more); the others go on
     if op.kind == Kind.ACTION:

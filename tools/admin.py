@@ -6,11 +6,17 @@ from django.contrib import admin
 from django.core.exceptions import PermissionDenied
 
 from core.errors import WardenError
-from tenancy.admin_scope import ScopedAdmin, SuperuserAdmin, SuperuserReadOnlyAdmin
+from tenancy.admin_scope import ScopedAdmin, ScopedInline, SuperuserAdmin, SuperuserReadOnlyAdmin
 
 from .classifications import classification_refusal, tool_classification_remove, tool_classification_set
+from .http_tools import http_tool_problems
+from .kit import ToolRefused
+from .mcp_tools import McpUnreachable, mcp_list, mcp_listing_problems, mcp_server_problems, mcp_tools_store
 from .models import (
+    HttpTool,
     Installation,
+    McpServer,
+    McpTool,
     SandboxCall,
     SandboxDeployment,
     SandboxDocument,
@@ -74,6 +80,97 @@ class ToolClassificationAdmin(ScopedAdmin):
 
     def delete_through_service(self, request, obj):
         tool_classification_remove(user=request.user, row=obj, request=request)
+
+
+class HttpToolForm(forms.ModelForm):
+    class Meta:
+        model = HttpTool
+        fields = "__all__"
+
+    def clean(self):
+        data = super().clean()
+        if self.errors:
+            return data
+        row = self.instance
+        for name, value in data.items():
+            setattr(row, name, value)
+        for field, message in http_tool_problems(row):
+            self.add_error(field if field in self.fields else None, message)
+        return data
+
+
+@admin.register(HttpTool)
+class HttpToolAdmin(ScopedAdmin):
+    """A project's HTTP tools: declared by its admins, checked on save, each change audited."""
+
+    form = HttpToolForm
+    project_path = "project"
+    change_action = add_action = delete_action = "administer"
+    list_display = ["name", "project", "method", "url", "tool_class", "reversibility", "enabled"]
+    list_filter = ["project", "tool_class", "enabled"]
+    search_fields = ["name", "url", "description"]
+
+
+class McpToolInline(ScopedInline, admin.TabularInline):
+    """What the server listed when it was last saved; the class comes from its annotations (a tool
+    classification of the same name can make it stricter)."""
+
+    model = McpTool
+    extra = 0
+    can_delete = False
+    fields = ["name", "remote_name", "tool_class", "reversibility", "annotations", "description"]
+    readonly_fields = fields
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+class McpServerForm(forms.ModelForm):
+    class Meta:
+        model = McpServer
+        fields = ["project", "name", "transport", "url", "command", "headers", "secrets", "timeout_seconds", "enabled"]
+
+    def clean(self):
+        """Checked, then asked for its tools: a server that does not answer is not saved."""
+        data = super().clean()
+        if self.errors:
+            return data
+        server = self.instance
+        for name, value in data.items():
+            setattr(server, name, value)
+        problems = mcp_server_problems(server)
+        if not problems:
+            try:
+                self.listed = mcp_list(server)
+            except (McpUnreachable, ToolRefused) as exc:
+                problems = [(None, str(exc)[:300])]
+            else:
+                problems = mcp_listing_problems(server, self.listed)
+        for field, message in problems:
+            self.add_error(field if field in self.fields else None, message)
+        return data
+
+
+@admin.register(McpServer)
+class McpServerAdmin(ScopedAdmin):
+    """A project's MCP servers: saving one lists its tools again."""
+
+    form = McpServerForm
+    project_path = "project"
+    change_action = add_action = delete_action = "administer"
+    list_display = ["name", "project", "transport", "url", "command", "enabled", "listed_at"]
+    list_filter = ["project", "transport", "enabled"]
+    inlines = [McpToolInline]
+
+    def save_through_service(self, request, obj, form, change):
+        super().save_through_service(request, obj, form, change)
+        mcp_tools_store(obj, form.listed)
 
 
 @admin.register(Installation)

@@ -28,9 +28,10 @@ from core.circuit import Breaker, rate_wait
 from core.errors import LeaseLost, StepFailure, TransientFailure
 from core.faults import faults
 
+from .catalog import tool_spec
 from .gate import REFUSE, Origin, Verdict, gate, gate_satisfied
 from .installation import run_key_prefix
-from .kit import ToolCutOff, ToolFailure, ToolRefused, ToolTimeout, ToolUnavailable, secrets_read
+from .kit import ArgumentsInvalid, ToolCutOff, ToolFailure, ToolRefused, ToolTimeout, ToolUnavailable, secrets_read
 from .ledger import operation_record
 from .models import SealedArguments, ToolOperation
 from .registry import REDACTED, TOOLS, ToolClass, ToolSpec, redact
@@ -132,17 +133,16 @@ def tool_call(
     """One tool call asked for by a task's model. ``resumed``: the model asked for it in an earlier
     attempt (replayed from the journal); the ledger row of that attempt, if any, is found by key.
     ``fence``: the attempt's lease (a TaskFence), checked just before a write leaves."""
-    spec = TOOLS.get(name)
+    spec = tool_spec(name, run.project_id)
     if spec is None or spec.internal:
         return _refuse("unknown_tool", f"there is no tool named {name!r}", available=sorted(task.allowed_tools))
     if not isinstance(arguments, dict):
         return _refuse("invalid_arguments", f"the arguments of {name} must be an object")
     arguments = arguments_unseal(spec, task.id, step, arguments)
     try:
-        args = spec.arguments.model_validate(arguments).model_dump()
-    except ValidationError as exc:
-        fields = [{"field": ".".join(map(str, e["loc"])) or "arguments", "message": e["msg"]} for e in exc.errors()]
-        return _refuse("invalid_arguments", f"invalid arguments for {name}", fields=fields)
+        args = spec.arguments_validated(arguments)
+    except ArgumentsInvalid as exc:
+        return _refuse("invalid_arguments", f"invalid arguments for {name}", fields=exc.fields)
 
     key = idempotency_key(run_id=run.id, task_key=task.key, step=step, epoch=task.journal_epoch)
     digest = arguments_hash(name, args)
@@ -509,11 +509,28 @@ def _external(spec: ToolSpec, args: dict, *, key: str, fault: str | None) -> dic
             )
 
         result = _within_deadline(spec, call) if spec.cut_off else call()
-    except ToolFailure:
+    except ToolFailure as exc:
         _circuit_record(spec.name, ok=False)
+        if secrets:  # a careless service may quote the credential in its error
+            exc.args = tuple(_scrubbed(a, secrets.values()) for a in exc.args)
         raise
     _circuit_record(spec.name, ok=True)
-    return result
+    return _scrubbed(result, secrets.values()) if secrets else result
+
+
+def _scrubbed(value, secrets):
+    """``value`` with every secret's value replaced: a service that echoes its credential (a debug
+    field, an error quoting the request) must not put it in the ledger, the journal or the prompt."""
+    if isinstance(value, str):
+        for secret in secrets:
+            if secret and len(secret) >= 4:
+                value = value.replace(secret, REDACTED)
+        return value
+    if isinstance(value, dict):
+        return {k: _scrubbed(v, secrets) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_scrubbed(v, secrets) for v in value]
+    return value
 
 
 def _receipt(op: ToolOperation, spec: ToolSpec, result: dict, reason: str = "") -> ToolOutcome:

@@ -34,8 +34,9 @@ from core import sql
 from core.errors import NotFound
 from tenancy.access import role_of
 
+from .catalog import tool_spec
 from .models import ToolClassification, ToolOperation
-from .registry import TOOLS, Reversibility, ToolClass
+from .registry import Reversibility, ToolClass
 
 ALLOW, APPROVAL, REFUSE = "allow", "approval", "refuse"
 DECIDERS = ("reviewer", "admin")
@@ -69,8 +70,8 @@ class Classification:
 def tool_classify(*, project_id: int, tool: str, claimed_class: str = "", claimed_reversibility: str = ""):
     """What the tool does, by Warden's registry, else by the project's classification, else the most
     dangerous class. A claim (an external agent's ``tool_class``) is only taken where it is stricter."""
-    spec = TOOLS.get(tool)
-    if spec is not None:
+    spec = tool_spec(tool, project_id)
+    if spec is not None and spec.project_id is None:
         found = Classification(spec.tool_class, spec.reversibility, "registry")
     else:
         row = (
@@ -78,7 +79,11 @@ def tool_classify(*, project_id: int, tool: str, claimed_class: str = "", claime
             .values_list("tool_class", "reversibility", "approval")
             .first()
         )
-        if row is not None:
+        if spec is not None:  # the project's HTTP or MCP tool: its classification can only make it stricter
+            source = spec.kind if spec.classified or row is not None else "unclassified"
+            found = Classification(spec.tool_class, spec.reversibility, source, row[2] if row else "")
+            claimed_class, claimed_reversibility = _stricter_claim(row, claimed_class, claimed_reversibility)
+        elif row is not None:
             found = Classification(row[0], row[1], "project", row[2])
         else:
             found = Classification(ToolClass.NON_IDEMPOTENT_WRITE, Reversibility.IRREVERSIBLE, "unclassified")
@@ -89,6 +94,15 @@ def tool_classify(*, project_id: int, tool: str, claimed_class: str = "", claime
     if tool_class != ToolClass.READ_ONLY and not reversibility:
         reversibility = Reversibility.IRREVERSIBLE  # a write nobody says can be undone cannot be
     return replace(found, tool_class=tool_class, reversibility=reversibility)
+
+
+def _stricter_claim(row, claimed_class: str, claimed_reversibility: str) -> tuple[str, str]:
+    """A project classification of a declared tool, taken like a claim: only where it is stricter."""
+    if row is None:
+        return claimed_class, claimed_reversibility
+    tool_class = max(row[0], claimed_class or row[0], key=lambda c: _CLASS_RANK.get(c, 2))
+    reversibility = max(row[1], claimed_reversibility or row[1], key=lambda r: _REVERSIBILITY_RANK.get(r, 2))
+    return tool_class, reversibility
 
 
 @dataclass(frozen=True)

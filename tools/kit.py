@@ -38,7 +38,8 @@ from dataclasses import dataclass, field
 
 from django.conf import settings
 from django.utils.module_loading import import_string
-from pydantic import BaseModel, ConfigDict
+from jsonschema import Draft202012Validator
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 SECRET = {"secret": True}  # json_schema_extra of an argument field that must never be shown
 NAME = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)+$")  # system.operation, e.g. payments.refund
@@ -69,6 +70,20 @@ class ToolResult(BaseModel):
     """What the system answers, as much of it as the tool declares (the rest is dropped)."""
 
     model_config = ConfigDict(extra="ignore")
+
+
+class OpenResult(BaseModel):
+    """The result of a tool declared without code (HTTP, MCP): the system's JSON object as it is."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class ArgumentsInvalid(ValueError):
+    """A model's arguments do not match the tool's declaration; ``fields``: [{field, message}]."""
+
+    def __init__(self, fields: list[dict]):
+        super().__init__("; ".join(f"{f['field']}: {f['message']}" for f in fields))
+        self.fields = fields
 
 
 class ToolFailure(Exception):
@@ -127,10 +142,56 @@ class ToolSpec:
     # The broker runs the call in a thread of its own and stops waiting at timeout_seconds (a team's
     # tool); the sandbox systems, in Warden's own database, keep to the deadline they are given.
     cut_off: bool = False
+    # A tool declared without code (HTTP, MCP): the JSON Schema of its arguments, in place of a model's,
+    # and the project it belongs to (it is nobody else's).
+    parameters: dict | None = None
+    project_id: int | None = None
+    kind: str = "python"  # python, http or mcp
+    classified: bool = True  # False: an MCP tool without annotations, treated as unclassified until it is
 
     @property
     def is_write(self) -> bool:
         return self.tool_class != ToolClass.READ_ONLY
+
+    def arguments_schema(self) -> dict:
+        """The JSON Schema of the arguments, as the model is shown it."""
+        return self.parameters if self.parameters is not None else self.arguments.model_json_schema()
+
+    def argument_names(self) -> set[str]:
+        if self.parameters is not None:
+            return set((self.parameters.get("properties") or {}).keys())
+        return set(self.arguments.model_fields)
+
+    def arguments_validated(self, values) -> dict:
+        """The arguments as they will be sent, or ArgumentsInvalid with each field's reason."""
+        if self.parameters is not None:
+            if not isinstance(values, dict):
+                raise ArgumentsInvalid([{"field": "arguments", "message": "must be an object"}])
+            errors = sorted(Draft202012Validator(self.parameters).iter_errors(values), key=lambda e: list(e.path))
+            if errors:
+                raise ArgumentsInvalid([_schema_error(e) for e in errors[:20]])
+            return dict(values)
+        try:
+            return self.arguments.model_validate(values).model_dump()
+        except ValidationError as exc:
+            raise ArgumentsInvalid(
+                [{"field": ".".join(map(str, e["loc"])) or "arguments", "message": e["msg"]} for e in exc.errors()]
+            ) from exc
+
+
+def _schema_error(error) -> dict:
+    # The validator's own message quotes the value; the field and the rule are enough to mend a call.
+    field = ".".join(map(str, error.absolute_path)) or "arguments"
+    if error.validator == "required":
+        return {"field": field, "message": error.message[:200]}
+    if error.validator == "additionalProperties":
+        return {"field": field, "message": "unknown fields are not allowed"}
+    return {"field": field, "message": f"does not satisfy {error.validator}={json_short(error.validator_value)}"}
+
+
+def json_short(value) -> str:
+    text = str(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def secret_fields(model: type[BaseModel]) -> frozenset:

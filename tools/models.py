@@ -129,6 +129,117 @@ class ToolClassification(models.Model):
         return f"{self.tool} in {self.project}: {self.tool_class} {self.reversibility}".strip()
 
 
+class HttpTool(models.Model):
+    """A tool declared without code, in the admin: one HTTP request on a host the deployment allows
+    (WARDEN_HTTP_TOOL_HOSTS). Secrets are named in header templates ({secret:NAME}) and read at call
+    time, never stored here. Checked on save (tools/http_tools.py); docs/tools.md, "HTTP tools"."""
+
+    class Method(models.TextChoices):
+        GET = "GET"
+        POST = "POST"
+        PUT = "PUT"
+        PATCH = "PATCH"
+        DELETE = "DELETE"
+
+    project = models.ForeignKey("tenancy.Project", on_delete=models.CASCADE, related_name="http_tools")
+    name = models.CharField(max_length=64, help_text="system.operation, e.g. payments.refund")
+    description = models.TextField(blank=True, help_text="What the model is told the tool does")
+    method = models.CharField(max_length=8, choices=Method.choices, default=Method.POST)
+    url = models.CharField(
+        max_length=1000,
+        help_text="URL template; {argument} placeholders in the path or query only, e.g. "
+        "https://payments.internal/v1/charges/{charge_id}/refunds",
+    )
+    arguments_schema = models.JSONField(
+        default=dict, help_text="JSON Schema of the arguments (an object); those not in the URL go in the JSON body"
+    )
+    tool_class = models.CharField(max_length=24, choices=ToolOperation.ToolClass.choices)
+    reversibility = models.CharField(max_length=16, choices=ToolOperation.Reversibility.choices, blank=True)
+    headers = models.JSONField(
+        default=dict, blank=True, help_text='{"Authorization": "Bearer {secret:PAYMENTS_API_KEY}"}: secrets by name'
+    )
+    idempotency_header = models.CharField(
+        max_length=100, blank=True, help_text="The header the service deduplicates by (e.g. Idempotency-Key)"
+    )
+    lookup_url = models.CharField(
+        max_length=1000,
+        blank=True,
+        help_text="GET by idempotency key ({key}), for reconciling a lost answer: 200 = done, with its answer; "
+        "404 = not done",
+    )
+    undo = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text='{"tool": "payments.refund_void", "arguments": {"refund_id": "result.id"}}: values '
+        '"arguments.x" or "result.y" come from the call; anything else is taken as it is',
+    )
+    external_id = models.CharField(max_length=100, blank=True, help_text="The answer's field naming what was made")
+    timeout_seconds = models.FloatField(default=10.0)
+    rate_per_minute = models.PositiveIntegerField(null=True, blank=True)
+    enabled = models.BooleanField(default=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["project", "name"]
+        constraints = [models.UniqueConstraint(fields=["project", "name"], name="one_http_tool_per_name")]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.method} {self.url[:80]})"
+
+
+class McpServer(models.Model):
+    """An MCP server a project connects (docs/tools.md, "MCP tools"). Its tools are listed when it is
+    saved; a stdio server runs a command the deployment names (WARDEN_MCP_COMMANDS), never one typed in
+    here, and a streamable HTTP server must be on an allowed host."""
+
+    class Transport(models.TextChoices):
+        HTTP = "http", "streamable HTTP"
+        STDIO = "stdio"
+
+    project = models.ForeignKey("tenancy.Project", on_delete=models.CASCADE, related_name="mcp_servers")
+    name = models.CharField(
+        max_length=40, help_text="Lower case; its tools are named <name>.<tool>, e.g. tickets.create_ticket"
+    )
+    transport = models.CharField(max_length=8, choices=Transport.choices, default=Transport.HTTP)
+    url = models.CharField(max_length=1000, blank=True, help_text="Streamable HTTP: the server's endpoint")
+    command = models.CharField(max_length=100, blank=True, help_text="stdio: a command named in WARDEN_MCP_COMMANDS")
+    headers = models.JSONField(default=dict, blank=True, help_text="HTTP headers; secrets by name ({secret:NAME})")
+    secrets = models.JSONField(
+        default=list, blank=True, help_text="stdio: names of secrets passed to the command's environment"
+    )
+    timeout_seconds = models.FloatField(default=30.0)
+    enabled = models.BooleanField(default=True)
+    listed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["project", "name"]
+        constraints = [models.UniqueConstraint(fields=["project", "name"], name="one_mcp_server_per_name")]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.transport})"
+
+
+class McpTool(models.Model):
+    """A tool an MCP server listed, as Warden calls and classifies it. The class comes from the tool's
+    annotations; a project admin can make it only stricter (a ToolClassification of the same name)."""
+
+    server = models.ForeignKey(McpServer, on_delete=models.CASCADE, related_name="tools")
+    name = models.CharField(max_length=64, help_text="Warden's name: <server>.<tool>")
+    remote_name = models.CharField(max_length=200)
+    description = models.TextField(blank=True)
+    input_schema = models.JSONField(default=dict)
+    annotations = models.JSONField(default=dict, blank=True)
+    tool_class = models.CharField(max_length=24, choices=ToolOperation.ToolClass.choices)
+    reversibility = models.CharField(max_length=16, choices=ToolOperation.Reversibility.choices, blank=True)
+
+    class Meta:
+        ordering = ["server", "name"]
+        constraints = [models.UniqueConstraint(fields=["server", "name"], name="one_mcp_tool_per_name")]
+
+    def __str__(self) -> str:
+        return self.name
+
+
 class Installation(models.Model):
     """This installation's identity, generated once (migration 0007) and kept with the database. It
     prefixes every idempotency key, so a reset database or a second environment never sends the keys

@@ -5,6 +5,7 @@ mode, Dramatiq worker threads inside the server, in-memory channel layer); with 
 (PostgreSQL, Redis broker, channels-redis, workers started by ``manage.py rundramatiq``).
 """
 
+import json
 import os
 import secrets
 from datetime import timedelta
@@ -279,6 +280,10 @@ WARDEN = {
     "SANDBOX_TOOLS": os.environ.get("WARDEN_SANDBOX_TOOLS", "1") == "1",
     # A team's own tool modules, comma-separated dotted paths (docs/tools.md, "Python tools").
     "TOOL_MODULES": [m.strip() for m in os.environ.get("WARDEN_TOOL_MODULES", "").split(",") if m.strip()],
+    # Hosts HTTP tools and MCP servers declared in the admin may call ("host" or "host:port"), and the
+    # commands a stdio MCP server may run ({"name": ["argv", ...]}): the deployment's word, not a project's.
+    "HTTP_TOOL_HOSTS": [h.strip() for h in os.environ.get("WARDEN_HTTP_TOOL_HOSTS", "").split(",") if h.strip()],
+    "MCP_COMMANDS": json.loads(os.environ.get("WARDEN_MCP_COMMANDS", "{}") or "{}"),
     # Where the broker reads the secrets tools name: a callable name -> value (default: the environment).
     "SECRET_SOURCE": os.environ.get("WARDEN_SECRET_SOURCE", "tools.kit.environment_secret"),
     # Drill faults in a run's input (docs/scenarios.md); they can kill a worker on purpose (off in production).

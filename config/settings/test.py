@@ -1,6 +1,7 @@
 """Test settings: the same code path, with short timings so recovery drills finish quickly."""
 
 import os
+import sys
 
 os.environ.setdefault("WARDEN_VAR_DIR", str(__import__("pathlib").Path(__file__).resolve().parents[2] / "var" / "test"))
 
@@ -8,7 +9,7 @@ os.environ.setdefault("WARDEN_VAR_DIR", str(__import__("pathlib").Path(__file__)
 os.environ.setdefault("WARDEN_QUEUE_NAMESPACE", f"warden-test-{os.getpid()}")
 
 from .base import *  # noqa: E402,F401,F403
-from .base import DATABASES, VAR_DIR, WARDEN  # noqa: E402
+from .base import BASE_DIR, DATABASES, VAR_DIR, WARDEN  # noqa: E402
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
@@ -34,6 +35,14 @@ for _key, _value in {
     # One id for the whole session, whatever a flush of the database does to the stored one (the
     # worker processes a test starts must use the keys the test computes).
     "INSTALLATION_ID": "itest",
+    # HTTP tools and MCP servers the tests start on this machine (tests/tools/test_http_tools.py, test_mcp_tools.py).
+    "HTTP_TOOL_HOSTS": ["127.0.0.1"],
+    "MCP_COMMANDS": {
+        "tickets": {
+            "argv": [sys.executable, str(BASE_DIR / "examples" / "refunds" / "tickets_mcp.py")],
+            "env": ["TICKETS_EFFECTS"],  # where the test's server writes what it did, for the test to count
+        }
+    },
 }.items():
     if f"WARDEN_{_key}" not in os.environ:
         WARDEN[_key] = _value

@@ -23,8 +23,8 @@ from runs import blackboard, saga, services
 from runs.models import Artifact, BlackboardEntry, Run, Task
 from runs.refusals import run_cancel_refusal, run_resume_refusal
 from runs.transitions import TransitionNotAllowed
+from tools.catalog import tool_spec
 from tools.models import ToolOperation
-from tools.registry import TOOLS
 
 from .common import run_for_view
 
@@ -256,7 +256,7 @@ def operation_resolve(request, run_id: int, operation_id: int):
 
     def context():
         op.refresh_from_db()
-        spec = TOOLS.get(op.tool)
+        spec = tool_spec(op.tool, run.project_id)
         refusal = str(saga.operation_resolve_refusal(op) or "")
         return {
             "op": op,

@@ -109,7 +109,7 @@ _CONTEXT_SQL = (
     "a.slug, a.instructions, a.provider, a.model, a.script, a.is_planner, a.cache_seconds, a.fallback_provider, "
     "a.fallback_model, a.routing, "
     "r.input, r.status, r.steps_used, r.tokens_used, r.tool_calls_used, r.cost_micros, r.max_steps, r.max_tokens, "
-    "r.max_tool_calls, r.max_cost_micros, r.plan_version, w.max_tasks, t.journal_epoch, "
+    "r.max_tool_calls, r.max_cost_micros, r.plan_version, w.max_tasks, t.journal_epoch, r.project_id, "
     # Whether the blackboard has anything a prompt may carry: most runs have none, and skip the query.
     "EXISTS (SELECT 1 FROM runs_blackboardentry b WHERE b.run_id = r.id AND b.verification = 'verified') "
     "FROM runs_task t JOIN agents_agent a ON a.id = t.agent_id JOIN runs_run r ON r.id = t.run_id "
@@ -124,7 +124,7 @@ def _load_context(lease: Lease) -> tuple[Run, Task, Agent, dict]:
     t_usage, (max_seconds, started_at), rest = rest[:8], rest[8:10], rest[10:]
     (slug, instructions, provider, model, script, is_planner, cache_seconds, fallback, fallback_model) = rest[:9]
     routing, rest = sql.loads(rest[9]), rest[10:]
-    run_input, r_status, *r_usage, r_plan, max_tasks, journal_epoch, has_knowledge = rest
+    run_input, r_status, *r_usage, r_plan, max_tasks, journal_epoch, project_id, has_knowledge = rest
     agent = Agent(
         id=agent_id,
         slug=slug,
@@ -146,6 +146,7 @@ def _load_context(lease: Lease) -> tuple[Run, Task, Agent, dict]:
         input=run_input,
         status=r_status,
         plan_version=r_plan,
+        project_id=project_id,
         **dict(zip(sql.USAGE_FIELDS, r_usage, strict=True)),
     )
     run.max_tasks = max_tasks
@@ -316,6 +317,7 @@ def _model_request(lease: Lease, run: Run, task: Task, agent: Agent, state: _Loo
             "world": {"tasks": {t["key"]: t for t in task.world["tasks"]}, **task.world} if task.world else {},
         },
         tool_names=list(task.allowed_tools),
+        project_id=run.project_id,
         cache_seconds=agent.cache_seconds,
         fallback=(agent.fallback_provider, agent.fallback_model) if agent.fallback_provider else None,
         routing=agent.routing,

@@ -14,8 +14,8 @@ from core import hooks
 from core.errors import NotFound
 from tenancy.audit import audited
 from tools.broker import idempotency_key
+from tools.catalog import tool_spec
 from tools.models import SealedArguments, ToolOperation
-from tools.registry import TOOLS
 from tools.transitions import HAPPENED, NOT_DONE_YET, OPERATION
 from tools.transitions import UNKNOWN_OUTCOME as UNRESOLVED
 
@@ -188,7 +188,7 @@ def task_retry_preview(*, task_id: int, step: int | None = None) -> dict:
     epoch = task.journal_epoch if plain else task.journal_epoch + 1
     operations = []
     for op in ops:
-        spec = TOOLS.get(op.tool)
+        spec = tool_spec(op.tool, run.project_id)
         key = idempotency_key(run_id=run.id, task_key=task.key, step=op.step, epoch=epoch)
         happened = op.status in HAPPENED
         operations.append(

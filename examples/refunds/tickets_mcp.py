@@ -1,0 +1,77 @@
+"""A ticketing MCP server for the refunds example and the MCP tool tests, on the official SDK.
+
+    python examples/refunds/tickets_mcp.py                  # stdio
+    python examples/refunds/tickets_mcp.py --http 8702      # streamable HTTP on 127.0.0.1:8702/mcp
+
+Its tools carry MCP annotations as a real server's would: search_tickets is read-only, add_comment is
+idempotent, create_ticket says nothing (Warden treats it as a non-idempotent irreversible write). Every
+effect is appended to $TICKETS_EFFECTS (a JSON line with the idempotency key Warden sent in _meta)."""
+
+import argparse
+import json
+import os
+import threading
+import uuid
+
+from mcp.server.mcpserver import Context, MCPServer
+from mcp_types import ToolAnnotations
+
+server = MCPServer("tickets")
+_lock = threading.Lock()
+
+
+def _effects_path() -> str:
+    return os.environ.get("TICKETS_EFFECTS", "")
+
+
+def _effects() -> list[dict]:
+    path = _effects_path()
+    if not path or not os.path.exists(path):
+        return []
+    with open(path) as source:
+        return [json.loads(line) for line in source if line.strip()]
+
+
+def _record(kind: str, ctx: Context, **fields) -> None:
+    meta = ctx.request_context.meta or {}
+    key = (meta.get("io.warden/idempotency-key") if isinstance(meta, dict) else getattr(meta, "model_extra", {}).get(
+        "io.warden/idempotency-key")) or ""  # fmt: skip
+    path = _effects_path()
+    if path:
+        with _lock, open(path, "a") as out:
+            out.write(json.dumps({"effect": kind, "key": key, **fields}) + "\n")
+
+
+@server.tool(annotations=ToolAnnotations(readOnlyHint=True))
+def search_tickets(query: str) -> dict:
+    """Find tickets whose title contains the query."""
+    hits = [e for e in _effects() if e["effect"] == "create" and query.lower() in e["title"].lower()]
+    return {"tickets": [{"id": e["id"], "title": e["title"]} for e in hits][:20]}
+
+
+@server.tool()
+def create_ticket(title: str, ctx: Context, body: str = "") -> dict:
+    """Open a ticket."""
+    if os.environ.get("TICKETS_TOKEN") and os.environ.get("TICKETS_TOKEN") != os.environ.get("TICKETS_EXPECTED"):
+        raise ValueError("not authorised")
+    ticket = {"id": f"TCK-{uuid.uuid4().hex[:6]}", "title": title[:200]}
+    _record("create", ctx, body=body[:500], **ticket)
+    return ticket
+
+
+@server.tool(annotations=ToolAnnotations(idempotentHint=True, destructiveHint=False))
+def add_comment(ticket_id: str, text: str, ctx: Context) -> dict:
+    """Add a comment to a ticket (the same comment twice is kept once)."""
+    if not any(e["effect"] == "comment" and (e["ticket_id"], e["text"]) == (ticket_id, text[:500]) for e in _effects()):
+        _record("comment", ctx, ticket_id=ticket_id, text=text[:500])
+    return {"ticket_id": ticket_id, "commented": True}
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--http", type=int, default=0, help="serve streamable HTTP on this port")
+    options = parser.parse_args()
+    if options.http:
+        server.run("streamable-http", host="127.0.0.1", port=options.http)
+    else:
+        server.run()

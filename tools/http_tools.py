@@ -1,0 +1,273 @@
+"""HTTP tools: declared in the admin, per project, with no code (docs/tools.md, "HTTP tools").
+
+A declaration is one request: a method, a URL template on a host the deployment allows
+(WARDEN_HTTP_TOOL_HOSTS), the JSON Schema of its arguments (those not in the URL travel as the JSON body,
+or as the query of a GET or DELETE), headers whose secrets are named ({secret:NAME}) and read at call
+time, the idempotency header the service honours, an optional lookup by key and an optional undo.
+Everything is checked when it is saved (``http_tool_problems``), and the host again at every call.
+"""
+
+import re
+from functools import partial
+from urllib.parse import quote, urlsplit
+
+import httpx
+from django.conf import settings
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+
+from core.errors import TransientFailure
+
+from .kit import (
+    NAME,
+    SECRET_NAME,
+    OpenResult,
+    Reversibility,
+    ToolClass,
+    ToolRefused,
+    ToolSpec,
+    ToolTimeout,
+    ToolUnavailable,
+    secret_read,
+    secrets_read,
+)
+from .models import HttpTool, McpTool
+from .registry import TOOLS
+
+PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
+SECRET_REF = re.compile(r"\{secret:([^{}]*)\}")
+HEADER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,99}$")
+BODY_METHODS = ("POST", "PUT", "PATCH")
+REFUSAL_TEXT = 200  # of a refusing answer's body, in the reason the model and the ledger see
+
+
+# --- hosts ------------------------------------------------------------------------------------------
+
+
+def host_allowed(url: str) -> bool:
+    """Is the URL's host one the deployment allows ("host" for any port, "host:port" for one)?"""
+    try:
+        parts = urlsplit(url)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        return False
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.username or parts.password:
+        return False
+    for entry in settings.WARDEN["HTTP_TOOL_HOSTS"]:
+        host, _, only = entry.lower().rpartition(":") if entry.count(":") == 1 else (entry.lower(), "", "")
+        if host == parts.hostname.lower() and (not only or only == str(port)):
+            return True
+    return False
+
+
+def url_problems(template: str, *, field: str, allowed: set[str]) -> list[tuple[str, str]]:
+    """A URL template's problems: its scheme, host and port are literal and allowed; its placeholders
+    are among ``allowed``."""
+    fixed = template.split("{", 1)[0]
+    parts = urlsplit(fixed)
+    if "{" in template and not parts.path.startswith("/"):
+        return [(field, "placeholders may stand only in the path or the query, after the host")]
+    if not host_allowed(fixed if "{" not in template else f"{parts.scheme}://{parts.netloc}/"):
+        hosts = ", ".join(settings.WARDEN["HTTP_TOOL_HOSTS"]) or "none (set WARDEN_HTTP_TOOL_HOSTS)"
+        return [(field, f"the host must be one this deployment allows: {hosts}; http(s), no user or password")]
+    unknown = sorted(set(PLACEHOLDER.findall(template)) - allowed)
+    return [(field, f"unknown placeholders {unknown}; allowed: {sorted(allowed)}")] if unknown else []
+
+
+# --- checking a declaration -------------------------------------------------------------------------
+
+
+def _schema_problems(schema) -> list[tuple[str, str]]:
+    if not isinstance(schema, dict) or schema.get("type") != "object":
+        return [("arguments_schema", 'a JSON Schema of an object: {"type": "object", "properties": {...}}')]
+    try:
+        Draft202012Validator.check_schema(schema)
+    except SchemaError as exc:
+        return [("arguments_schema", f"not a valid JSON Schema: {exc.message[:200]}")]
+    return []
+
+
+def _header_problems(headers) -> list[tuple[str, str]]:
+    if not isinstance(headers, dict):
+        return [("headers", 'an object: {"Header-Name": "value with {secret:NAME}"}')]
+    problems = []
+    for name, value in headers.items():
+        if not HEADER_NAME.fullmatch(str(name)) or not isinstance(value, str) or "\n" in value or "\r" in value:
+            problems.append(("headers", f"{name!r}: a header name and a one-line text value"))
+            continue
+        if any(not p.startswith("secret:") for p in PLACEHOLDER.findall(value)):
+            problems.append(("headers", f"{name}: only {{secret:NAME}} placeholders (a header never takes arguments)"))
+        for secret in SECRET_REF.findall(value):
+            if not SECRET_NAME.fullmatch(secret):
+                problems.append(("headers", f"{name}: the secret name {secret!r} : upper case letters, digits, _"))
+            elif secret_read(secret) is None:
+                problems.append(("headers", f"{name}: the secret {secret} is not set"))
+    return problems
+
+
+def _undo_problems(row: HttpTool) -> list[tuple[str, str]]:
+    undo = row.undo or {}
+    if not undo:
+        return []
+    if row.tool_class == ToolClass.READ_ONLY:
+        return [("undo", "a read has nothing to undo")]
+    if (
+        not isinstance(undo, dict)
+        or not isinstance(undo.get("tool"), str)
+        or not isinstance(undo.get("arguments", {}), dict)
+    ):
+        return [("undo", '{"tool": "system.operation", "arguments": {"name": "result.field"}}')]
+    tool = undo["tool"]
+    project_tool = HttpTool.objects.filter(project_id=row.project_id, name=tool, enabled=True).exclude(id=row.id)
+    if (tool not in TOOLS or TOOLS[tool].internal) and not project_tool.exists():
+        return [("undo", f"the undo names the tool {tool!r}, which is not registered or declared in this project")]
+    return []
+
+
+def http_tool_problems(row: HttpTool) -> list[tuple[str, str]]:
+    """What is wrong with a declaration, as (field, message); empty when it may be saved."""
+    problems = []
+    if not NAME.fullmatch(row.name or ""):
+        problems.append(("name", "system.operation in lower case, e.g. payments.refund"))
+    elif row.name in TOOLS:
+        problems.append(("name", "a tool of Warden's registry (Python) already has this name"))
+    elif row.project_id and McpTool.objects.filter(server__project_id=row.project_id, name=row.name).exists():
+        problems.append(("name", "an MCP tool of this project already has this name"))
+    if row.tool_class not in ToolClass.ALL:
+        problems.append(("tool_class", f"one of {', '.join(ToolClass.ALL)}"))
+    elif row.tool_class == ToolClass.READ_ONLY and row.reversibility:
+        problems.append(("reversibility", "a read changes nothing: leave it empty"))
+    elif row.tool_class != ToolClass.READ_ONLY and row.reversibility not in Reversibility.ALL[1:]:
+        problems.append(("reversibility", "a write is reversible or irreversible"))
+    if row.tool_class == ToolClass.IDEMPOTENT_WRITE and not row.idempotency_header:
+        problems.append(("idempotency_header", "an idempotent write names the header the service deduplicates by"))
+    if row.idempotency_header and not HEADER_NAME.fullmatch(row.idempotency_header):
+        problems.append(("idempotency_header", "a header name: letters, digits and -"))
+    schema = _schema_problems(row.arguments_schema)
+    problems += schema
+    properties = set((row.arguments_schema or {}).get("properties") or {}) if not schema else set()
+    required = set((row.arguments_schema or {}).get("required") or []) if not schema else set()
+    problems += url_problems(row.url or "", field="url", allowed=properties)
+    missing = sorted(set(PLACEHOLDER.findall(row.url or "")) & properties - required)
+    if missing:
+        problems.append(("arguments_schema", f"the URL's placeholders must be required arguments: {missing}"))
+    if row.lookup_url:
+        problems += url_problems(row.lookup_url, field="lookup_url", allowed={"key"})
+    problems += _header_problems(row.headers)
+    problems += _undo_problems(row)
+    if not (0 < (row.timeout_seconds or 0) <= 3600):
+        problems.append(("timeout_seconds", "between 0 and 3600 seconds"))
+    return problems
+
+
+# --- calling ----------------------------------------------------------------------------------------
+
+
+def _secret_headers(headers: dict, secrets: dict) -> dict:
+    return {name: SECRET_REF.sub(lambda m: secrets[m.group(1)], value) for name, value in headers.items()}
+
+
+def _filled(template: str, values: dict) -> str:
+    # Each value is quoted whole (a "/" too): an argument can change a path segment, never the host.
+    return PLACEHOLDER.sub(lambda m: quote(str(values[m.group(1)]), safe=""), template)
+
+
+def _answer(response: httpx.Response, tool: str) -> dict:
+    """The service's answer as the tool's result, or the failure it means for the ledger."""
+    code = response.status_code
+    if 200 <= code < 300:
+        try:
+            body = response.json() if response.content else {}
+        except ValueError:
+            body = {"text": response.text}
+        return body if isinstance(body, dict) else {"body": body}
+    if code in (429, 503):
+        raise ToolUnavailable(f"{tool}: HTTP {code}, the service asks to try later")
+    if code in (408, 500, 502, 504):  # the request may have been acted on before the failure
+        raise ToolTimeout(f"{tool}: HTTP {code}, the outcome is unknown")
+    if 300 <= code < 400:
+        raise ToolRefused(f"{tool}: HTTP {code}, a redirect (not followed)")
+    raise ToolRefused(f"{tool}: HTTP {code}: {response.text[:REFUSAL_TEXT]}")
+
+
+def _send(method: str, url: str, *, headers: dict, deadline: float, tool: str, **body) -> httpx.Response:
+    if not host_allowed(url):  # the deployment's allowlist may have changed since the tool was saved
+        raise ToolRefused(f"{tool}: its host is no longer allowed (WARDEN_HTTP_TOOL_HOSTS)")
+    try:
+        return httpx.request(method, url, headers=headers, timeout=deadline, follow_redirects=False, **body)
+    except (httpx.ConnectError, httpx.ConnectTimeout) as exc:  # nothing was sent
+        raise ToolUnavailable(f"{tool}: cannot connect ({type(exc).__name__})") from exc
+    except httpx.HTTPError as exc:  # sent, and no (whole) answer: it may have been acted on
+        raise ToolTimeout(f"{tool}: no answer ({type(exc).__name__})") from exc
+
+
+def _execute(row: HttpTool, values: dict, *, key: str, deadline: float, secrets: dict, **_drill) -> dict:
+    in_url = set(PLACEHOLDER.findall(row.url))
+    rest = {k: v for k, v in values.items() if k not in in_url}
+    headers = _secret_headers(row.headers or {}, secrets)
+    if row.idempotency_header:
+        headers[row.idempotency_header] = key
+    body = {"json": rest} if row.method in BODY_METHODS else {"params": rest} if rest else {}
+    response = _send(row.method, _filled(row.url, values), headers=headers, deadline=deadline, tool=row.name, **body)
+    return _answer(response, row.name)
+
+
+def _lookup(row: HttpTool, key: str, secrets: dict) -> dict | None:
+    headers = _secret_headers(row.headers or {}, secrets)
+    try:
+        response = _send("GET", _filled(row.lookup_url, {"key": key}), headers=headers, deadline=row.timeout_seconds,
+                         tool=row.name)  # fmt: skip
+        if response.status_code == 404:
+            return None
+        return _answer(response, row.name)
+    except (ToolUnavailable, ToolTimeout, ToolRefused) as exc:  # not an answer: ask again later
+        raise TransientFailure(f"the lookup of {row.name} by key failed: {exc}") from exc
+
+
+def _derived(value, arguments: dict, result: dict):
+    if isinstance(value, str) and value.startswith(("arguments.", "result.")):
+        source, _, field = value.partition(".")
+        return (arguments if source == "arguments" else result).get(field)
+    return value
+
+
+def _undo(row: HttpTool):
+    tool, mapping = row.undo["tool"], row.undo.get("arguments") or {}
+
+    def undo(arguments: dict, result: dict) -> tuple[str, dict]:
+        return tool, {name: _derived(value, arguments, result or {}) for name, value in mapping.items()}
+
+    undo.__name__ = f"calling {tool}"
+    return undo
+
+
+def http_tool_spec(row: HttpTool) -> ToolSpec:
+    """The broker's view of a declaration: the same ToolSpec as a Python tool's."""
+    names = tuple(sorted({s for value in (row.headers or {}).values() for s in SECRET_REF.findall(str(value))}))
+    return ToolSpec(
+        name=row.name,
+        system=row.name.partition(".")[0],
+        tool_class=row.tool_class,
+        reversibility=row.reversibility or "",
+        arguments=OpenResult,
+        result=OpenResult,
+        execute=partial(_execute, row),
+        lookup=(lambda key: _lookup(row, key, secrets_read(names))) if row.lookup_url else None,
+        undo=_undo(row) if row.undo else None,
+        undo_tool=(row.undo or {}).get("tool", ""),
+        timeout_seconds=row.timeout_seconds,
+        rate_per_minute=row.rate_per_minute,
+        description=row.description or f"{row.method} {row.url}",
+        secrets=names,
+        external_id=row.external_id,
+        module=f"HTTP tool {row.id} of project {row.project_id}",
+        cut_off=True,
+        parameters=row.arguments_schema,
+        project_id=row.project_id,
+        kind="http",
+    )
+
+
+def http_tool_find(name: str, project_id: int) -> ToolSpec | None:
+    row = HttpTool.objects.filter(project_id=project_id, name=name, enabled=True).first()
+    return http_tool_spec(row) if row is not None else None

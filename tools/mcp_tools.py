@@ -1,0 +1,277 @@
+"""MCP tools: the tools of MCP servers a project connects (docs/tools.md, "MCP tools").
+
+Through the official SDK (``mcp``), over streamable HTTP (a host the deployment allows) or stdio (a
+command the deployment names in WARDEN_MCP_COMMANDS; a project admin picks one, never types one). When
+a server is saved its tools are listed and classified by their annotations:
+
+- readOnlyHint: a read;
+- idempotentHint: an idempotent write (a repeat with the same arguments changes nothing more);
+- otherwise, and for a tool without annotations, a non-idempotent write;
+- every write is irreversible: MCP has no way to say how an effect is undone.
+
+A project admin can only make a tool stricter (a tool classification of the same name; tools/gate.py
+takes the stricter of the two). Every call goes through the broker like any tool's: gate, ledger,
+approvals, budgets, journal; the idempotency key travels in the request's _meta
+(``io.warden/idempotency-key``) for servers that deduplicate by it.
+"""
+
+import asyncio
+import json
+import os
+import re
+import threading
+from functools import partial
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from .http_tools import SECRET_REF, _header_problems, _secret_headers, url_problems
+from .kit import (
+    SECRET_NAME,
+    OpenResult,
+    Reversibility,
+    ToolClass,
+    ToolRefused,
+    ToolSpec,
+    ToolTimeout,
+    ToolUnavailable,
+    secret_read,
+    secrets_read,
+)
+from .models import HttpTool, McpServer, McpTool
+from .registry import TOOLS
+
+KEY_META = "io.warden/idempotency-key"
+SERVER_NAME = re.compile(r"^[a-z][a-z0-9_]{0,39}$")
+LIST_LIMIT = 200  # tools one server may bring
+
+
+class McpUnreachable(Exception):
+    """The server did not answer (or not as an MCP server does)."""
+
+
+def annotation_class(annotations: dict | None) -> tuple[str, str]:
+    """The side-effect class and reversibility an MCP tool's annotations say; none: the most dangerous."""
+    annotations = annotations or {}
+    if annotations.get("readOnlyHint") is True:
+        return ToolClass.READ_ONLY, Reversibility.NONE
+    if annotations.get("idempotentHint") is True:
+        return ToolClass.IDEMPOTENT_WRITE, Reversibility.IRREVERSIBLE
+    return ToolClass.NON_IDEMPOTENT_WRITE, Reversibility.IRREVERSIBLE
+
+
+def warden_name(server: str, remote: str) -> str:
+    """<server>.<tool>, in the lower case letters, digits and _ Warden's tool names use."""
+    tool = re.sub(r"[^a-z0-9_]+", "_", remote.lower()).strip("_") or "tool"
+    return f"{server}.{tool if tool[0].isalpha() else 't_' + tool}"[:64]
+
+
+# --- talking to a server ----------------------------------------------------------------------------
+
+
+def _target(server: McpServer):
+    """What the SDK's Client connects to: a stdio command with its secrets in the environment, or a
+    streamable HTTP transport with the secret headers."""
+    from mcp.client.stdio import StdioServerParameters, get_default_environment
+    from mcp.client.streamable_http import streamable_http_client
+    from mcp.shared._httpx_utils import create_mcp_http_client
+
+    if server.transport == McpServer.Transport.STDIO:
+        command = mcp_command(server.command)
+        if command is None:
+            raise ToolRefused(f"the MCP command {server.command!r} is not one WARDEN_MCP_COMMANDS names")
+        argv, passed = command
+        environment = {**get_default_environment(), **{n: os.environ[n] for n in passed if n in os.environ}}
+        environment.update(secrets_read(server.secrets or []))
+        return StdioServerParameters(command=argv[0], args=list(argv[1:]), env=environment)
+    names = sorted({s for value in (server.headers or {}).values() for s in SECRET_REF.findall(str(value))})
+    headers = _secret_headers(server.headers or {}, secrets_read(names))
+    return streamable_http_client(server.url, http_client=create_mcp_http_client(headers=headers))
+
+
+def mcp_command(name: str) -> tuple[list[str], list[str]] | None:
+    """A command the deployment names: its argv, and the environment variables it passes through
+    (WARDEN_MCP_COMMANDS: {"name": ["argv", ...]} or {"name": {"argv": [...], "env": ["VAR", ...]}})."""
+    entry = settings.WARDEN["MCP_COMMANDS"].get(name)
+    if isinstance(entry, dict):
+        entry, passed = entry.get("argv"), entry.get("env") or []
+    else:
+        passed = []
+    if not entry or not isinstance(entry, list):
+        return None
+    return [str(a) for a in entry], [str(v) for v in passed]
+
+
+def _in_thread(coroutine_factory, timeout: float):
+    """Run an async SDK call to completion from synchronous code (a worker, an admin view), in a thread
+    of its own so that it never meets the caller's event loop."""
+    box: dict = {}
+
+    def run():
+        try:
+            box["result"] = asyncio.run(asyncio.wait_for(coroutine_factory(), timeout))
+        except BaseException as exc:  # handed to the caller as it is
+            box["error"] = exc
+
+    thread = threading.Thread(target=run, name="mcp client", daemon=True)
+    thread.start()
+    thread.join(timeout + 5)
+    if "error" in box:
+        raise box["error"]
+    if "result" not in box:
+        raise TimeoutError(f"no answer within {timeout:g}s")
+    return box["result"]
+
+
+def mcp_list(server: McpServer) -> list[dict]:
+    """The server's tools as it lists them now: [{remote_name, description, input_schema, annotations}]."""
+    from mcp import Client
+
+    async def listing():
+        async with Client(_target(server), mode="legacy", read_timeout_seconds=server.timeout_seconds) as client:
+            tools, cursor = [], None
+            while len(tools) < LIST_LIMIT:
+                page = await client.list_tools(cursor=cursor)
+                tools += page.tools
+                cursor = page.next_cursor
+                if not cursor:
+                    break
+            return tools
+
+    try:
+        tools = _in_thread(listing, server.timeout_seconds)
+    except ToolRefused:
+        raise
+    except BaseException as exc:  # noqa: BLE001  (whatever the transport raised: the server did not answer)
+        raise McpUnreachable(f"the MCP server did not answer: {type(exc).__name__}: {str(exc)[:200]}") from exc
+    return [
+        {
+            "remote_name": t.name,
+            "description": (t.description or "")[:2000],
+            "input_schema": t.input_schema if isinstance(t.input_schema, dict) else {"type": "object"},
+            "annotations": t.annotations.model_dump(by_alias=True, exclude_none=True) if t.annotations else {},
+        }
+        for t in tools[:LIST_LIMIT]
+    ]
+
+
+def mcp_server_problems(server: McpServer) -> list[tuple[str, str]]:
+    """What is wrong with a server's declaration before it is asked anything."""
+    problems = []
+    if not SERVER_NAME.fullmatch(server.name or ""):
+        problems.append(("name", "lower case letters, digits and _, starting with a letter"))
+    if server.transport == McpServer.Transport.STDIO:
+        if server.command not in settings.WARDEN["MCP_COMMANDS"]:
+            named = ", ".join(sorted(settings.WARDEN["MCP_COMMANDS"])) or "none (set WARDEN_MCP_COMMANDS)"
+            problems.append(("command", f"one of the commands this deployment names: {named}"))
+        for secret in server.secrets or []:
+            if not isinstance(secret, str) or not SECRET_NAME.fullmatch(secret):
+                problems.append(("secrets", f"{secret!r}: upper case letters, digits and _"))
+            elif secret_read(secret) is None:
+                problems.append(("secrets", f"the secret {secret} is not set"))
+    else:
+        problems += url_problems(server.url or "", field="url", allowed=set())
+        problems += _header_problems(server.headers or {})
+    if not (0 < (server.timeout_seconds or 0) <= 600):
+        problems.append(("timeout_seconds", "between 0 and 600 seconds"))
+    return problems
+
+
+def mcp_listing_problems(server: McpServer, listed: list[dict]) -> list[tuple[str, str]]:
+    """Names the listing would take that are taken already (a Python tool, an HTTP tool, twice)."""
+    problems, seen = [], set()
+    for tool in listed:
+        name = warden_name(server.name, tool["remote_name"])
+        if name in TOOLS:
+            problems.append(("name", f"{name} would shadow a tool of Warden's registry"))
+        elif server.project_id and HttpTool.objects.filter(project_id=server.project_id, name=name).exists():
+            problems.append(("name", f"{name} is an HTTP tool of this project already"))
+        elif name in seen:
+            problems.append(("name", f"two of the server's tools become {name}"))
+        seen.add(name)
+    return problems
+
+
+def mcp_tools_store(server: McpServer, listed: list[dict]) -> list[McpTool]:
+    """Replace the server's tools by a listing, all at once."""
+    rows = []
+    for tool in listed:
+        tool_class, reversibility = annotation_class(tool["annotations"])
+        rows.append(
+            McpTool(
+                server=server,
+                name=warden_name(server.name, tool["remote_name"]),
+                tool_class=tool_class,
+                reversibility=reversibility,
+                **tool,
+            )
+        )
+    with transaction.atomic():
+        McpTool.objects.filter(server=server).delete()
+        McpTool.objects.bulk_create(rows)
+        McpServer.objects.filter(id=server.id).update(listed_at=timezone.now())
+    return rows
+
+
+def _result(answer, tool: str) -> dict:
+    text = "\n".join(getattr(c, "text", "") for c in answer.content or [] if getattr(c, "type", "") == "text")
+    if answer.is_error:
+        raise ToolRefused(f"{tool}: the server answered with an error: {text[:200]}")
+    if isinstance(answer.structured_content, dict):
+        return answer.structured_content
+    try:
+        body = json.loads(text)
+    except ValueError:
+        return {"text": text}
+    return body if isinstance(body, dict) else {"body": body}
+
+
+def _execute(row: McpTool, values: dict, *, key: str, deadline: float, **_rest) -> dict:
+    from mcp import Client
+
+    server, sent = row.server, {}
+
+    async def call():
+        async with Client(_target(server), mode="legacy", read_timeout_seconds=deadline) as client:
+            sent["at"] = True  # connected: from here on the call may have reached the server
+            return await client.call_tool(row.remote_name, values, meta={KEY_META: key})
+
+    try:
+        answer = _in_thread(call, deadline)
+    except ToolRefused:
+        raise
+    except BaseException as exc:  # noqa: BLE001
+        what = f"{row.name}: {type(exc).__name__}: {str(exc)[:200]}"
+        raise (ToolTimeout(what) if sent else ToolUnavailable(what)) from exc
+    return _result(answer, row.name)
+
+
+def mcp_tool_spec(row: McpTool) -> ToolSpec:
+    server = row.server
+    return ToolSpec(
+        name=row.name,
+        system=server.name,
+        tool_class=row.tool_class,
+        reversibility=row.reversibility or "",
+        arguments=OpenResult,
+        result=OpenResult,
+        execute=partial(_execute, row),
+        timeout_seconds=server.timeout_seconds,
+        description=row.description or f"{row.remote_name} on the MCP server {server.name}",
+        module=f"MCP server {server.id} of project {server.project_id}",
+        cut_off=True,
+        parameters=row.input_schema or {"type": "object"},
+        project_id=server.project_id,
+        kind="mcp",
+        classified=bool(row.annotations),
+    )
+
+
+def mcp_tool_find(name: str, project_id: int) -> ToolSpec | None:
+    row = (
+        McpTool.objects.filter(name=name, server__project_id=project_id, server__enabled=True)
+        .select_related("server")
+        .first()
+    )
+    return mcp_tool_spec(row) if row is not None else None
