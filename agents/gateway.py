@@ -51,12 +51,16 @@ class ModelRequest:
     fallback: tuple[str, str] | None = None  # (provider, model) to use while the provider's breaker is open
     routing: dict = field(default_factory=dict)  # the agent's rule for simple steps (a cheaper model)
     project_id: int | None = None  # the run's: its own HTTP and MCP tools are among those it may call
+    # Real providers: the task's exchanges so far, provider-neutral (agents/conversation.py), rebuilt
+    # from the journal; ``prompt`` is then the task message alone.
+    history: list[dict] = field(default_factory=list)
 
 
 @dataclass
 class ModelResponse:
     text: str = ""
-    tool_call: dict | None = None  # {"name": ..., "arguments": {...}}
+    tool_call: dict | None = None  # {"name": ..., "arguments": {...}}: the first of tool_calls
+    tool_calls: list[dict] | None = None  # every call of the reply: [{"id", "name", "arguments"}]
     final: Any = None
     tokens_in: int = 0
     tokens_out: int = 0
@@ -76,6 +80,8 @@ class ModelResponse:
             body["request"] = self.sent
         if self.tool_call is not None:
             body["tool_call"] = self.tool_call
+        if self.tool_calls:
+            body["tool_calls"] = self.tool_calls
         if self.final is not None:
             body["final"] = self.final
         return body
@@ -212,7 +218,11 @@ def _cached_or_called(impl, model: str, request: ModelRequest) -> ModelResponse:
 
 def _cache_key(provider: str, model: str, request: ModelRequest) -> str:
     """Identical requests: the same model, messages and tools (the prompt carries the task's own steps)."""
-    what = json.dumps([provider, model, request.instructions, request.prompt, sorted(request.tool_names)])
+    what = json.dumps(
+        [provider, model, request.instructions, request.prompt, sorted(request.tool_names), request.history],
+        sort_keys=True,
+        default=str,
+    )
     return f"warden:model-cache:{hashlib.sha256(what.encode()).hexdigest()}"
 
 
@@ -243,8 +253,11 @@ def _call_with_retries(impl, model: str, request: ModelRequest) -> ModelResponse
         _circuit_record(impl.name, ok=True)
         response.retries = tries - 1
         # The prompt as sent, viewable on the model-call span. It holds no secret argument: those are
-        # sealed apart before anything is journaled, and keys never enter a prompt.
+        # sealed apart before anything is journaled, and keys never enter a prompt. The exchanges before
+        # it are the journal's own steps: counted here, not copied into every step again.
         response.sent = {"system": request.instructions, "user": request.prompt, "tools": list(request.tool_names)}
+        if request.history:
+            response.sent["history_turns"] = len(request.history)
         response.cost_micros = cost_micros(impl.name, model, response.tokens_in, response.tokens_out)
         return response
     raise AssertionError("unreachable")

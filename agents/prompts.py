@@ -2,12 +2,18 @@
 
 import json
 
+from .conversation import shrink
+
 RECENT_STEPS_IN_PROMPT = 8
 VALUE_PREVIEW_CHARS = 300
 
 
-def _preview(value) -> str:
+def _preview(value, limit: int | None = None) -> str:
+    """A value for the prompt: cut at VALUE_PREVIEW_CHARS (a scripted agent's prompt), or, with a
+    ``limit`` (a real model's), whole while it fits and trimmed by its structure, visibly, past it."""
     text = json.dumps(value, sort_keys=True, default=str)
+    if limit is not None:
+        return text if len(text) <= limit else json.dumps(shrink(value, limit), sort_keys=True, default=str)
     return text if len(text) <= VALUE_PREVIEW_CHARS else text[:VALUE_PREVIEW_CHARS] + "…"
 
 
@@ -29,6 +35,7 @@ def build_prompt(
     budget_chars: int | None = None,
     knowledge: list[dict] | None = None,
     world: list[str] | None = None,
+    value_chars: int | None = None,
 ) -> str:
     """Objective, output schema, short previews of the dependency artifacts, and a compact record of
     this task's own recent steps: at most RECENT_STEPS_IN_PROMPT of them, newest kept, within the
@@ -40,10 +47,10 @@ def build_prompt(
         budget_chars = settings.WARDEN["CONTEXT_CHARS"]
     parts = [f"Objective: {objective}", f"Output schema: {json.dumps(output_schema, sort_keys=True)}"]
     for key, content in sorted(dependencies.items()):
-        parts.append(f"Input from {key}: {_preview(content)}")
+        parts.append(f"Input from {key}: {_preview(content, value_chars)}")
     for entry in knowledge or []:  # verified blackboard entries only (runs/blackboard.py)
         source = f", from artifacts {entry['sources']}" if entry["sources"] else ""
-        what = f"{entry['key']} v{entry['version']} = {_preview(entry['value'])}"
+        what = f"{entry['key']} v{entry['version']} = {_preview(entry['value'], value_chars)}"
         parts.append(f"Known (verified by {entry['verified_by']}): {what} (by {entry['by']}{source}, {entry['at']})")
     if world:  # a re-planner's world state (runs/services/replan.py): at most half the budget
         room = budget_chars // 2 - sum(len(p) + 1 for p in parts)

@@ -16,7 +16,10 @@ from core.errors import StepFailure
 from tools.catalog import tool_spec
 from tools.memory import TOOL_SCHEMAS
 
+from .conversation import anthropic_messages, openai_messages
 from .gateway import ModelRequest, ModelResponse
+
+MAX_CALLS_PER_REPLY = 16  # tool calls taken from one reply; more is a runaway, not a plan
 
 
 class ProviderRetryable(Exception):
@@ -101,13 +104,7 @@ class OpenAIProvider:
     def complete(self, *, model: str, request: ModelRequest) -> ModelResponse:
         import openai
 
-        body = {
-            "model": model,
-            "messages": [
-                {"role": "system", "content": request.instructions},
-                {"role": "user", "content": request.prompt},
-            ],
-        }
+        body = {"model": model, "messages": openai_messages(request.instructions, request.prompt, request.history)}
         functions = tool_functions(request.tool_names, request.project_id)
         if functions:
             body["tools"] = functions
@@ -129,7 +126,7 @@ class AnthropicProvider:
             "model": model,
             "max_tokens": settings.WARDEN["ANTHROPIC_MAX_TOKENS"],
             "system": request.instructions,
-            "messages": [{"role": "user", "content": request.prompt}],
+            "messages": anthropic_messages(request.prompt, request.history),
         }
         tools = [
             {"name": f["function"]["name"], "description": f["function"]["description"],
@@ -158,13 +155,27 @@ def _anthropic_response(message, model: str) -> ModelResponse:
     )
     uses = [b for b in blocks if getattr(b, "type", "") == "tool_use"]
     if uses:
-        response.tool_call = {"name": _tool_name(uses[0].name), "arguments": uses[0].input}
+        response.tool_calls = [
+            {"id": str(getattr(u, "id", "") or "")[:100], "name": _tool_name(u.name), "arguments": u.input}
+            for u in uses[:MAX_CALLS_PER_REPLY]
+        ]
+        response.tool_call = response.tool_calls[0]
         return response
     try:
         response.final = json.loads(text)
     except json.JSONDecodeError:
         response.final = text
     return response
+
+
+def _openai_call(call) -> dict:
+    function = call.function
+    try:
+        arguments = json.loads(function.arguments or "{}")
+    except json.JSONDecodeError:
+        # Kept as text: the broker answers the model with a structured error, and the loop guard counts it.
+        arguments = function.arguments[:4000]
+    return {"id": str(getattr(call, "id", "") or "")[:100], "name": _tool_name(function.name), "arguments": arguments}
 
 
 def _openai_response(completion, model: str) -> ModelResponse:
@@ -181,13 +192,8 @@ def _openai_response(completion, model: str) -> ModelResponse:
     )
     calls = message.tool_calls or []
     if calls:
-        function = calls[0].function
-        try:
-            arguments = json.loads(function.arguments or "{}")
-        except json.JSONDecodeError:
-            # Kept as text: the broker answers the model with a structured error, and the loop guard counts it.
-            arguments = function.arguments[:4000]
-        response.tool_call = {"name": _tool_name(function.name), "arguments": arguments}
+        response.tool_calls = [_openai_call(call) for call in calls[:MAX_CALLS_PER_REPLY]]
+        response.tool_call = response.tool_calls[0]
         return response
     # No tool call: the final answer, JSON when the model wrote JSON (the task's output schema decides).
     try:

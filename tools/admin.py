@@ -6,7 +6,7 @@ from django.contrib import admin
 from django.core.exceptions import PermissionDenied
 
 from core.errors import WardenError
-from tenancy.admin_scope import ScopedAdmin, ScopedInline, SuperuserAdmin, SuperuserReadOnlyAdmin
+from tenancy.admin_scope import ReadOnlyScopedAdmin, ScopedAdmin, ScopedInline, SuperuserAdmin, SuperuserReadOnlyAdmin
 
 from .classifications import classification_refusal, tool_classification_remove, tool_classification_set
 from .http_tools import http_tool_problems
@@ -171,6 +171,18 @@ class McpServerAdmin(ScopedAdmin):
     def save_through_service(self, request, obj, form, change):
         super().save_through_service(request, obj, form, change)
         mcp_tools_store(obj, form.listed)
+
+
+@admin.register(McpTool)
+class McpToolAdmin(ReadOnlyScopedAdmin):
+    """The tools MCP servers listed: changed only by saving their server again."""
+
+    project_path = "server__project"
+    list_display = ["name", "server", "tool_class", "reversibility", "remote_name"]
+    list_filter = ["server__project", "tool_class"]
+    search_fields = ["name", "remote_name", "description"]
+    readonly_fields = ["server", "name", "remote_name", "description", "input_schema", "annotations",
+                       "tool_class", "reversibility"]  # fmt: skip
 
 
 @admin.register(Installation)

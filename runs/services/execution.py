@@ -15,6 +15,7 @@ from django.db import DatabaseError, connection
 from django.utils import timezone
 from dramatiq.middleware import TimeLimitExceeded
 
+from agents.conversation import fit, turns
 from agents.gateway import ModelRequest, ModelResponse, model_complete
 from agents.models import Agent, ModelVersion
 from agents.planning import plan_validate
@@ -67,8 +68,8 @@ def _tool_digest(call: dict) -> str:
 @dataclass
 class _LoopState:
     journal: list[dict]
-    pending_tool: dict | None = None  # the last model response asked for this tool, not yet called
-    pending_replayed: bool = False  # …and that response came from an earlier attempt's journal
+    pending: list[dict] = field(default_factory=list)  # the last reply's tool calls not yet made, in order
+    pending_replayed: bool = False  # …and that reply came from an earlier attempt's journal
     model_turns: int = 0
     tool_calls: int = 0
     tool_repeats: dict = field(default_factory=dict)
@@ -79,21 +80,27 @@ class _LoopState:
         state = cls(journal=[])
         for entry in journal:
             state.apply(entry)
-        state.pending_replayed = state.pending_tool is not None
+        state.pending_replayed = bool(state.pending)
         return state
+
+    @property
+    def pending_tool(self) -> dict | None:
+        return self.pending[0] if self.pending else None
 
     def apply(self, entry: dict) -> None:
         self.journal.append(entry)
         body = entry["body"] or {}
         if entry["kind"] == Span.Kind.MODEL_CALL:
             self.model_turns += 1
-            self.pending_tool = body.get("tool_call")
-            if self.pending_tool:
-                digest = _tool_digest(self.pending_tool)
+            # Several calls in one reply are made one by one, each its own journaled step (and key).
+            self.pending = list(body.get("tool_calls") or ([body["tool_call"]] if body.get("tool_call") else []))
+            for call in self.pending:
+                digest = _tool_digest(call)
                 self.tool_repeats[digest] = self.tool_repeats.get(digest, 0) + 1
         else:
             self.tool_calls += 1
-            self.pending_tool, self.pending_replayed = None, False
+            self.pending = self.pending[1:]
+            self.pending_replayed = self.pending_replayed and bool(self.pending)
             # What the model saw last: the result, or the structured error in its place.
             self.last_result = body.get("result") if "result" in body else {"error": body.get("error")}
 
@@ -270,8 +277,8 @@ def _attempt(lease: Lease):
                 if response.final is not None:
                     return _final(lease, run, task, agent, state, response, started)
                 run_usage, task_usage = _journal_model_step(lease, task, state, response, started)
-                if response.tool_call:
-                    _loop_guard(state, response.tool_call)
+                for call in state.pending:
+                    _loop_guard(state, call)
             if run_usage.status == Run.Status.CANCELLING:
                 return task_stop_cancelled(lease)
             run_usage.check_after_step("run")
@@ -293,21 +300,16 @@ def _attempt(lease: Lease):
 
 
 def _model_request(lease: Lease, run: Run, task: Task, agent: Agent, state: _LoopState, deps: dict) -> ModelRequest:
-    """What the model is asked at this turn: the prompt from the journal so far, and the context a
-    scripted agent reads."""
+    """What the model is asked at this turn: the prompt from the journal so far (for a real provider, the
+    task message and the conversation in its own format), and the context a scripted agent reads."""
+    prompt, history = _prompt_and_history(task, agent, state, deps)
     return ModelRequest(
         agent_slug=agent.slug,
         instructions=agent.instructions,
         turn=state.model_turns + 1,
         attempt=lease.attempt,
-        prompt=build_prompt(
-            objective=task.objective,
-            output_schema=task.output_schema,
-            dependencies=deps,
-            journal=state.journal,
-            knowledge=task.knowledge,
-            world=world_lines(task.world) if task.world else None,
-        ),
+        prompt=prompt,
+        history=history,
         context={
             "deps": deps,
             "last": state.last_result or {},
@@ -322,6 +324,30 @@ def _model_request(lease: Lease, run: Run, task: Task, agent: Agent, state: _Loo
         fallback=(agent.fallback_provider, agent.fallback_model) if agent.fallback_provider else None,
         routing=agent.routing,
     )
+
+
+def _prompt_and_history(task: Task, agent: Agent, state: _LoopState, deps: dict) -> tuple[str, list[dict]]:
+    """A scripted agent reads one prompt with a record of its recent steps. A real model gets the task
+    message (its inputs whole, within a quarter of the budget each) and the exchanges so far as messages,
+    fitted to the rest of the budget; both rebuilt from the journal alone, so a resumed attempt sends the
+    same bytes."""
+    native = agent.provider in (Agent.Provider.OPENAI, Agent.Provider.ANTHROPIC)
+    budget = settings.WARDEN["CONTEXT_CHARS"]
+    prompt = build_prompt(
+        objective=task.objective,
+        output_schema=task.output_schema,
+        dependencies=deps,
+        journal=[] if native else state.journal,
+        knowledge=task.knowledge,
+        world=world_lines(task.world) if task.world else None,
+        value_chars=budget // 4 if native else None,
+    )
+    if not native:
+        return prompt, []
+    history, dropped = fit(turns(state.journal), max(1000, budget - len(prompt)))
+    if dropped:
+        prompt += f"\n({dropped} earlier exchanges omitted for the context budget)"
+    return prompt, history
 
 
 def _final(lease: Lease, run: Run, task: Task, agent: Agent, state: _LoopState, response: ModelResponse, started):
@@ -356,10 +382,16 @@ def _final(lease: Lease, run: Run, task: Task, agent: Agent, state: _LoopState, 
 
 def _journal_model_step(lease: Lease, task: Task, state: _LoopState, response: ModelResponse, started):
     body = response.as_journal()
-    if body.get("tool_call"):
-        # Secret argument values are sealed apart: the journal (a span) never holds them. They are sealed
-        # under the step of the tool call this response asks for (the next one), which is the step the
-        # broker and the ledger row know the call by, and so the step they unseal with.
+    if body.get("tool_calls"):
+        # Secret argument values are sealed apart: the journal (a span) never holds them. Each is sealed
+        # under the step of its tool call (the reply's calls take the next steps, in order), which is the
+        # step the broker and the ledger row know the call by, and so the step they unseal with.
+        body["tool_calls"] = [
+            tool_call_for_journal(task_id=task.id, step=state.next_step + 1 + i, tool_call=call)
+            for i, call in enumerate(body["tool_calls"])
+        ]
+        body["tool_call"] = body["tool_calls"][0]
+    elif body.get("tool_call"):
         body["tool_call"] = tool_call_for_journal(
             task_id=task.id, step=state.next_step + 1, tool_call=body["tool_call"]
         )
@@ -417,13 +449,16 @@ def _tool_step(lease: Lease, run: Run, task: Task, state: _LoopState):
         except StepFailure as exc:
             _error_span(lease, kind=Span.Kind.TOOL_CALL, name=str(call.get("name")), started=started, message=str(exc))
             raise
+    body = outcome.body
+    if call.get("id"):  # the provider's id pairs the result with its call in the conversation
+        body = {**body, "call_id": call["id"]}
     usage = _journal(
         lease,
         task,
         step=state.next_step,
         kind=Span.Kind.TOOL_CALL,
         name=str(call.get("name")),
-        body=outcome.body,
+        body=body,
         started=started,
         state=state,
         tool_call=True,

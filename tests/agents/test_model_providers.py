@@ -129,7 +129,7 @@ def test_anthropic_tool_use_goes_out_with_input_schemas_and_comes_back_parsed(pr
     )
     provider.answer(body=message({"type": "text", "text": '{"answer": "42"}'}))
     response = ask("anthropic", tool_names=["crm.read"])
-    assert response.tool_call == {"name": "crm.read", "arguments": {"customer_id": "c-1"}}
+    assert response.tool_call == {"id": "toolu_1", "name": "crm.read", "arguments": {"customer_id": "c-1"}}
     assert (response.tokens_in, response.tokens_out, response.retries) == (900, 80, 1)  # the 529 was retried
     sent = provider.requests[-1]
     assert sent["path"] == "/v1/messages" and sent["headers"]["authorization"] == f"Bearer {API_KEY}"
@@ -142,7 +142,7 @@ def test_anthropic_tool_use_goes_out_with_input_schemas_and_comes_back_parsed(pr
 def test_a_tool_call_goes_out_with_the_tools_schemas_and_comes_back_parsed(provider, db):
     provider.answer(body=completion(tool="crm__read", arguments='{"customer_id": "c-1"}'))
     response = ask(tool_names=["crm.read", "no.such-tool"])
-    assert response.tool_call == {"name": "crm.read", "arguments": {"customer_id": "c-1"}}
+    assert response.tool_call == {"id": "call_1", "name": "crm.read", "arguments": {"customer_id": "c-1"}}
     assert (response.tokens_in, response.tokens_out, response.retries) == (1000, 200, 0)
 
     [sent] = provider.requests
@@ -159,7 +159,7 @@ def test_garbled_tool_arguments_reach_the_broker_as_text_and_a_garbled_answer_is
     provider.answer(body=completion(tool="crm__read", arguments='{"customer_id": '))
     response = ask(tool_names=["crm.read"])
     assert response.retries == 1 and len(provider.requests) == 2
-    assert response.tool_call == {"name": "crm.read", "arguments": '{"customer_id": '}
+    assert response.tool_call == {"id": "call_1", "name": "crm.read", "arguments": '{"customer_id": '}
 
 
 def test_an_identical_request_of_a_caching_agent_is_answered_once_and_paid_once(provider, db):
@@ -345,9 +345,12 @@ def test_incident_fanout_runs_end_to_end_on_a_model_behind_the_openai_protocol(p
     worker_request = next(r for r in provider.requests if "tools" in r["json"])
     offered = {t["function"]["name"] for t in worker_request["json"]["tools"]}
     assert offered == {"crm__read", "tickets__create", "crm__update", "email__send"}
-    # A later prompt records the earlier steps, not the prompts that were sent for them.
-    later = [m for m in (r["json"]["messages"][1]["content"] for r in provider.requests) if "Step 3 model_call" in m]
-    assert later and not any('"request"' in m for m in later)
+    # A later request carries the earlier steps as the protocol's own messages (assistant tool calls and
+    # tool results), not the prompts that were sent for them.
+    later = [r["json"]["messages"] for r in provider.requests if len(r["json"]["messages"]) > 2]
+    assert later and all(m["role"] in ("system", "user", "assistant", "tool") for ms in later for m in ms)
+    assert any(m["role"] == "tool" for ms in later for m in ms)
+    assert not any('"request"' in json.dumps(ms) for ms in later)
 
 
 def test_while_the_breaker_is_open_the_agent_falls_back_to_its_other_provider(provider, one_model_workflow, worker):
