@@ -5,13 +5,32 @@ from django.contrib import admin
 
 from tenancy.admin_scope import GlobalConfigAdmin
 
-from .models import Agent, ModelPrice, ModelVersion
+from .models import Agent, AgentVersion, ModelPrice, ModelVersion, WorkflowVersion
+
+
+class AgentVersionInline(admin.TabularInline):
+    """Each saved change of the agent; runs keep the version they started with."""
+
+    model = AgentVersion
+    extra = 0
+    can_delete = False
+    fields = ["number", "created_at", "config"]
+    readonly_fields = fields
+    ordering = ["-number"]
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
 
 
 @admin.register(Agent)
 class AgentAdmin(GlobalConfigAdmin):
-    """Agents are shared by every project (their tools are trusted configuration): superusers edit them."""
+    """Agents are shared by every project (their tools are trusted configuration): superusers edit them.
+    Saving a change makes a new version; runs in flight keep the one they started with."""
 
+    inlines = [AgentVersionInline]
     list_display = ["slug", "name", "provider", "model", "is_planner", "max_attempts"]
     list_filter = ["provider", "is_planner"]
     search_fields = ["slug", "name", "instructions"]
@@ -28,3 +47,26 @@ class ModelPriceAdmin(GlobalConfigAdmin):
 class ModelVersionAdmin(GlobalConfigAdmin):
     list_display = ["slug", "name"]
     search_fields = ["slug", "name"]
+
+
+class _VersionAdmin(GlobalConfigAdmin):
+    """Versions are records: made by saving an agent or a workflow, never edited."""
+
+    change_action = None
+    add_action = None
+    delete_action = None
+    readonly_fields = ["number", "config", "digest", "created_at"]
+
+
+@admin.register(AgentVersion)
+class AgentVersionAdmin(_VersionAdmin):
+    list_display = ["agent", "number", "created_at"]
+    list_filter = ["agent"]
+    search_fields = ["agent__slug"]
+
+
+@admin.register(WorkflowVersion)
+class WorkflowVersionAdmin(_VersionAdmin):
+    list_display = ["workflow", "number", "created_at"]
+    list_filter = ["workflow"]
+    search_fields = ["workflow__slug"]

@@ -134,3 +134,38 @@ class Workflow(models.Model):
 
     def __str__(self) -> str:
         return self.slug
+
+
+class AgentVersion(models.Model):
+    """What an agent was, as a run used it (agents/versions.py): made when a changed agent is saved or a
+    run starts with it. Runs keep the version they started with to their end."""
+
+    agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="versions")
+    number = models.PositiveIntegerField()
+    config = models.JSONField()
+    digest = models.CharField(max_length=64)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["agent", "-number"]
+        constraints = [models.UniqueConstraint(fields=["agent", "number"], name="one_agent_version_number")]
+
+    def __str__(self) -> str:
+        return f"{self.agent.slug} v{self.number}"
+
+
+class WorkflowVersion(models.Model):
+    """What a workflow was (its plan, planner, agents, budget) when a run started with it."""
+
+    workflow = models.ForeignKey(Workflow, on_delete=models.CASCADE, related_name="versions")
+    number = models.PositiveIntegerField()
+    config = models.JSONField()
+    digest = models.CharField(max_length=64)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["workflow", "-number"]
+        constraints = [models.UniqueConstraint(fields=["workflow", "number"], name="one_workflow_version_number")]
+
+    def __str__(self) -> str:
+        return f"{self.workflow.slug} v{self.number}"

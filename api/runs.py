@@ -67,6 +67,26 @@ class TaskOut(Schema):
     attempts: int
     max_attempts: int
     depends_on: list[str]
+    agent_version: int | None = Field(
+        None, description="The version of the agent this task runs on: the one the run started with"
+    )
+
+
+class VersionRefOut(Schema):
+    id: int
+    version: int
+
+
+class PolicyRefOut(Schema):
+    id: int
+    name: str
+    digest: str = Field(description="Of the policy's settings when the run started: a later edit shows as another")
+
+
+class VersionsOut(Schema):
+    workflow: VersionRefOut | None = None
+    agents: dict[str, VersionRefOut] = Field(default_factory=dict)
+    policies: list[PolicyRefOut] = Field(default_factory=list)
 
 
 RUN_EXAMPLE = {
@@ -97,6 +117,7 @@ RUN_EXAMPLE = {
             "attempts": 1,
             "max_attempts": 2,
             "depends_on": [],
+            "agent_version": 3,
         },
         {
             "key": "risk",
@@ -121,6 +142,11 @@ RUN_EXAMPLE = {
     "started_at": "2026-03-14T09:12:03.412Z",
     "finished_at": None,
     "pruned_at": None,
+    "versions": {
+        "workflow": {"id": 7, "version": 2},
+        "agents": {"inventory-agent": {"id": 31, "version": 3}},
+        "policies": [{"id": 1, "name": "deploys need a reviewer", "digest": "9f1c2e7a0b3d4c5e"}],
+    },
 }
 
 
@@ -146,9 +172,14 @@ class RunOut(Schema):
     pruned_at: datetime | None = Field(
         description="When retention removed the run's step bodies and payloads; ledger, decisions and figures stay"
     )
+    versions: VersionsOut = Field(
+        description="What the run started with and keeps to its end: its workflow's and agents' versions, and the "
+        "approval policies then in force (empty for runs started before versions were recorded)"
+    )
 
 
 def run_out(run: Run) -> dict:
+    pinned = (run.versions or {}).get("agents") or {}
     return {
         "id": run.id,
         "kind": "external" if run.workflow.planner == "external" else "workflow",
@@ -182,9 +213,11 @@ def run_out(run: Run) -> dict:
                 "attempts": t.attempts,
                 "max_attempts": t.max_attempts,
                 "depends_on": t.depends_on,
+                "agent_version": pinned.get(t.agent.slug, {}).get("version") if t.agent_id else None,
             }
             for t in run.tasks.all()
         ],
+        "versions": run.versions or {},
         "created_at": run.created_at,
         "started_at": run.started_at,
         "finished_at": run.finished_at,

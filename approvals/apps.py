@@ -15,10 +15,12 @@ class ApprovalsConfig(AppConfig):
             approval_request_for_operations,
             approvals_withdraw,
             approvals_withdraw_ids,
+            policies_in_force,
         )
 
         # The broker and the engine call these inside their transactions, by name (core.hooks).
         hooks.provide(hooks.APPROVAL_REQUEST_FOR_OPERATION, approval_request_for_operation)
+        hooks.provide(hooks.POLICIES_IN_FORCE, policies_in_force)
         hooks.provide(hooks.APPROVAL_REQUEST_FOR_OPERATIONS, approval_request_for_operations)
         hooks.provide(hooks.APPROVALS_WITHDRAW, approvals_withdraw)
         hooks.provide(hooks.APPROVALS_WITHDRAW_IDS, approvals_withdraw_ids)

@@ -4,9 +4,12 @@ A decision is applied under the run's lock (lock order: run, then tasks and oper
 race neither the task that is about to park nor another reviewer.
 """
 
+import hashlib
+import json
 import logging
 
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from core import bus
@@ -25,7 +28,7 @@ from tools.models import ToolOperation
 from tools.registry import redact
 from tools.transitions import OPERATION
 
-from .models import ApprovalRequest
+from .models import ApprovalPolicy, ApprovalRequest
 from .notify import notifications_add
 from .transitions import APPROVAL_REQUEST
 
@@ -53,8 +56,6 @@ def _terms(verdict: Verdict, *, with_expiry: bool) -> dict:
         "fail_on_reject": verdict.fail_on_reject,
     }
     if with_expiry:
-        from .models import ApprovalPolicy
-
         policy = ApprovalPolicy.objects.filter(id=verdict.expiry_policy).first() if verdict.expiry_policy else None
         seconds = verdict.expires_after
         terms["policy"] = policy
@@ -374,3 +375,21 @@ def _wake_parked_task(run: Run, request: ApprovalRequest, reason: str, now) -> N
     if run.status == Run.Status.WAITING_FOR_APPROVAL:
         run_transition(run=run, to=Run.Status.RUNNING, reason=reason, now=now)
     task_set_ready(task=task, now=now)  # sends it; a run paused for a human holds it until resumed
+
+
+def policies_in_force(*, project_id: int, workflow_id: int | None) -> list[dict]:
+    """The enabled approval policies that may match a run starting now, each with the digest of its
+    settings: recorded on the run (its ``versions``), so a later edit shows as a different digest."""
+    rows = (
+        ApprovalPolicy.objects.filter(enabled=True)
+        .filter(Q(project_id=project_id) | Q(project__isnull=True))
+        .filter(Q(workflow_id=workflow_id) | Q(workflow__isnull=True))
+        .order_by("id")
+        .values()
+    )
+    in_force = []
+    for row in rows:
+        settings_of = {k: v for k, v in row.items() if k not in ("id", "name")}
+        digest = hashlib.sha256(json.dumps(settings_of, sort_keys=True, default=str).encode()).hexdigest()[:16]
+        in_force.append({"id": row["id"], "name": row["name"], "digest": digest})
+    return in_force

@@ -29,6 +29,8 @@ OPERATION_AWAITS_DECISION = "operation_awaits_decision"
 
 # (runs) event, project_id, data → a run webhook queued to the project's endpoints (outbox, same transaction)
 WEBHOOK_EMIT = "webhook_emit"
+# (approvals) project_id, workflow_id → the approval policies in force for a run starting now: [{id, name, digest}]
+POLICIES_IN_FORCE = "policies_in_force"
 # (runs) run_id, task_key, point, mode → True the first time a drill fault fires (recorded before it acts)
 FAULT_FIRE_ONCE = "fault_fire_once"
 

@@ -94,6 +94,15 @@ class Column:
     cost_micros: int = 0
     steps: int = 0
     seconds: float = 0.0
+    agent_versions: dict = field(default_factory=dict)  # agent slug -> the versions its runs used
+
+    @property
+    def versions_label(self) -> str:
+        """The agents' versions this evaluation ran on ("verifier-agent v2, risk-agent v1"): what it compares."""
+        return ", ".join(
+            f"{slug} v{'/v'.join(str(n) for n in sorted(numbers))}"
+            for slug, numbers in sorted(self.agent_versions.items())
+        )
 
     @property
     def success(self) -> float | None:
@@ -127,6 +136,8 @@ def comparison(suite: EvalSuite, *, last: int = 4) -> tuple[list[EvalCase], list
         column = Column(eval_run)
         for result in eval_run.results.select_related("run", "case"):
             column.cells[result.case_id] = result
+            for slug, ref in ((result.run.versions or {}).get("agents") or {}).items():
+                column.agent_versions.setdefault(slug, set()).add(ref.get("version"))
             if result.passed is None and _finished(result.run):  # ended before judging existed: read only
                 result.failures = check_failures(result.case, result.run)
                 result.passed = not result.failures

@@ -41,6 +41,9 @@ class Run(models.Model):
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+", db_index=False
     )
     code_version = models.CharField(max_length=64)
+    # What the run started with and keeps to its end: {"workflow": {"id", "version"}, "agents": {slug:
+    # {"id", "version"}}, "policies": [{"id", "name", "digest"}]} (agents/versions.py).
+    versions = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -123,6 +126,11 @@ class Task(models.Model):
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="tasks")
     key = models.SlugField(max_length=64)
     agent = models.ForeignKey("agents.Agent", on_delete=models.PROTECT, related_name="tasks")
+    # The version of the agent the run started with (agents/versions.py); empty for an external agent's
+    # task and for tasks created before versions were recorded (they read the agent as it is).
+    agent_version = models.ForeignKey(
+        "agents.AgentVersion", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
     objective = models.TextField()
     depends_on = models.JSONField(default=list, blank=True)
     # Derived from depends_on when the tasks are created, so completing a task touches only its dependents.

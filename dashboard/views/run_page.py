@@ -257,6 +257,7 @@ def header_context(run: Run, now, summary: dict | None = None) -> dict:
     )
     return {
         "run": run,
+        "versions": _versions_line(run.versions),
         "workflow_name": names[0],
         "project_slug": names[1],
         "starter": names[2],
@@ -495,6 +496,21 @@ def root_totals(run: Run, nodes: dict, summary: dict) -> None:
         if node.kind == Span.Kind.RUN:
             node.sub_tokens, node.sub_cost = run.tokens_used, run.cost_micros
             node.sub_count, node.sub_errors = summary["spans"], summary["errors"]
+
+
+def _versions_line(versions) -> str:
+    """What the run started with, in one line: "workflow v2 · agents: planner v1, worker v3 · 2 policies"."""
+    if not isinstance(versions, dict) or not versions:
+        return ""
+    parts = []
+    if versions.get("workflow"):
+        parts.append(f"workflow v{versions['workflow'].get('version')}")
+    agents = versions.get("agents") or {}
+    if agents:
+        parts.append("agents: " + ", ".join(f"{slug} v{ref.get('version')}" for slug, ref in sorted(agents.items())))
+    policies = versions.get("policies") or []
+    parts.append(f"{len(policies)} approval {'policy' if len(policies) == 1 else 'policies'} in force")
+    return " · ".join(parts)
 
 
 def _run_for_push(run_id: int) -> Run | None:

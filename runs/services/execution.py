@@ -116,11 +116,12 @@ _CONTEXT_SQL = (
     "a.slug, a.instructions, a.provider, a.model, a.script, a.is_planner, a.cache_seconds, a.fallback_provider, "
     "a.fallback_model, a.routing, "
     "r.input, r.status, r.steps_used, r.tokens_used, r.tool_calls_used, r.cost_micros, r.max_steps, r.max_tokens, "
-    "r.max_tool_calls, r.max_cost_micros, r.plan_version, w.max_tasks, t.journal_epoch, r.project_id, "
+    "r.max_tool_calls, r.max_cost_micros, r.plan_version, w.max_tasks, t.journal_epoch, r.project_id, v.config, "
     # Whether the blackboard has anything a prompt may carry: most runs have none, and skip the query.
     "EXISTS (SELECT 1 FROM runs_blackboardentry b WHERE b.run_id = r.id AND b.verification = 'verified') "
     "FROM runs_task t JOIN agents_agent a ON a.id = t.agent_id JOIN runs_run r ON r.id = t.run_id "
-    "JOIN agents_workflow w ON w.id = r.workflow_id WHERE t.id = %s"
+    "JOIN agents_workflow w ON w.id = r.workflow_id LEFT JOIN agents_agentversion v ON v.id = t.agent_version_id "
+    "WHERE t.id = %s"
 )
 
 
@@ -131,7 +132,7 @@ def _load_context(lease: Lease) -> tuple[Run, Task, Agent, dict]:
     t_usage, (max_seconds, started_at), rest = rest[:8], rest[8:10], rest[10:]
     (slug, instructions, provider, model, script, is_planner, cache_seconds, fallback, fallback_model) = rest[:9]
     routing, rest = sql.loads(rest[9]), rest[10:]
-    run_input, r_status, *r_usage, r_plan, max_tasks, journal_epoch, project_id, has_knowledge = rest
+    run_input, r_status, *r_usage, r_plan, max_tasks, journal_epoch, project_id, pinned, has_knowledge = rest
     agent = Agent(
         id=agent_id,
         slug=slug,
@@ -145,6 +146,8 @@ def _load_context(lease: Lease) -> tuple[Run, Task, Agent, dict]:
         fallback_model=fallback_model,
         routing=routing or {},
     )
+    if pinned is not None:  # the agent as the run started with it (agents/versions.py), not as edited since
+        _apply_pinned(agent, sql.loads(pinned))
     run_input = sql.loads(run_input)
     if run_input.get("model_version"):
         _apply_model_version(agent, run_input["model_version"])
@@ -222,6 +225,16 @@ def _join_check(latest: dict) -> list[str]:
             [Artifact.Verification.VERIFIED, *ids, Artifact.Verification.UNVERIFIED],
         )
     return problems
+
+
+_PINNED_FIELDS = ("instructions", "provider", "model", "script", "is_planner", "cache_seconds", "fallback_provider",
+                  "fallback_model", "routing")  # fmt: skip
+
+
+def _apply_pinned(agent: Agent, config: dict) -> None:
+    for name in _PINNED_FIELDS:
+        if name in config:
+            setattr(agent, name, config[name] if config[name] is not None or name != "routing" else {})
 
 
 def _apply_model_version(agent: Agent, version: str) -> None:

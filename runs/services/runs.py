@@ -7,8 +7,9 @@ from django.db import transaction
 from django.utils import timezone
 from pydantic import ValidationError
 
-from agents.models import Agent, ModelVersion, Workflow
+from agents.models import Agent, AgentVersion, ModelVersion, Workflow
 from agents.planning import plan_validate, pydantic_errors
+from agents.versions import agent_version, run_versions, version_ref
 from core import bus, hooks
 from core.errors import InvalidInput
 from tenancy.access import default_project
@@ -81,26 +82,48 @@ def _budget_fields(budget: BudgetIn, now) -> dict:
     }
 
 
+def _pinned_agents(run: Run, agents: dict[str, Agent]) -> dict[str, AgentVersion]:
+    """The versions of these agents the run started with; an agent it did not record (a planner may
+    assign only the workflow's agents, all recorded at the start) is recorded now, as it is."""
+    versions = Run.objects.filter(id=run.id).values_list("versions", flat=True).first() or {}
+    refs = dict(versions.get("agents") or {})
+    rows = AgentVersion.objects.in_bulk([refs[slug]["id"] for slug in agents if slug in refs])
+    pinned, added = {}, False
+    for slug, agent in agents.items():
+        version = rows.get(refs[slug]["id"]) if slug in refs else None
+        if version is None:
+            version, added = agent_version(agent), True
+            refs[slug] = version_ref(version)
+        pinned[slug] = version
+    if added:
+        Run.objects.filter(id=run.id).update(versions={**versions, "agents": refs})
+    return pinned
+
+
 def tasks_create(*, run: Run, planned, agents: dict[str, Agent], depth: int, now) -> list[Task]:
-    """Create planned tasks of a run; those with nothing to wait for are created ready (the caller
-    sends them). Call inside transaction.atomic() with the run locked."""
+    """Create planned tasks of a run, on the versions of their agents the run started with; those with
+    nothing to wait for are created ready (the caller sends them). Call inside transaction.atomic() with
+    the run locked."""
     existing = {t.key: t for t in run.tasks.all()} if run.pk else {}
     done = {k for k, t in existing.items() if t.status == Task.Status.COMPLETED}
+    pinned = _pinned_agents(run, agents)
     tasks = []
     for p in planned:
         waiting = len([d for d in p.depends_on if d not in done])
         limits = _budget_fields(p.budget, now)
+        config = pinned[p.agent].config
         tasks.append(
             Task(
                 run=run,
                 key=p.key,
                 agent=agents[p.agent],
+                agent_version=pinned[p.agent],
                 objective=p.objective,
                 depends_on=p.depends_on,
-                allowed_tools=list(agents[p.agent].allowed_tools),
-                output_schema=agents[p.agent].output_schema,
-                max_attempts=agents[p.agent].max_attempts,
-                max_steps=limits["max_steps"] or agents[p.agent].max_steps,
+                allowed_tools=list(config["allowed_tools"]),
+                output_schema=config["output_schema"],
+                max_attempts=config["max_attempts"],
+                max_steps=limits["max_steps"] or config["max_steps"],
                 max_tokens=limits["max_tokens"],
                 max_tool_calls=limits["max_tool_calls"],
                 max_cost_micros=limits["max_cost_micros"],
@@ -161,6 +184,19 @@ def _first_plan(wf: Workflow, *, goal: str, max_tasks: int) -> tuple[list, dict]
     )
 
 
+def _versions_at_start(wf: Workflow, agents: dict[str, Agent], *, project_id: int) -> dict:
+    """The workflow's version, those of every agent the run may use (its first tasks', its planner's
+    and those a planner may assign), and the approval policies in force."""
+    may_use = dict(agents)
+    if wf.planner_agent_id:
+        may_use.setdefault(wf.planner_agent.slug, wf.planner_agent)
+    others = [slug for slug in wf.agents or [] if isinstance(slug, str) and slug not in may_use]
+    may_use.update({a.slug: a for a in Agent.objects.filter(slug__in=others)})
+    versions = run_versions(wf, list(may_use.values()))
+    versions["policies"] = hooks.call(hooks.POLICIES_IN_FORCE, project_id=project_id, workflow_id=wf.id)
+    return versions
+
+
 def run_start(
     *,
     workflow: str,
@@ -197,8 +233,10 @@ def run_start(
     planned, agents = _first_plan(wf, goal=goal, max_tasks=max_tasks)
 
     now = timezone.now()
+    versions = _versions_at_start(wf, agents, project_id=project.id)
     with audited("run_start", actor=started_by, via=via, request=request, target="", project_id=project.id) as act:
         run = Run.objects.create(
+            versions=versions,
             workflow=wf,
             project=project,
             goal=goal or wf.default_goal,

@@ -1,0 +1,89 @@
+"""Versions of agents and workflows: what a run was started with, kept to its end (docs/agents.md,
+"Versions").
+
+A version is a snapshot of the configuration that decides what an agent does (instructions, provider
+and model, tools, output schema, script, limits) or how a workflow plans (its tasks, planner, agents,
+budget). Saving a changed agent or workflow makes a new version (tracked by the digest of its
+configuration, so a save that changes nothing makes none; a change written around ``save``, such as a
+queryset update, is caught when the next run starts). A run records, at its start, the versions of
+its workflow and of every agent it may use; its tasks run on those versions to the end, whatever is
+edited meanwhile.
+"""
+
+import hashlib
+import json
+
+from django.db import IntegrityError, transaction
+
+from .models import Agent, AgentVersion, Workflow, WorkflowVersion
+
+AGENT_FIELDS = (
+    "name", "instructions", "provider", "model", "allowed_tools", "output_schema", "script", "fallback_provider",
+    "fallback_model", "routing", "cache_seconds", "max_attempts", "max_steps", "is_planner",
+)  # fmt: skip
+WORKFLOW_FIELDS = (
+    "name", "description", "default_goal", "planner", "agents", "tasks", "default_budget", "max_tasks",
+    "max_concurrent_tasks", "tool_policies", "max_replans", "compensate_on_failure",
+)  # fmt: skip
+
+
+def agent_config(agent: Agent) -> dict:
+    return {name: getattr(agent, name) for name in AGENT_FIELDS}
+
+
+def workflow_config(workflow: Workflow) -> dict:
+    config = {name: getattr(workflow, name) for name in WORKFLOW_FIELDS}
+    config["planner_agent"] = workflow.planner_agent.slug if workflow.planner_agent_id else None
+    config["project"] = workflow.project_id
+    return config
+
+
+def digest(config: dict) -> str:
+    return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _current(model, owner_field: str, owner, config: dict):
+    """The owner's version with this configuration: the latest one if it matches, else a new one."""
+    key = digest(config)
+    for _ in range(3):  # two savers racing for the same number: the loser reads the winner's
+        latest = model.objects.filter(**{owner_field: owner}).order_by("-number").first()
+        if latest is not None and latest.digest == key:
+            return latest
+        try:
+            with transaction.atomic():
+                return model.objects.create(
+                    **{owner_field: owner}, number=(latest.number + 1) if latest else 1, config=config, digest=key
+                )
+        except IntegrityError:
+            continue
+    raise IntegrityError(f"cannot record a version of {owner}")
+
+
+def agent_version(agent: Agent) -> AgentVersion:
+    return _current(AgentVersion, "agent", agent, agent_config(agent))
+
+
+def workflow_version(workflow: Workflow) -> WorkflowVersion:
+    return _current(WorkflowVersion, "workflow", workflow, workflow_config(workflow))
+
+
+def version_ref(version) -> dict:
+    return {"id": version.id, "version": version.number}
+
+
+def version_on_save(sender, instance, raw: bool = False, **kwargs) -> None:
+    """post_save of an agent or a workflow: a changed configuration is a new version at once."""
+    if raw:  # loading a fixture: the next run start records it
+        return
+    if sender is Agent:
+        agent_version(instance)
+    elif sender is Workflow:
+        workflow_version(instance)
+
+
+def run_versions(workflow: Workflow, agents: list[Agent]) -> dict:
+    """What a run records at its start: its workflow's version and those of the agents it may use."""
+    return {
+        "workflow": version_ref(workflow_version(workflow)),
+        "agents": {agent.slug: version_ref(agent_version(agent)) for agent in agents},
+    }
