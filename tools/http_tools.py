@@ -182,23 +182,23 @@ def _answer(response: httpx.Response, tool: str) -> dict:
             body = {"text": response.text}
         return body if isinstance(body, dict) else {"body": body}
     if code in (429, 503):
-        raise ToolUnavailable(f"{tool}: HTTP {code}, the service asks to try later")
+        raise ToolUnavailable(f"HTTP {code}, the service asks to try later")
     if code in (408, 500, 502, 504):  # the request may have been acted on before the failure
-        raise ToolTimeout(f"{tool}: HTTP {code}, the outcome is unknown")
+        raise ToolTimeout(f"HTTP {code}, the outcome is unknown")
     if 300 <= code < 400:
-        raise ToolRefused(f"{tool}: HTTP {code}, a redirect (not followed)")
-    raise ToolRefused(f"{tool}: HTTP {code}: {response.text[:REFUSAL_TEXT]}")
+        raise ToolRefused(f"HTTP {code}, a redirect (not followed)")
+    raise ToolRefused(f"HTTP {code}: {response.text[:REFUSAL_TEXT]}")
 
 
 def _send(method: str, url: str, *, headers: dict, deadline: float, tool: str, **body) -> httpx.Response:
     if not host_allowed(url):  # the deployment's allowlist may have changed since the tool was saved
-        raise ToolRefused(f"{tool}: its host is no longer allowed (WARDEN_HTTP_TOOL_HOSTS)")
+        raise ToolRefused("its host is no longer allowed (WARDEN_HTTP_TOOL_HOSTS)")
     try:
         return httpx.request(method, url, headers=headers, timeout=deadline, follow_redirects=False, **body)
     except (httpx.ConnectError, httpx.ConnectTimeout) as exc:  # nothing was sent
-        raise ToolUnavailable(f"{tool}: cannot connect ({type(exc).__name__})") from exc
+        raise ToolUnavailable(f"cannot connect ({type(exc).__name__})") from exc
     except httpx.HTTPError as exc:  # sent, and no (whole) answer: it may have been acted on
-        raise ToolTimeout(f"{tool}: no answer ({type(exc).__name__})") from exc
+        raise ToolTimeout(f"no answer ({type(exc).__name__})") from exc
 
 
 def _execute(row: HttpTool, values: dict, *, key: str, deadline: float, secrets: dict, **_drill) -> dict:

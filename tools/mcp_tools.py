@@ -217,7 +217,7 @@ def mcp_tools_store(server: McpServer, listed: list[dict]) -> list[McpTool]:
 def _result(answer, tool: str) -> dict:
     text = "\n".join(getattr(c, "text", "") for c in answer.content or [] if getattr(c, "type", "") == "text")
     if answer.is_error:
-        raise ToolRefused(f"{tool}: the server answered with an error: {text[:200]}")
+        raise ToolRefused(f"the server answered with an error: {text[:200]}")
     if isinstance(answer.structured_content, dict):
         return answer.structured_content
     try:
@@ -242,9 +242,17 @@ def _execute(row: McpTool, values: dict, *, key: str, deadline: float, **_rest) 
     except ToolRefused:
         raise
     except BaseException as exc:  # noqa: BLE001
-        what = f"{row.name}: {type(exc).__name__}: {str(exc)[:200]}"
+        what = f"{type(exc).__name__}: {str(exc)[:200]}"
         raise (ToolTimeout(what) if sent else ToolUnavailable(what)) from exc
     return _result(answer, row.name)
+
+
+def _server_secrets(server: McpServer) -> tuple[str, ...]:
+    """Every secret the server is given (its environment's, its headers'): the broker reads them at the
+    call, refuses the call when one is missing, and scrubs their values from the answer."""
+    named = {s for s in server.secrets or [] if isinstance(s, str)} if server.transport == "stdio" else set()
+    named |= {s for value in (server.headers or {}).values() for s in SECRET_REF.findall(str(value))}
+    return tuple(sorted(named))
 
 
 def mcp_tool_spec(row: McpTool) -> ToolSpec:
@@ -258,6 +266,7 @@ def mcp_tool_spec(row: McpTool) -> ToolSpec:
         result=OpenResult,
         execute=partial(_execute, row),
         timeout_seconds=server.timeout_seconds,
+        secrets=_server_secrets(server),
         description=row.description or f"{row.remote_name} on the MCP server {server.name}",
         module=f"MCP server {server.id} of project {server.project_id}",
         cut_off=True,

@@ -2,6 +2,8 @@
 search index (tools/sandbox.py), declared for the demos and the drills like any team's tool module.
 Loaded when WARDEN_SANDBOX_TOOLS is on (the default, not in production settings)."""
 
+import os
+
 from pydantic import Field
 
 from . import sandbox
@@ -10,6 +12,7 @@ from .kit import (
     Reversibility,
     ToolArguments,
     ToolClass,
+    ToolRefused,
     ToolResult,
     ToolSpec,
     declare,
@@ -59,7 +62,9 @@ class SearchQueryResult(ToolResult):
 class TicketsCreateArgs(ToolArguments):
     customer_id: str = Field(min_length=1, max_length=64, pattern=r"^[-a-zA-Z0-9_]+$")
     title: str = Field(min_length=1, max_length=200)
-    # Some trackers take a per-request credential in the body; it is passed on and never shown.
+    # Deprecated: the tracker's credential is the named secret SANDBOX_TICKETS_API_KEY, which the broker
+    # reads at call time; a model never needs to supply one. A value sent here is still sealed (never
+    # shown) and is ignored by the tracker.
     api_key: str | None = Field(default=None, max_length=200, json_schema_extra=SECRET)
 
 
@@ -126,13 +131,22 @@ def _spec(**kwargs) -> ToolSpec:
     return declare(ToolSpec(secret_fields=secret_fields(kwargs["arguments"]), module=__name__, **kwargs))
 
 
-def _call(function):
-    """Adapt a sandbox function to the broker's calling convention."""
+def _call(function, credential: str = ""):
+    """Adapt a sandbox function to the broker's calling convention (``credential``: the named secret the
+    system checks, as a real tracker checks its API key)."""
 
     def execute(arguments: dict, *, key: str, logged: dict, fault=None, deadline=None, secrets=None) -> dict:
+        if credential and not (secrets or {}).get(credential):
+            raise ToolRefused(f"the {function.__name__.split('_')[0]} system refused the request: no credential")
         return function(**arguments, key=key, logged=logged, fault=fault, deadline=deadline)
 
     return execute
+
+
+# The demo tracker's key, named like a real one: set SANDBOX_TICKETS_API_KEY to use your own (the
+# canary tests do); without it the demo's key is used, so the demos need nothing set.
+TRACKER_KEY = "SANDBOX_TICKETS_API_KEY"
+os.environ.setdefault(TRACKER_KEY, "sandbox-tracker-demo-key")
 
 
 SANDBOX_TOOLS = [
@@ -178,7 +192,8 @@ SANDBOX_TOOLS = [
         reversibility=Reversibility.REVERSIBLE,
         arguments=TicketsCreateArgs,
         result=TicketResult,
-        execute=_call(sandbox.tickets_create),
+        execute=_call(sandbox.tickets_create, credential=TRACKER_KEY),
+        secrets=(TRACKER_KEY,),
         lookup=sandbox.tickets_create_lookup,
         undo=_close_ticket,
         description="Open a ticket (undone by closing it)",

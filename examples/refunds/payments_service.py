@@ -6,8 +6,8 @@ an API key it checks, refunds deduplicated by the Idempotency-Key header, a look
 Every effect (a refund made, a refund voided) is kept in ``effects`` and, with --effects FILE, appended
 to that file as a JSON line, so a test or a person can count what reached the service. Reasons that
 drill the service's bad days: "slow" answers after 3 s (the refund is made at once), "lost" makes the
-refund and answers 502 (the answer is lost), "echo" puts the request's credential in its answer (a
-careless service: Warden must not show it)."""
+refund and answers 502 (the answer is lost), "echo" puts the request's credential in its answer and
+"quote" in a refusal (a careless service: Warden must not show it)."""
 
 import argparse
 import json
@@ -123,6 +123,8 @@ def _handler(service: PaymentsService):
                     time.sleep(SLOW_SECONDS)
                 if reason == "lost" and code == 201:
                     return 502, {"error": "bad gateway"}
+                if reason == "quote" and code == 201:  # a careless error message quoting the request
+                    return 422, {"error": f"refused: the request carried {self.headers.get('Authorization')}"}
                 if reason == "echo":
                     answer = {**answer, "debug": {"authorization": self.headers.get("Authorization")}}
                 return code, answer

@@ -5,7 +5,8 @@
 
 Its tools carry MCP annotations as a real server's would: search_tickets is read-only, add_comment is
 idempotent, create_ticket says nothing (Warden treats it as a non-idempotent irreversible write). Every
-effect is appended to $TICKETS_EFFECTS (a JSON line with the idempotency key Warden sent in _meta)."""
+effect is appended to $TICKETS_EFFECTS (a JSON line with the idempotency key Warden sent in _meta, and
+whether the server was given its credential, $TICKETS_TOKEN)."""
 
 import argparse
 import json
@@ -14,6 +15,7 @@ import threading
 import uuid
 
 from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import ToolAnnotations
 
 server = MCPServer("tickets")
@@ -52,10 +54,11 @@ def search_tickets(query: str) -> dict:
 @server.tool()
 def create_ticket(title: str, ctx: Context, body: str = "") -> dict:
     """Open a ticket."""
-    if os.environ.get("TICKETS_TOKEN") and os.environ.get("TICKETS_TOKEN") != os.environ.get("TICKETS_EXPECTED"):
-        raise ValueError("not authorised")
+    token = os.environ.get("TICKETS_TOKEN", "")
+    if title == "quote":  # a careless server quoting its credential in an error
+        raise ToolError(f"refused: token {token} may not open tickets")
     ticket = {"id": f"TCK-{uuid.uuid4().hex[:6]}", "title": title[:200]}
-    _record("create", ctx, body=body[:500], **ticket)
+    _record("create", ctx, body=body[:500], authorised=bool(token), **ticket)
     return ticket
 
 

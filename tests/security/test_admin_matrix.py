@@ -43,7 +43,10 @@ from tenancy.tokens import api_token_create
 from tests.approvals.test_access import ADMIN_ACTIONS, ALLOWED
 from tools.installation import run_key_prefix
 from tools.models import (
+    HttpTool,
     Installation,
+    McpServer,
+    McpTool,
     SandboxCall,
     SandboxDeployment,
     SandboxDocument,
@@ -94,6 +97,11 @@ TABLE = {
     "tools.tooloperation": (V, NOBODY, NOBODY, SU),
     "tools.sealedarguments": (V, NOBODY, NOBODY, SU),
     "tools.toolclassification": (V, ADM, ADM, ADM),
+    "tools.httptool": (V, ADM, ADM, ADM),
+    "tools.mcpserver": (V, ADM, ADM, ADM),
+    "tools.mcptool": (V, NOBODY, NOBODY, SU),
+    "agents.agentversion": (MEMBER, NOBODY, NOBODY, NOBODY),
+    "agents.workflowversion": (MEMBER, NOBODY, NOBODY, NOBODY),
     "tools.sandboxcall": (SU, NOBODY, NOBODY, SU),
     "tools.installation": (SU, NOBODY, NOBODY, NOBODY),
     "tools.sandboxticket": (SU, SU, SU, SU),
@@ -190,6 +198,7 @@ def scene(demo, people, django_user_model):
     eval_run = EvalRun.objects.create(suite=suite)
     endpoint = WebhookEndpoint.objects.create(url="http://127.0.0.1:9/hook", secret="s" * 20, project=home)
     record = SandboxRecord.objects.create(customer_id="cust-m", name="M")
+    mcp_server = McpServer.objects.create(project=home, name="helpdesk", transport="stdio", command="tickets")
     message = dramatiq.Message(queue_name="default", actor_name="execute_task", args=(), kwargs={}, options={})
     from django_dramatiq.models import Task as DramatiqTask
 
@@ -235,6 +244,19 @@ def scene(demo, people, django_user_model):
             project=home, tool="crm.note", tool_class="read_only"
         ),
         "tools.sandboxcall": SandboxCall.objects.create(system="email", operation="send", tool="email.send"),
+        "tools.httptool": HttpTool.objects.create(
+            project=home,
+            name="crm.lookup",
+            url="http://127.0.0.1:9/x",
+            arguments_schema={"type": "object"},
+            tool_class="read_only",
+        ),
+        "tools.mcpserver": mcp_server,
+        "tools.mcptool": McpTool.objects.create(
+            server=mcp_server, name="helpdesk.search", remote_name="search", tool_class="read_only"
+        ),
+        "agents.agentversion": Agent.objects.get(slug="inventory-agent").versions.first(),
+        "agents.workflowversion": workflow.versions.first(),
         "tools.installation": Installation.objects.get_or_create(key="itest")[0],
         "tools.sandboxticket": SandboxTicket.objects.create(ticket_id="T-1", idempotency_key="k1", customer_id="c"),
         "tools.sandboxrecord": record,

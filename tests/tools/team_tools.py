@@ -93,6 +93,8 @@ def hold(arguments: HoldArgs, *, key: str, secrets: dict, deadline: float) -> Ho
     """Hold an amount on a customer's card (undone by releasing it)"""
     path = _service(secrets)
     _calls(path, key)
+    if arguments.card == "card_quote":  # a careless service quoting the credential it refused
+        raise ToolRefused(f"the payments service refused the key {secrets[KEY]}")
     if arguments.card == "card_slow":
         time.sleep(SLOW_SECONDS)  # the service is slow; the hold lands after the broker stopped waiting
     answer = {"hold_id": f"hold_{uuid.uuid4().hex[:10]}", "amount_cents": arguments.amount_cents}

@@ -27,9 +27,10 @@ from tools.registry import REDACTED, TOOLS
 # Unique per session, so a hit can only come from this test's call.
 CANARY = f"canary-{uuid.uuid4().hex}"
 ARGUMENTS = {"customer_id": "c1", "title": "t", "api_key": CANARY}
-# Where the canary may live: the sealed values, and the scripted agent's script, which stands for the
-# model's own output (a real model's output is not stored anywhere but the journal).
-ALLOWED = {SealedArguments, apps.get_model("agents", "Agent")}
+# Where the canary may live: the sealed values, and the scripted agent's script (and the agent's version
+# that keeps it), which stands for the model's own output (a real model's output is not stored anywhere
+# but the journal).
+ALLOWED = {SealedArguments, apps.get_model("agents", "Agent"), apps.get_model("agents", "AgentVersion")}
 
 
 @pytest.fixture
