@@ -119,6 +119,7 @@ class RunAdmin(RunData):
         "cost_micros",
         "started_by",
         "code_version",
+        "versions",
         "created_at",
         "started_at",
         "finished_at",

@@ -1,5 +1,17 @@
-from django.apps import AppConfig
+from django.apps import AppConfig, apps
 from django.conf import settings
+from django.utils.module_loading import module_has_submodule
+
+DISCOVERED = "warden_tools"  # a Django app's tool module, found without being named in a setting
+
+
+def discovered_modules() -> list[str]:
+    """The ``warden_tools`` module of every installed app that has one (Django's autodiscovery idiom)."""
+    return [
+        f"{config.name}.{DISCOVERED}"
+        for config in apps.get_app_configs()
+        if module_has_submodule(config.module, DISCOVERED)
+    ]
 
 
 class ToolsConfig(AppConfig):
@@ -10,4 +22,5 @@ class ToolsConfig(AppConfig):
         from .registry import tools_load
 
         sandbox = ["tools.sandbox_tools"] if settings.WARDEN["SANDBOX_TOOLS"] else []
-        tools_load(sandbox + list(settings.WARDEN["TOOL_MODULES"]))
+        named = list(settings.WARDEN["TOOL_MODULES"])
+        tools_load(sandbox + named + [m for m in discovered_modules() if m not in named])

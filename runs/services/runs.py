@@ -228,15 +228,13 @@ def run_start(
         limits = BudgetIn.model_validate({**wf.default_budget, **(budget or {})})
     except ValidationError as exc:
         raise InvalidInput("the budget is invalid", pydantic_errors(exc, "budget")) from exc
-    cfg = settings.WARDEN
-    max_tasks = wf.max_tasks or cfg["MAX_TASKS_PER_RUN"]
+    max_tasks = wf.max_tasks or settings.WARDEN["MAX_TASKS_PER_RUN"]
     planned, agents = _first_plan(wf, goal=goal, max_tasks=max_tasks)
 
     now = timezone.now()
-    versions = _versions_at_start(wf, agents, project_id=project.id)
     with audited("run_start", actor=started_by, via=via, request=request, target="", project_id=project.id) as act:
         run = Run.objects.create(
-            versions=versions,
+            versions=_versions_at_start(wf, agents, project_id=project.id),
             workflow=wf,
             project=project,
             goal=goal or wf.default_goal,
@@ -244,7 +242,7 @@ def run_start(
             status=Run.Status.RUNNING,
             started_at=now,
             started_by=started_by,
-            code_version=cfg["CODE_VERSION"],
+            code_version=settings.WARDEN["CODE_VERSION"],
             **_budget_fields(limits, now),
         )
         Span.objects.create(

@@ -211,3 +211,24 @@ def test_a_worker_process_registers_the_modules_its_setting_names(demo_tx, proce
     run.refresh_from_db()
     assert run.status == Run.Status.COMPLETED, run.status_reason
     assert [e["op"] for e in effects(ledger)] == ["hold"]
+
+
+def test_an_installed_apps_warden_tools_module_is_found_without_a_setting(monkeypatch):
+    """Django's autodiscovery idiom: an app with a ``warden_tools`` module brings its tools."""
+    import types
+
+    from tests.tools import discovered_app
+    from tools import apps as tools_apps
+
+    installed = list(tools_apps.apps.get_app_configs())
+    extra = types.SimpleNamespace(name="tests.tools.discovered_app", module=discovered_app)
+    monkeypatch.setattr(tools_apps.apps, "get_app_configs", lambda: [*installed, extra])
+    found = tools_apps.discovered_modules()
+    assert found == ["tests.tools.discovered_app.warden_tools"]
+    before = dict(TOOLS)
+    try:
+        tools_load(["tools.sandbox_tools", *found])
+        assert TOOLS["inventory.stock"].module == "tests.tools.discovered_app.warden_tools"
+    finally:
+        TOOLS.clear()
+        TOOLS.update(before)
