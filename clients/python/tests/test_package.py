@@ -1,0 +1,28 @@
+"""The client installs with pip from the repository path, typed (py.typed) and with httpx alone."""
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_pip_builds_an_installable_typed_wheel(tmp_path):
+    pip = [sys.executable, "-m", "pip"]
+    wheel_args = ["wheel", "--no-deps", "--no-build-isolation", "-q", str(ROOT), "-w", str(tmp_path)]
+    built = subprocess.run([*pip, *wheel_args], capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stderr[-2000:]
+    [wheel] = tmp_path.glob("warden_client-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert {"warden_client/__init__.py", "warden_client/py.typed", "warden_client/aio.py"} <= set(names)
+    metadata = next(n for n in names if n.endswith("METADATA"))
+    text = zipfile.ZipFile(wheel).read(metadata).decode()
+    assert "Requires-Dist: httpx" in text and "Name: warden-client" in text
+    target = tmp_path / "site"
+    install_args = ["install", "--no-deps", "-q", "--target", str(target), str(wheel)]
+    installed = subprocess.run([*pip, *install_args], capture_output=True, text=True, timeout=300)
+    assert installed.returncode == 0, installed.stderr[-2000:]
+    check = subprocess.run([sys.executable, "-c", "import warden_client; print(warden_client.__version__)"],
+                           capture_output=True, text=True, cwd=tmp_path, env={"PYTHONPATH": str(target)})  # fmt: skip
+    assert check.stdout.strip() == "0.2.0", check.stderr
