@@ -200,7 +200,7 @@ def on_forbidden(request, exc):
 
 @api.exception_handler(Conflict)
 def on_conflict(request, exc):
-    return _error(request, 409, "conflict", str(exc))
+    return _error(request, 409, exc.code, str(exc))
 
 
 @api.exception_handler(TransitionNotAllowed)

@@ -42,6 +42,12 @@ class TransientFailure(StepFailure):
     failure_class = "transient"
 
 
+class BudgetRefused(Conflict):
+    """An external agent's call refused because its run is past a budget (the run needs attention)."""
+
+    code = "budget_exceeded"
+
+
 class BudgetExceeded(StepFailure):
     failure_class = "budget"
 

@@ -21,7 +21,7 @@ from django.utils.text import slugify
 
 from agents.models import Agent, Workflow
 from core import bus, hooks
-from core.errors import Conflict, Forbidden, InvalidInput, NotFound
+from core.errors import BudgetExceeded, BudgetRefused, Conflict, Forbidden, InvalidInput, NotFound
 from runs.saga import operation_compensated, operation_supervised_failed, run_operations
 from tools.broker import arguments_hash, idempotency_key, operation_ambiguous_announce
 from tools.gate import REFUSE, Origin, gate, gate_satisfied
@@ -31,6 +31,7 @@ from tools.transitions import OPERATION
 
 from .models import Run, Span, Task
 from .services import sql
+from .services.hot import Usage
 from .services.runs import run_transition
 from .transitions import TASK
 
@@ -59,7 +60,8 @@ def _external_operation(operation_id: int) -> ToolOperation:
 
 def _running(run: Run) -> None:
     if run.status != Run.Status.RUNNING:
-        raise Conflict(f"run {run.id} is {run.status}: nothing more can be reported to it")
+        why = f" ({run.status_reason[:300]})" if run.status_reason else ""
+        raise Conflict(f"run {run.id} is {run.status}{why}: nothing more can be reported to it")
 
 
 def external_task_open(*, run_id: int, key: str, agent: str, objective: str = "") -> Task:
@@ -100,6 +102,26 @@ def _task(run: Run, key: str) -> Task:
     return task
 
 
+def _over_budget(run: Run, *, asking_to_call: bool = False) -> str:
+    """The budget this external run is past, as the engine says it for its own runs; "" when none.
+    ``asking_to_call``: the agent asks for one more call, which must fit too."""
+    usage = Usage.of(run)
+    try:
+        if asking_to_call:
+            usage.check_before_step("run", tool_call=True)
+        usage.check_after_step("run")
+    except BudgetExceeded as exc:
+        return str(exc)
+    if run.deadline is not None and timezone.now() > run.deadline:
+        return f"run budget exceeded: deadline ({run.deadline:%Y-%m-%d %H:%M:%S} UTC passed)"
+    return ""
+
+
+def _stop_over_budget(run: Run, why: str) -> None:
+    """Past a budget: the run waits for a person (raise the budget and resume, or cancel). Run locked."""
+    run_transition(run=run, to=Run.Status.NEEDS_ATTENTION, reason=why)
+
+
 def external_span_report(
     *, run_id: int, task: str, kind: str, name: str, started_at, ended_at, status: str = "ok",
     tokens_in: int = 0, tokens_out: int = 0, cost_micros: int = 0, step: int | None = None,
@@ -124,6 +146,10 @@ def external_span_report(
         )
         sql.add_usage("runs_task", owner.id, **usage)
         sql.add_usage("runs_run", run.id, **usage)
+        run.refresh_from_db()
+        why = _over_budget(run)
+        if why:  # what happened is recorded; what comes next waits for a person
+            _stop_over_budget(run, why)
         bus.run_changed(run.id)
         return span
 
@@ -166,36 +192,50 @@ def external_operation_intent(
                 raise Conflict(f"step {step} of task {task} was already asked for with another call ({key})")
             return existing
         _running(run)
-        verdict = gate(
-            run_id=run.id,
-            tool=tool,
-            arguments=arguments,
-            origin=Origin.EXTERNAL,
-            agent_id=owner.agent_id,
-            claimed_class=tool_class,
-            claimed_reversibility=reversibility,
-        )
-        if verdict.decision == REFUSE:
-            raise Forbidden(f"{tool} may not be called: {'; '.join(verdict.reasons)}")
-        op = operation_record(
-            verdict=verdict,
-            run_id=run.id,
-            project_id=run.project_id,
-            task=owner,
-            step=step,
-            call_number=step,
-            tool=tool[:64],
-            idempotency_key=key,
-            arguments_hash=digest,
-            arguments=arguments,
-            status=OS.AWAITING_APPROVAL if verdict.waits else OS.EXECUTING,
-            started_at=None if verdict.waits else timezone.now(),
-            attempts=0 if verdict.waits else 1,
-            compensation=_undo_plan(undo, verdict),
-        )
-        if verdict.waits:
-            hooks.call(hooks.APPROVAL_REQUEST_FOR_OPERATION, op, requested_by_id=run.started_by_id)
-        return op
+        why = _over_budget(run, asking_to_call=True)
+        if why:
+            _stop_over_budget(run, why)
+        else:
+            call = {"tool": tool, "arguments": arguments, "tool_class": tool_class, "reversibility": reversibility}
+            return _intent_record(run, owner, step=step, key=key, digest=digest, undo=undo, **call)
+    raise BudgetRefused(f"{tool} may not be called: {why}; the run needs attention")  # the status is committed
+
+
+def _intent_record(
+    run: Run, owner: Task, *, step: int, key: str, digest: str, tool: str, arguments: dict, tool_class: str,
+    reversibility: str, undo: dict | None,
+) -> ToolOperation:  # fmt: skip
+    """The gate's verdict on an external agent's call, and its intent row (and approval request)."""
+    verdict = gate(
+        run_id=run.id,
+        tool=tool,
+        arguments=arguments,
+        origin=Origin.EXTERNAL,
+        agent_id=owner.agent_id,
+        claimed_class=tool_class,
+        claimed_reversibility=reversibility,
+    )
+    if verdict.decision == REFUSE:
+        raise Forbidden(f"{tool} may not be called: {'; '.join(verdict.reasons)}")
+    op = operation_record(
+        verdict=verdict,
+        run_id=run.id,
+        project_id=run.project_id,
+        task=owner,
+        step=step,
+        call_number=step,
+        tool=tool[:64],
+        idempotency_key=key,
+        arguments_hash=digest,
+        arguments=arguments,
+        status=OS.AWAITING_APPROVAL if verdict.waits else OS.EXECUTING,
+        started_at=None if verdict.waits else timezone.now(),
+        attempts=0 if verdict.waits else 1,
+        compensation=_undo_plan(undo, verdict),
+    )
+    if verdict.waits:
+        hooks.call(hooks.APPROVAL_REQUEST_FOR_OPERATION, op, requested_by_id=run.started_by_id)
+    return op
 
 
 def external_operation_started(*, operation_id: int) -> ToolOperation:
