@@ -1,10 +1,6 @@
 """The ninja API objects. The integration API (bearer tokens, no CSRF) lives under /api/v1; the
 dashboard's own endpoints will be a separate object with session auth and CSRF."""
 
-import time
-
-from django.conf import settings
-from django.core.cache import cache
 from django.db import DataError
 from django.http import HttpRequest
 from ninja import NinjaAPI
@@ -13,6 +9,7 @@ from ninja.security import HttpBearer
 
 import api.external  # noqa: F401  (its operations join the reads router)
 from api.approvals import router as approvals_router
+from api.limits import RateLimited, rate_check
 from api.reads import router as runs_reads_router
 from api.runs import router as runs_router
 from api.tools import router as tools_router
@@ -21,35 +18,12 @@ from runs.transitions import TransitionNotAllowed
 from tenancy.tokens import api_token_authenticate
 
 
-class RateLimited(Exception):
-    def __init__(self, retry_after: int):
-        self.retry_after = retry_after
-
-
 class BearerToken(HttpBearer):
     def authenticate(self, request: HttpRequest, token: str):
         found = api_token_authenticate(token)
         if found is not None:
-            _rate_check(found.token_hash[:16])  # not the id: ids are reused after a rollback (tests)
+            rate_check(found.token_hash[:16])  # not the id: ids are reused after a rollback (tests)
         return found
-
-
-def _rate_check(token_key: str) -> None:
-    """A fixed one-minute window per token in the shared cache (Redis in scaled mode): over the limit,
-    429 with Retry-After until the window ends. A guard against runaway clients, not a security control."""
-    limit = settings.WARDEN["API_RATE_PER_MINUTE"]
-    now = time.time()
-    window = int(now // 60)
-    key = f"api-rate:{token_key}:{window}"
-    if cache.add(key, 1, timeout=120):
-        return
-    try:
-        count = cache.incr(key)
-    except ValueError:  # expired between the two calls
-        cache.add(key, 1, timeout=120)
-        return
-    if count > limit:
-        raise RateLimited(retry_after=max(1, int((window + 1) * 60 - now) + 1))
 
 
 # The message of a request the schema itself refuses; a rule the schema cannot state (a workflow that

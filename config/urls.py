@@ -3,6 +3,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path, re_path
 from django.views.generic import RedirectView
 
+from api.otlp import otlp_traces
 from dashboard.views import queue as approvals_views
 
 from .api import api
@@ -23,6 +24,10 @@ urlpatterns = [
         r"^admin/approvals/(?P<model>project|membership|apitoken|auditevent)/(?P<rest>.*)$", MovedToTenancy.as_view()
     ),
     path("admin/", admin.site.urls),
+    # OTLP/HTTP trace export (api/otlp.py): the standard path, and under the API for an exporter whose
+    # OTEL_EXPORTER_OTLP_ENDPOINT is https://warden.example/api/v1/otlp
+    path("v1/traces", otlp_traces, name="otlp-traces"),
+    path("api/v1/otlp/v1/traces", otlp_traces),
     path("api/v1/", api.urls),
     path("login/", auth_views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),

@@ -25,6 +25,7 @@ from .models import (
     EvalSuite,
     FaultFiring,
     IdempotencyKey,
+    OtlpTrace,
     Outbox,
     Payload,
     QuarantinedResult,
@@ -305,6 +306,14 @@ class QuarantinedResultAdmin(RunData):
 class OutboxAdmin(SuperuserReadOnlyAdmin):
     list_display = ["id", "actor", "kwargs", "delay_ms", "created_at"]
     search_fields = ["actor"]
+
+
+@admin.register(OtlpTrace)
+class OtlpTraceAdmin(RunData):
+    """Which run each OpenTelemetry trace sent to Warden became (runs/otlp_ingest.py)."""
+
+    list_display = ["trace_id", "run", "project", "created_at"]
+    search_fields = ["trace_id"]
 
 
 @admin.register(FaultFiring)

@@ -102,7 +102,7 @@ def _task(run: Run, key: str) -> Task:
     return task
 
 
-def _over_budget(run: Run, *, asking_to_call: bool = False) -> str:
+def budget_breach(run: Run, *, asking_to_call: bool = False) -> str:
     """The budget this external run is past, as the engine says it for its own runs; "" when none.
     ``asking_to_call``: the agent asks for one more call, which must fit too."""
     usage = Usage.of(run)
@@ -117,7 +117,7 @@ def _over_budget(run: Run, *, asking_to_call: bool = False) -> str:
     return ""
 
 
-def _stop_over_budget(run: Run, why: str) -> None:
+def budget_stop(run: Run, why: str) -> None:
     """Past a budget: the run waits for a person (raise the budget and resume, or cancel). Run locked."""
     run_transition(run=run, to=Run.Status.NEEDS_ATTENTION, reason=why)
 
@@ -147,9 +147,9 @@ def external_span_report(
         sql.add_usage("runs_task", owner.id, **usage)
         sql.add_usage("runs_run", run.id, **usage)
         run.refresh_from_db()
-        why = _over_budget(run)
+        why = budget_breach(run)
         if why:  # what happened is recorded; what comes next waits for a person
-            _stop_over_budget(run, why)
+            budget_stop(run, why)
         bus.run_changed(run.id)
         return span
 
@@ -192,9 +192,9 @@ def external_operation_intent(
                 raise Conflict(f"step {step} of task {task} was already asked for with another call ({key})")
             return existing
         _running(run)
-        why = _over_budget(run, asking_to_call=True)
+        why = budget_breach(run, asking_to_call=True)
         if why:
-            _stop_over_budget(run, why)
+            budget_stop(run, why)
         else:
             call = {"tool": tool, "arguments": arguments, "tool_class": tool_class, "reversibility": reversibility}
             return _intent_record(run, owner, step=step, key=key, digest=digest, undo=undo, **call)

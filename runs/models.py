@@ -528,3 +528,18 @@ class BlackboardEntry(models.Model):
 
     def __str__(self) -> str:
         return f"{self.key} v{self.version}"
+
+
+class OtlpTrace(models.Model):
+    """An OpenTelemetry trace sent to Warden (runs/otlp_ingest.py), and the external run it became."""
+
+    project = models.ForeignKey("tenancy.Project", on_delete=models.CASCADE, related_name="+")
+    trace_id = models.CharField(max_length=32)
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="otlp_traces")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["project", "trace_id"], name="one_run_per_otlp_trace")]
+
+    def __str__(self) -> str:
+        return f"trace {self.trace_id} → run {self.run_id}"

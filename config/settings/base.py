@@ -278,6 +278,11 @@ WARDEN = {
     # The sandbox systems' tools (tools/sandbox_tools.py) and their effects listing (GET
     # /api/v1/sandbox/effects): for the demos and the drills; off where real tools run.
     "SANDBOX_TOOLS": os.environ.get("WARDEN_SANDBOX_TOOLS", "1") == "1",
+    # OTLP trace ingest (api/otlp.py): the most a request may carry, and the external workflow a new
+    # trace's run starts in when its spans name none (warden.workflow).
+    "OTLP_MAX_BYTES": int(os.environ.get("WARDEN_OTLP_MAX_BYTES", 4 * 1024 * 1024)),
+    "OTLP_MAX_SPANS": int(os.environ.get("WARDEN_OTLP_MAX_SPANS", 5000)),
+    "OTLP_WORKFLOW": os.environ.get("WARDEN_OTLP_WORKFLOW", "external-agent"),
     # A team's own tool modules, comma-separated dotted paths (docs/tools.md, "Python tools").
     "TOOL_MODULES": [m.strip() for m in os.environ.get("WARDEN_TOOL_MODULES", "").split(",") if m.strip()],
     # Hosts HTTP tools and MCP servers declared in the admin may call ("host" or "host:port"), and the

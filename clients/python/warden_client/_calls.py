@@ -81,9 +81,12 @@ def _iso(moment: datetime) -> str:
 
 
 def run_start(
-    workflow: str, *, goal: str = "", input: dict | None = None, idempotency_key: str | None = None
-) -> Call[Run]:
+    workflow: str, *, goal: str = "", input: dict | None = None, budget: dict | None = None,
+    idempotency_key: str | None = None,
+) -> Call[Run]:  # fmt: skip
     body = {"workflow": workflow, "goal": goal, "input": input or {}}
+    if budget:  # max_steps, max_tokens, max_tool_calls, max_cost_usd, deadline_seconds
+        body["budget"] = budget
     return Call("POST", "/runs", body, key=idempotency_key, read=run_of)
 
 
