@@ -179,6 +179,9 @@ class ExternalOperationOut(Schema):
     approval_id: int | None
     result: Any = None
     external_id: str
+    created: bool = Field(
+        False, description="True when this request recorded the intent; false when it was there already (a rerun)"
+    )
 
 
 def operation_out(op: ToolOperation) -> dict:
@@ -194,6 +197,7 @@ def operation_out(op: ToolOperation) -> dict:
         "approval_id": op.approval_id,
         "result": op.result,
         "external_id": op.external_id,
+        "created": bool(getattr(op, "created", False)),
     }
 
 

@@ -235,6 +235,7 @@ def _intent_record(
     )
     if verdict.waits:
         hooks.call(hooks.APPROVAL_REQUEST_FOR_OPERATION, op, requested_by_id=run.started_by_id)
+    op.created = True  # this request recorded it (the API says so: a rerun finds it there already)
     return op
 
 

@@ -159,12 +159,16 @@ class Browser:
         self.page, self.base = page, base
         self.origin = urlsplit(base).netloc
         self.dialogs: list[str] = []
-        self.requests: list[tuple[str, str]] = []
+        self.requests: list[tuple[str, str, int]] = []
+        # Which document a request came from: the previous page's poll can still leave while the next
+        # page loads, and is that page's, not this one's.
+        self.document = 0
         self.sockets: list[str] = []
         self.console_csp: list[str] = []
         self.errors: list[str] = []
         page.on("dialog", lambda d: (self.dialogs.append(d.message), d.dismiss()))
-        page.on("request", lambda r: self.requests.append((r.method, r.url)))
+        page.on("request", lambda r: self.requests.append((r.method, r.url, self.document)))
+        page.on("framenavigated", lambda frame: self._navigated(frame))
         self.answered: list[str] = []
         page.on("requestfinished", lambda r: self.answered.append(r.url))
         page.on("websocket", lambda ws: self.sockets.append(ws.url))
@@ -174,6 +178,10 @@ class Browser:
             lambda m: self.console_csp.append(m.text) if "Content Security Policy" in m.text else None,
         )
         page.add_init_script(RECORD_VIOLATIONS)
+
+    def _navigated(self, frame) -> None:
+        if frame == self.page.main_frame:
+            self.document += 1
 
     def goto(self, path: str):
         self.answered.clear()
@@ -252,7 +260,9 @@ class Browser:
         assert self.dialogs == [], f"{page.url}: a dialog opened: {self.dialogs}"
         assert self.errors == [], f"{page.url}: page errors {self.errors}"
         patterns = [re.compile(p) for p in allowed + [r"/static/.+", r"/favicon\.ico"]]
-        for method, url in self.requests:
+        for method, url, document in self.requests:
+            if document != self.document:
+                continue  # sent by the page before this one
             parts = urlsplit(url)
             assert parts.netloc == self.origin, f"a request left for {url}"
             assert method == "GET", f"{page.url}: unexpected {method} {url}"

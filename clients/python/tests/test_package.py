@@ -1,5 +1,6 @@
 """The client installs with pip from the repository path, typed (py.typed) and with httpx alone."""
 
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -9,8 +10,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_pip_builds_an_installable_typed_wheel(tmp_path):
+    source = tmp_path / "src"  # pip builds in the source tree: a copy keeps the checkout clean
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns("build", "*.egg-info", "tests", "__pycache__"))
     pip = [sys.executable, "-m", "pip"]
-    wheel_args = ["wheel", "--no-deps", "--no-build-isolation", "-q", str(ROOT), "-w", str(tmp_path)]
+    wheel_args = ["wheel", "--no-deps", "--no-build-isolation", "-q", str(source), "-w", str(tmp_path)]
     built = subprocess.run([*pip, *wheel_args], capture_output=True, text=True, timeout=300)
     assert built.returncode == 0, built.stderr[-2000:]
     [wheel] = tmp_path.glob("warden_client-*.whl")

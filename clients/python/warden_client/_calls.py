@@ -117,13 +117,13 @@ def span_report(
 
 def operation_intent(
     run_id: int, *, task: str, step: int, tool: str, arguments: dict, tool_class: str = "",
-    reversibility: str = "", undo: tuple[str, dict] | None = None,
+    reversibility: str = "", undo: tuple[str, dict] | None = None, idempotency_key: str | None = None,
 ) -> Call[Operation]:  # fmt: skip
     body = {"task": task, "step": step, "tool": tool, "arguments": arguments, "tool_class": tool_class,
             "reversibility": reversibility}  # fmt: skip
     if undo is not None:
         body["undo"] = {"tool": undo[0], "arguments": undo[1]}
-    return Call("POST", f"/runs/{run_id}/operations", body, read=operation_of)
+    return Call("POST", f"/runs/{run_id}/operations", body, key=idempotency_key, read=operation_of)
 
 
 def operations(run_id: int) -> Call[list]:

@@ -46,6 +46,11 @@ class Operation:
     def approved(self) -> bool:
         return self.status == "approved"
 
+    @property
+    def created(self) -> bool:
+        """This intent request recorded it; False when a rerun found it there already."""
+        return bool(self.raw.get("created"))
+
 
 def run_of(data: dict) -> Run:
     return Run(data["id"], data.get("kind", ""), data["status"], data.get("status_reason", ""), data)
