@@ -1,8 +1,10 @@
-"""The OpenAI Agents SDK adapter (warden_client.openai_agents), with the real openai-agents package and the
-shipped example (examples/openai_agents_refund.py) against a live Warden and a local model server that
-scripts the tool call (no network): the irreversible refund waits for a reviewer and is made once after
-the yes; a rejection reaches the model as the tool's answer and nothing is made; the agent killed after
-the refund and started again does not refund twice; the SDK's spans show in the run's trace."""
+"""The framework adapters, each with its real package and its shipped example against a live Warden and a
+local model server that scripts the tool call (no network): the OpenAI Agents SDK
+(warden_client.openai_agents, examples/openai_agents_refund.py) and LangGraph (warden_client.langgraph,
+examples/langgraph_refund.py, where the wait is a LangGraph interrupt). For each: the irreversible refund
+waits for a reviewer and is made once after the yes; a rejection reaches the model as the tool's answer
+and nothing is made; the agent killed after the refund and started again does not refund twice; the
+framework's spans show in the run's trace."""
 
 import http.server
 import json
@@ -19,7 +21,10 @@ from tests.conftest import ROOT, wait_for
 from tests.runs.test_external_agent import call
 from tools.models import ToolOperation
 
-EXAMPLE = ROOT / "examples" / "openai_agents_refund.py"
+EXAMPLES = {
+    "openai-agents": ROOT / "examples" / "openai_agents_refund.py",
+    "langgraph": ROOT / "examples" / "langgraph_refund.py",
+}
 
 
 class ChatModel:
@@ -90,11 +95,11 @@ def model():
     server.stop()
 
 
-def start_agent(agent_python, live_url, token, model, tmp_path) -> subprocess.Popen:
+def start_agent(agent_python, live_url, token, model, tmp_path, framework) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "DJANGO_SETTINGS_MODULE")}
     env.update(WARDEN_URL=live_url, WARDEN_TOKEN=token, OPENAI_API_KEY="sk-local", OPENAI_BASE_URL=model.url,
                MODEL="gpt-test", REFUNDS_FILE=str(tmp_path / "refunds.jsonl"))  # fmt: skip
-    return subprocess.Popen([agent_python, str(EXAMPLE), "ch_1001"], cwd=tmp_path, env=env,
+    return subprocess.Popen([agent_python, str(EXAMPLES[framework]), "ch_1001"], cwd=tmp_path, env=env,
                             stdout=open(tmp_path / "agent.log", "a"), stderr=subprocess.STDOUT)  # fmt: skip
 
 
@@ -117,16 +122,18 @@ def finished(process, tmp_path, timeout=120) -> None:
 
 
 @pytest.mark.processes
+@pytest.mark.parametrize("framework", list(EXAMPLES))
 def test_the_refund_waits_for_a_reviewer_and_is_made_once_after_the_yes(
     people,
     live_url,
     agent_python,
     model,
     client,
-    tmp_path,  # noqa: F811
+    tmp_path,
+    framework,
 ):
     agent, reviewer = people
-    process = start_agent(agent_python, live_url, agent, model, tmp_path)
+    process = start_agent(agent_python, live_url, agent, model, tmp_path, framework)
     wait_for(lambda: ApprovalRequest.objects.exists(), timeout=120, message="the refund held for a reviewer")
     assert refunds(tmp_path) == []  # held: nothing made before the yes
     decide(client, reviewer, approve=True)
@@ -136,23 +143,25 @@ def test_the_refund_waits_for_a_reviewer_and_is_made_once_after_the_yes(
     assert (op.status, op.result["refund"]) == ("committed", made["refund"])
     run = Run.objects.get(id=op.run_id)
     assert run.status == "completed"
-    # The SDK's spans: its model calls with their tokens, and the tool call.
+    # The framework's spans: its model calls with their tokens, and the tool call.
     assert Span.objects.filter(run=run, kind="model_call").count() == 2 and run.tokens_used >= 300
     assert Span.objects.filter(run=run, kind="tool_call", name="refund").exists()
     assert made["refund"] in model.tool_answers(model.requests[-1])[-1]  # the model saw the receipt
 
 
 @pytest.mark.processes
+@pytest.mark.parametrize("framework", list(EXAMPLES))
 def test_a_rejection_reaches_the_model_as_the_tools_answer_and_nothing_is_made(
     people,
     live_url,
     agent_python,
     model,
     client,
-    tmp_path,  # noqa: F811
+    tmp_path,
+    framework,
 ):
     agent, reviewer = people
-    process = start_agent(agent_python, live_url, agent, model, tmp_path)
+    process = start_agent(agent_python, live_url, agent, model, tmp_path, framework)
     decide(client, reviewer, approve=False, note="no refunds for this customer")
     finished(process, tmp_path)
     assert refunds(tmp_path) == []
@@ -162,17 +171,19 @@ def test_a_rejection_reaches_the_model_as_the_tools_answer_and_nothing_is_made(
 
 
 @pytest.mark.processes
+@pytest.mark.parametrize("framework", list(EXAMPLES))
 def test_the_agent_killed_after_the_refund_and_started_again_does_not_refund_twice(
     people,
     live_url,
     agent_python,
     client,
-    tmp_path,  # noqa: F811
+    tmp_path,
+    framework,
 ):
     agent, reviewer = people
     model = ChatModel(hold=True)
     try:
-        first = start_agent(agent_python, live_url, agent, model, tmp_path)
+        first = start_agent(agent_python, live_url, agent, model, tmp_path, framework)
         decide(client, reviewer, approve=True)
         wait_for(lambda: model.answered_after_tool == 1, timeout=120, message="the refund to be made")
         assert len(refunds(tmp_path)) == 1
@@ -180,7 +191,7 @@ def test_the_agent_killed_after_the_refund_and_started_again_does_not_refund_twi
         first.wait(timeout=30)
         model.release.set()
 
-        second = start_agent(agent_python, live_url, agent, model, tmp_path)
+        second = start_agent(agent_python, live_url, agent, model, tmp_path, framework)
         finished(second, tmp_path)
         assert len(refunds(tmp_path)) == 1  # the restarted agent got the recorded receipt
         receipt = refunds(tmp_path)[0]["refund"]
