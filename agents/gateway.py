@@ -69,6 +69,7 @@ class ModelResponse:
     retries: int = 0  # tries the gateway made before this answer
     cached: bool = False  # answered from the gateway's cache: no call made, nothing paid
     sent: dict | None = None  # what the model was sent (system and user messages), kept with the answer
+    provider: str = ""  # the provider that answered (a routing rule or a fallback may pick another)
 
     def as_journal(self) -> dict:
         body: dict[str, Any] = {"text": self.text}
@@ -84,6 +85,8 @@ class ModelResponse:
             body["tool_calls"] = self.tool_calls
         if self.final is not None:
             body["final"] = self.final
+        if self.provider and self.provider != "scripted":  # the scripted provider is its agent's, always
+            body["provider"] = self.provider
         return body
 
 
@@ -252,6 +255,7 @@ def _call_with_retries(impl, model: str, request: ModelRequest) -> ModelResponse
             continue
         _circuit_record(impl.name, ok=True)
         response.retries = tries - 1
+        response.provider = impl.name
         # The prompt as sent, viewable on the model-call span. It holds no secret argument: those are
         # sealed apart before anything is journaled, and keys never enter a prompt. The exchanges before
         # it are the journal's own steps: counted here, not copied into every step again.

@@ -14,7 +14,7 @@ from api.runs import keyset_page, run_for
 from dashboard.insight import Figures, insight_choices, insight_compute
 from dashboard.trace import SPAN_FIELDS
 from runs.models import Artifact, Span, Task
-from runs.otlp import SCOPE, otlp_attribute, run_otlp, span_id, trace_id
+from runs.otlp import otlp_example, run_otlp
 from runs.schemas import PathId, QueryWhole
 from tenancy.access import authorize_token, project_ids, visible_rows
 from tenancy.models import AuditEvent, Project
@@ -167,54 +167,8 @@ def get_trace(request, run_id: PathId):
     return roots
 
 
-# The response is free-form, so its example sits on the operation; built with runs/otlp.py's own encoders.
-OTLP_EXAMPLE = {
-    "resourceSpans": [
-        {
-            "resource": {
-                "attributes": [
-                    otlp_attribute("service.name", "warden"),
-                    otlp_attribute("warden.project", "default"),
-                    otlp_attribute("warden.workflow", "deploy-review"),
-                ]
-            },
-            "scopeSpans": [
-                {
-                    "scope": SCOPE,
-                    "spans": [
-                        {
-                            "traceId": trace_id(42),
-                            "spanId": span_id(905),
-                            "parentSpanId": span_id(903),
-                            "name": "chat scripted-1",
-                            "kind": 3,
-                            "startTimeUnixNano": "1773479527170000000",
-                            "endTimeUnixNano": "1773479529904000000",
-                            "attributes": [
-                                otlp_attribute(key, value)
-                                for key, value in [
-                                    ("warden.span.kind", "model_call"),
-                                    ("warden.run.id", 42),
-                                    ("gen_ai.operation.name", "chat"),
-                                    ("gen_ai.agent.name", "inventory-agent"),
-                                    ("warden.step", 3),
-                                    ("warden.attempt", 1),
-                                    ("gen_ai.request.model", "scripted-1"),
-                                    ("gen_ai.response.model", "scripted-1"),
-                                    ("gen_ai.usage.input_tokens", 512),
-                                    ("gen_ai.usage.output_tokens", 48),
-                                    ("warden.cost_usd", 0.0004),
-                                    ("gen_ai.system", "scripted"),
-                                ]
-                            ],
-                            "status": {"code": 1},
-                        }
-                    ],
-                }
-            ],
-        }
-    ]
-}
+# The response is free-form, so its example sits on the operation; built by the same encoder.
+OTLP_EXAMPLE = otlp_example()
 
 
 @router.get(

@@ -25,6 +25,7 @@ from .models import (
     EvalSuite,
     FaultFiring,
     IdempotencyKey,
+    OtlpExportCursor,
     OtlpTrace,
     Outbox,
     Payload,
@@ -306,6 +307,13 @@ class QuarantinedResultAdmin(RunData):
 class OutboxAdmin(SuperuserReadOnlyAdmin):
     list_display = ["id", "actor", "kwargs", "delay_ms", "created_at"]
     search_fields = ["actor"]
+
+
+@admin.register(OtlpExportCursor)
+class OtlpExportCursorAdmin(SuperuserReadOnlyAdmin):
+    """How far the live OTLP export has gone (a superuser may delete it to start again from now)."""
+
+    list_display = ["last_span_id", "since"]
 
 
 @admin.register(OtlpTrace)

@@ -543,3 +543,14 @@ class OtlpTrace(models.Model):
 
     def __str__(self) -> str:
         return f"trace {self.trace_id} → run {self.run_id}"
+
+
+class OtlpExportCursor(models.Model):
+    """How far the live OTLP export has gone (runs/otlp.py): spans after ``last_span_id`` that have
+    closed, and older ones that closed after ``since``, go out in the next pass. One row."""
+
+    last_span_id = models.BigIntegerField(default=0)
+    since = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"exported through span {self.last_span_id}, and what closed until {self.since}"

@@ -28,6 +28,7 @@ from runs.models import (
     EvalSuite,
     FaultFiring,
     IdempotencyKey,
+    OtlpExportCursor,
     OtlpTrace,
     Outbox,
     Payload,
@@ -83,6 +84,7 @@ TABLE = {
     "runs.outbox": (SU, NOBODY, NOBODY, SU),
     "runs.faultfiring": (V, NOBODY, NOBODY, SU),
     "runs.otlptrace": (V, NOBODY, NOBODY, SU),
+    "runs.otlpexportcursor": (SU, NOBODY, NOBODY, SU),
     "runs.payload": (SU, NOBODY, NOBODY, SU),
     "runs.idempotencykey": (SU, NOBODY, NOBODY, SU),
     "runs.webhookendpoint": (SU, SU, SU, SU),
@@ -222,6 +224,7 @@ def scene(demo, people, django_user_model):
         "runs.outbox": Outbox.objects.create(actor="execute_task", kwargs={}),
         "runs.faultfiring": FaultFiring.objects.create(run=run, task_key="inventory", point="start", mode="crash"),
         "runs.otlptrace": OtlpTrace.objects.create(project=home, trace_id="0" * 32, run=run),
+        "runs.otlpexportcursor": OtlpExportCursor.objects.create(since=run.created_at),
         "runs.payload": Payload.objects.create(body={"a": 1}, size=7),
         "runs.idempotencykey": IdempotencyKey.objects.create(
             scope="s" * 64, key="k", fingerprint="f" * 64, locked_at=run.created_at
