@@ -82,21 +82,31 @@ class ToolClassificationAdmin(ScopedAdmin):
         tool_classification_remove(user=request.user, row=obj, request=request)
 
 
-class HttpToolForm(forms.ModelForm):
-    class Meta:
-        model = HttpTool
-        fields = "__all__"
+class _CheckedForm(forms.ModelForm):
+    """A declaration checked as a whole on save: ``problems(row)`` gives (field, message) pairs, and any
+    one of them keeps the row from being saved."""
+
+    def problems(self, row) -> list[tuple[str | None, str]]:
+        raise NotImplementedError
 
     def clean(self):
         data = super().clean()
         if self.errors:
             return data
-        row = self.instance
         for name, value in data.items():
-            setattr(row, name, value)
-        for field, message in http_tool_problems(row):
+            setattr(self.instance, name, value)
+        for field, message in self.problems(self.instance):
             self.add_error(field if field in self.fields else None, message)
         return data
+
+
+class HttpToolForm(_CheckedForm):
+    class Meta:
+        model = HttpTool
+        fields = "__all__"
+
+    def problems(self, row):
+        return http_tool_problems(row)
 
 
 @admin.register(HttpTool)
@@ -131,30 +141,21 @@ class McpToolInline(ScopedInline, admin.TabularInline):
         return False
 
 
-class McpServerForm(forms.ModelForm):
+class McpServerForm(_CheckedForm):
     class Meta:
         model = McpServer
         fields = ["project", "name", "transport", "url", "command", "headers", "secrets", "timeout_seconds", "enabled"]
 
-    def clean(self):
+    def problems(self, server):
         """Checked, then asked for its tools: a server that does not answer is not saved."""
-        data = super().clean()
-        if self.errors:
-            return data
-        server = self.instance
-        for name, value in data.items():
-            setattr(server, name, value)
         problems = mcp_server_problems(server)
-        if not problems:
-            try:
-                self.listed = mcp_list(server)
-            except (McpUnreachable, ToolRefused) as exc:
-                problems = [(None, str(exc)[:300])]
-            else:
-                problems = mcp_listing_problems(server, self.listed)
-        for field, message in problems:
-            self.add_error(field if field in self.fields else None, message)
-        return data
+        if problems:
+            return problems
+        try:
+            self.listed = mcp_list(server)
+        except (McpUnreachable, ToolRefused) as exc:
+            return [(None, str(exc)[:300])]
+        return mcp_listing_problems(server, self.listed)
 
 
 @admin.register(McpServer)

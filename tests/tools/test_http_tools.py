@@ -92,6 +92,25 @@ def no_canary_anywhere(caplog) -> None:
 
 # --- declarations -----------------------------------------------------------------------------------
 
+
+def admin_form(service) -> dict:
+    """The refund as the admin's add form posts it."""
+    return {
+        "project": default_project().id,
+        "name": "payments.refund",
+        "method": "POST",
+        "url": service.url + "/v1/charges/{charge_id}/refunds",
+        "arguments_schema": json.dumps(REFUND_SCHEMA),
+        "tool_class": "idempotent_write",
+        "reversibility": "irreversible",
+        "headers": json.dumps({"Authorization": "Bearer {secret:PAYMENTS_API_KEY}"}),
+        "idempotency_header": "Idempotency-Key",
+        "undo": "{}",
+        "timeout_seconds": "5",
+        "enabled": "on",
+    }
+
+
 BAD = [
     ({"tool_class": "sometimes_write"}, "tool_class", "Select a valid choice"),
     ({"undo": {"tool": "payments.unrefund", "arguments": {}}}, "undo", "not registered"),
@@ -111,20 +130,7 @@ BAD = [
 def test_a_bad_declaration_gets_a_clear_error_in_the_admin_and_saves_nothing(
     admin_client, payments, change, field, message
 ):
-    data = {
-        "project": default_project().id,
-        "name": "payments.refund",
-        "method": "POST",
-        "url": payments.url + "/v1/charges/{charge_id}/refunds",
-        "arguments_schema": json.dumps(REFUND_SCHEMA),
-        "tool_class": "idempotent_write",
-        "reversibility": "irreversible",
-        "headers": json.dumps({"Authorization": "Bearer {secret:PAYMENTS_API_KEY}"}),
-        "idempotency_header": "Idempotency-Key",
-        "undo": "{}",
-        "timeout_seconds": "5",
-        "enabled": "on",
-    }
+    data = admin_form(payments)
     data.update({k: json.dumps(v) if isinstance(v, dict) else v for k, v in change.items()})
     response = admin_client.post("/admin/tools/httptool/add/", data)
     assert response.status_code == 200  # the form again, with the reason
@@ -133,20 +139,7 @@ def test_a_bad_declaration_gets_a_clear_error_in_the_admin_and_saves_nothing(
 
 
 def test_a_good_declaration_saves_from_the_admin_and_is_audited(admin_client, payments):
-    data = {
-        "project": default_project().id,
-        "name": "payments.refund",
-        "method": "POST",
-        "url": payments.url + "/v1/charges/{charge_id}/refunds",
-        "arguments_schema": json.dumps(REFUND_SCHEMA),
-        "tool_class": "idempotent_write",
-        "reversibility": "irreversible",
-        "headers": json.dumps({"Authorization": "Bearer {secret:PAYMENTS_API_KEY}"}),
-        "idempotency_header": "Idempotency-Key",
-        "undo": "{}",
-        "timeout_seconds": "5",
-        "enabled": "on",
-    }
+    data = admin_form(payments)
     response = admin_client.post("/admin/tools/httptool/add/", data)
     assert response.status_code == 302, response.content.decode()[:2000]
     spec = tool_spec("payments.refund", default_project().id)
