@@ -136,15 +136,23 @@ class Workflow(models.Model):
         return self.slug
 
 
-class AgentVersion(models.Model):
-    """What an agent was, as a run used it (agents/versions.py): made when a changed agent is saved or a
-    run starts with it. Runs keep the version they started with to their end."""
+class _Version(models.Model):
+    """A snapshot of configuration (agents/versions.py): its number, what it was, and its digest."""
 
-    agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="versions")
     number = models.PositiveIntegerField()
     config = models.JSONField()
     digest = models.CharField(max_length=64)
     created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        abstract = True
+
+
+class AgentVersion(_Version):
+    """What an agent was, as a run used it: made when a changed agent is saved or a run starts with it.
+    Runs keep the version they started with to their end."""
+
+    agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="versions")
 
     class Meta:
         ordering = ["agent", "-number"]
@@ -154,14 +162,10 @@ class AgentVersion(models.Model):
         return f"{self.agent.slug} v{self.number}"
 
 
-class WorkflowVersion(models.Model):
+class WorkflowVersion(_Version):
     """What a workflow was (its plan, planner, agents, budget) when a run started with it."""
 
     workflow = models.ForeignKey(Workflow, on_delete=models.CASCADE, related_name="versions")
-    number = models.PositiveIntegerField()
-    config = models.JSONField()
-    digest = models.CharField(max_length=64)
-    created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
         ordering = ["workflow", "-number"]
