@@ -21,6 +21,11 @@ from tests.conftest import ROOT, wait_for
 from tests.runs.test_external_agent import call
 from tools.models import ToolOperation
 
+# The adapters are the client's and the frameworks' code; Warden's side of them (the external agent's API)
+# is the same in both modes and tested in both (tests/runs/test_external_agent.py). Run once, beside the
+# scaled half of ./warden test, so the two halves end together.
+pytestmark = pytest.mark.embedded
+
 EXAMPLES = {
     "openai-agents": ROOT / "examples" / "openai_agents_refund.py",
     "langgraph": ROOT / "examples" / "langgraph_refund.py",
