@@ -79,11 +79,3 @@ def version_on_save(sender, instance, raw: bool = False, **kwargs) -> None:
         agent_version(instance)
     elif sender is Workflow:
         workflow_version(instance)
-
-
-def run_versions(workflow: Workflow, agents: list[Agent]) -> dict:
-    """What a run records at its start: its workflow's version and those of the agents it may use."""
-    return {
-        "workflow": version_ref(workflow_version(workflow)),
-        "agents": {agent.slug: version_ref(agent_version(agent)) for agent in agents},
-    }

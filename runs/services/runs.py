@@ -9,7 +9,7 @@ from pydantic import ValidationError
 
 from agents.models import Agent, AgentVersion, ModelVersion, Workflow
 from agents.planning import plan_validate, pydantic_errors
-from agents.versions import agent_version, run_versions, version_ref
+from agents.versions import agent_version, version_ref, workflow_version
 from core import bus, hooks
 from core.errors import InvalidInput
 from tenancy.access import default_project
@@ -82,9 +82,12 @@ def _budget_fields(budget: BudgetIn, now) -> dict:
     }
 
 
-def _pinned_agents(run: Run, agents: dict[str, Agent]) -> dict[str, AgentVersion]:
+def _pinned_agents(run: Run, agents: dict[str, Agent], started: dict | None) -> dict[str, AgentVersion]:
     """The versions of these agents the run started with; an agent it did not record (a planner may
-    assign only the workflow's agents, all recorded at the start) is recorded now, as it is."""
+    assign only the workflow's agents, all recorded at the start) is recorded now, as it is.
+    ``started``: the run's first tasks, with the versions just recorded (nothing to read back)."""
+    if started is not None:
+        return started
     versions = Run.objects.filter(id=run.id).values_list("versions", flat=True).first() or {}
     refs = dict(versions.get("agents") or {})
     rows = AgentVersion.objects.in_bulk([refs[slug]["id"] for slug in agents if slug in refs])
@@ -100,13 +103,13 @@ def _pinned_agents(run: Run, agents: dict[str, Agent]) -> dict[str, AgentVersion
     return pinned
 
 
-def tasks_create(*, run: Run, planned, agents: dict[str, Agent], depth: int, now) -> list[Task]:
+def tasks_create(*, run: Run, planned, agents: dict[str, Agent], depth: int, now, pinned=None) -> list[Task]:
     """Create planned tasks of a run, on the versions of their agents the run started with; those with
     nothing to wait for are created ready (the caller sends them). Call inside transaction.atomic() with
     the run locked."""
     existing = {t.key: t for t in run.tasks.all()} if run.pk else {}
     done = {k for k, t in existing.items() if t.status == Task.Status.COMPLETED}
-    pinned = _pinned_agents(run, agents)
+    pinned = _pinned_agents(run, agents, pinned)
     tasks = []
     for p in planned:
         waiting = len([d for d in p.depends_on if d not in done])
@@ -184,17 +187,23 @@ def _first_plan(wf: Workflow, *, goal: str, max_tasks: int) -> tuple[list, dict]
     )
 
 
-def _versions_at_start(wf: Workflow, agents: dict[str, Agent], *, project_id: int) -> dict:
+def _versions_at_start(wf: Workflow, agents: dict[str, Agent], *, project_id: int) -> tuple[dict, dict]:
     """The workflow's version, those of every agent the run may use (its first tasks', its planner's
-    and those a planner may assign), and the approval policies in force."""
+    and those a planner may assign), and the approval policies in force; and the first tasks' agents'
+    versions, by slug."""
     may_use = dict(agents)
     if wf.planner_agent_id:
         may_use.setdefault(wf.planner_agent.slug, wf.planner_agent)
     others = [slug for slug in wf.agents or [] if isinstance(slug, str) and slug not in may_use]
-    may_use.update({a.slug: a for a in Agent.objects.filter(slug__in=others)})
-    versions = run_versions(wf, list(may_use.values()))
-    versions["policies"] = hooks.call(hooks.POLICIES_IN_FORCE, project_id=project_id, workflow_id=wf.id)
-    return versions
+    if others:
+        may_use.update({a.slug: a for a in Agent.objects.filter(slug__in=others)})
+    pinned = {slug: agent_version(agent) for slug, agent in may_use.items()}
+    versions = {
+        "workflow": version_ref(workflow_version(wf)),
+        "agents": {slug: version_ref(version) for slug, version in pinned.items()},
+        "policies": hooks.call(hooks.POLICIES_IN_FORCE, project_id=project_id, workflow_id=wf.id),
+    }
+    return versions, {slug: pinned[slug] for slug in agents}
 
 
 def run_start(
@@ -210,12 +219,9 @@ def run_start(
 ) -> Run:
     """``project``: a Project; by default the workflow's, or the default project for a shared workflow.
     Audited as started by ``started_by`` through ``via`` (not when the engine starts a run itself)."""
-    try:
-        wf = Workflow.objects.select_related("planner_agent", "project").get(slug=workflow)
-    except Workflow.DoesNotExist:
-        raise InvalidInput(
-            f"unknown workflow {workflow!r}", [{"field": "workflow", "message": "no such workflow"}]
-        ) from None
+    wf = Workflow.objects.select_related("planner_agent", "project").filter(slug=workflow).first()
+    if wf is None:
+        raise InvalidInput(f"unknown workflow {workflow!r}", [{"field": "workflow", "message": "no such workflow"}])
     if project is None:
         project = wf.project or default_project()
     elif wf.project_id and wf.project_id != project.id:
@@ -232,9 +238,10 @@ def run_start(
     planned, agents = _first_plan(wf, goal=goal, max_tasks=max_tasks)
 
     now = timezone.now()
+    versions, started = _versions_at_start(wf, agents, project_id=project.id)
     with audited("run_start", actor=started_by, via=via, request=request, target="", project_id=project.id) as act:
         run = Run.objects.create(
-            versions=_versions_at_start(wf, agents, project_id=project.id),
+            versions=versions,
             workflow=wf,
             project=project,
             goal=goal or wf.default_goal,
@@ -248,7 +255,7 @@ def run_start(
         Span.objects.create(
             run=run, kind=Span.Kind.RUN, name=f"run {wf.slug}", status=Span.Status.RUNNING, started_at=now
         )
-        tasks = tasks_create(run=run, planned=planned, agents=agents, depth=0, now=now)
+        tasks = tasks_create(run=run, planned=planned, agents=agents, depth=0, now=now, pinned=started)
         if wf.planner == Workflow.Planner.AGENT:
             tasks[0].output_schema = PLAN_OUTPUT_SCHEMA
             tasks[0].save(update_fields=["output_schema"])
