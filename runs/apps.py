@@ -19,8 +19,8 @@ class RunsConfig(AppConfig):
         hooks.provide(hooks.PROPOSALS_DROP, proposals_drop)
         hooks.provide(hooks.OPERATION_AWAITS_DECISION, operation_awaits_decision)
         hooks.add_sweep(ledger_sweep)
-        from .otlp import otlp_export_pass
+        from .otlp import otlp_export_sweep
 
-        hooks.add_sweep(otlp_export_pass)  # a no-op unless OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT is set
+        hooks.add_sweep(otlp_export_sweep)  # a no-op unless OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT is set
         hooks.provide(hooks.WEBHOOK_EMIT, webhook_emit)  # the broker's operation.ambiguous
         hooks.provide(hooks.FAULT_FIRE_ONCE, fault_fire_once)  # drill faults (core/faults.py)

@@ -13,8 +13,9 @@ from django.utils import timezone
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from runs import otlp
-from runs.models import Run, Span
+from runs.models import OtlpExportCursor, Run, Span
 from runs.services import run_start
+from tests.conftest import wait_for
 from tests.runs.test_engine import finished
 
 
@@ -24,11 +25,13 @@ class Collector:
     def __init__(self):
         self.spans: list = []
         self.status = 200
+        self.refused = 0
         collector = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_POST(self):
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                collector.refused += collector.status != 200
                 if collector.status == 200:
                     request = ExportTraceServiceRequest.FromString(body)
                     for resource_spans in request.resource_spans:
@@ -50,11 +53,16 @@ class Collector:
 
 @pytest.fixture
 def collector(monkeypatch):
+    """The receiver, and the export pointed at it from the first pass on (the cursor made before the
+    test's run, by this pass or the worker's sweeper: either may make passes, as in production)."""
     receiver = Collector()
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", receiver.url)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "2")  # the SDK retries a failed export until then
     monkeypatch.setattr(otlp, "_exporter", None)
     monkeypatch.setattr(otlp, "EXPORT_LAG", timedelta(0))  # one process: no clocks to wait for
+    wait_for(lambda: otlp.otlp_export_pass() is not None and OtlpExportCursor.objects.exists(), message="a cursor")
     yield receiver
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")  # no pass sends to it once it is gone
     receiver.httpd.shutdown()
     receiver.httpd.server_close()
 
@@ -67,20 +75,17 @@ def attributes(span) -> dict:
     return out
 
 
-def passes(count=10) -> int:
-    """The sweeper's passes, a little apart."""
-    exported = 0
-    for _ in range(count):
-        exported += otlp.otlp_export_pass().get("otlp_exported", 0)
-        time.sleep(0.05)
-    return exported
+def exported_all(collector, run) -> bool:
+    """Pass after pass (the worker's sweeper makes them too), until the run's spans are at the collector."""
+    otlp.otlp_export_pass()
+    wanted = set(Span.objects.filter(run=run).values_list("id", flat=True))
+    return {int.from_bytes(s.span_id, "big") for _, s in collector.spans} >= wanted
 
 
 def test_every_span_of_a_run_goes_to_the_collector_once_with_the_genai_conventions(demo_tx, worker, collector):
-    assert otlp.otlp_export_pass() == {"otlp_exported": 0}  # the first pass starts from now
     run = finished(run_start(workflow="deploy-review"))
     assert run.status == Run.Status.COMPLETED
-    passes()  # the worker's own sweeper makes passes too: each span goes out once all the same
+    wait_for(lambda: exported_all(collector, run), message="the run's spans at the collector")
     ids = sorted(int.from_bytes(s.span_id, "big") for _, s in collector.spans)
     assert ids == sorted(Span.objects.filter(run=run).values_list("id", flat=True))  # each once, none missing
     assert {s.trace_id.hex() for _, s in collector.spans} == {otlp.trace_id(run.id)}
@@ -95,17 +100,19 @@ def test_every_span_of_a_run_goes_to_the_collector_once_with_the_genai_conventio
     # Parents are spans of the same trace (the run's root has none).
     known = set(ids)
     assert all(int.from_bytes(s.parent_span_id, "big") in known for _, s in collector.spans if s.parent_span_id)
-    passes(3)
+    for _ in range(3):
+        otlp.otlp_export_pass()
+        time.sleep(0.1)
     assert len(collector.spans) == len(ids)  # nothing twice
 
 
 def test_a_collector_that_refuses_gets_the_same_spans_in_the_next_pass(demo_tx, worker, collector):
-    otlp.otlp_export_pass()
-    run = finished(run_start(workflow="deploy-review"))
     collector.status = 400
-    assert otlp.otlp_export_pass().get("otlp_failed")
+    run = finished(run_start(workflow="deploy-review"))
+    wait_for(lambda: otlp.otlp_export_pass() is not None and collector.refused, message="a refused export")
+    assert collector.spans == []
     collector.status = 200
-    passes()
+    wait_for(lambda: exported_all(collector, run), message="the same spans, accepted")
     ids = [int.from_bytes(s.span_id, "big") for _, s in collector.spans]
     assert sorted(ids) == sorted(Span.objects.filter(run=run).values_list("id", flat=True))
 

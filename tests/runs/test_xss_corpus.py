@@ -191,7 +191,7 @@ class Browser:
         return response
 
     def wait(self, predicate, what: str):
-        for _ in range(600):  # 30 s: a loaded CI machine is slow to answer
+        for _ in range(1200):  # 60 s: a loaded CI machine is slow to answer (30 s was not always enough)
             if predicate():
                 return
             self.page.wait_for_timeout(50)
