@@ -22,8 +22,10 @@ from django.db import connections, transaction
 from django.utils import timezone
 from google.protobuf.json_format import MessageToDict
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
@@ -161,9 +163,6 @@ def export_enabled() -> bool:
 
 def _export(spans: list[dict]) -> bool:
     global _exporter
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-    from opentelemetry.sdk.trace.export import SpanExportResult
-
     if _exporter is None:
         _exporter = OTLPSpanExporter()  # configured by the OTEL_EXPORTER_OTLP_* environment
     return _exporter.export(readable_spans(spans)) == SpanExportResult.SUCCESS

@@ -196,19 +196,27 @@ def _int(value) -> int:
         return 0
 
 
-def _record(run: Run, span: OtlpSpan) -> bool:
+def _task(run: Run, span: OtlpSpan, tasks: dict) -> tuple:
+    """The span's task and the task's span, opened once per agent of the request."""
+    agent = str(span.attribute("gen_ai.agent.name", "service.name", default="agent"))[:200]
+    if (run.id, agent) not in tasks:
+        task = external_task_open(run_id=run.id, key=(slugify(agent) or "agent")[:64], agent=agent)
+        parent = Span.objects.filter(task=task, kind=Span.Kind.TASK).values_list("id", flat=True).first()
+        tasks[(run.id, agent)] = (task, parent)
+    return tasks[(run.id, agent)]
+
+
+def _record(run: Run, span: OtlpSpan, tasks: dict) -> bool:
     """The span under its task, with its usage; False when it was recorded already."""
     if Span.objects.filter(run=run, attributes__otlp_span_id=span.span_id).exists():
         return False
-    agent = str(span.attribute("gen_ai.agent.name", "service.name", default="agent"))[:200]
-    task = external_task_open(run_id=run.id, key=(slugify(agent) or "agent")[:64], agent=agent)
+    task, parent = _task(run, span, tasks)
     kind = _kind(span)
     tokens_in = _int(span.attribute("gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens"))
     tokens_out = _int(span.attribute("gen_ai.usage.output_tokens", "gen_ai.usage.completion_tokens"))
     provider = str(span.attribute("gen_ai.provider.name", "gen_ai.system", default=""))[:32]
     model = str(span.attribute("gen_ai.response.model", "gen_ai.request.model", default=""))[:100]
     cost = cost_micros(provider, model, tokens_in, tokens_out) if kind == Span.Kind.MODEL_CALL and model else 0
-    parent = Span.objects.filter(task=task, kind=Span.Kind.TASK).values_list("id", flat=True).first()
     shown = {
         k: v
         for k, v in span.attributes.items()
@@ -231,14 +239,21 @@ def _record(run: Run, span: OtlpSpan) -> bool:
 def otlp_ingest(*, spans: list[OtlpSpan], user, token, request=None, default_workflow: str) -> dict:
     """Write the spans (all of them, or none): which runs they went to and how many were new."""
     runs: dict[int, Run] = {}
+    found: dict[tuple, Run] = {}  # by what names the run: each is looked up (and authorised) once
+    tasks: dict = {}
     recorded = 0
     with transaction.atomic():
         for span in spans:
-            run = _named_run(span, user, token, request) or _trace_run(span, user, token, request, default_workflow)
-            run = runs.setdefault(run.id, run)
+            names = (span.attribute(RUN_ATTRIBUTE), span.trace_id, span.attribute("warden.workflow"),
+                     span.attribute("warden.project"))  # fmt: skip
+            if names not in found:
+                found[names] = _named_run(span, user, token, request) or _trace_run(
+                    span, user, token, request, default_workflow
+                )
+            run = runs.setdefault(found[names].id, found[names])
             if run.status != Run.Status.RUNNING:
                 continue  # a finished run's trace keeps what it had; late spans are not counted
-            recorded += _record(run, span)
+            recorded += _record(run, span, tasks)
         for run in runs.values():
             run.refresh_from_db()
             why = budget_breach(run) if run.status == Run.Status.RUNNING else ""

@@ -172,7 +172,7 @@ def _filled(template: str, values: dict) -> str:
     return PLACEHOLDER.sub(lambda m: quote(str(values[m.group(1)]), safe=""), template)
 
 
-def _answer(response: httpx.Response, tool: str) -> dict:
+def _answer(response: httpx.Response) -> dict:
     """The service's answer as the tool's result, or the failure it means for the ledger."""
     code = response.status_code
     if 200 <= code < 300:
@@ -209,7 +209,7 @@ def _execute(row: HttpTool, values: dict, *, key: str, deadline: float, secrets:
         headers[row.idempotency_header] = key
     body = {"json": rest} if row.method in BODY_METHODS else {"params": rest} if rest else {}
     response = _send(row.method, _filled(row.url, values), headers=headers, deadline=deadline, tool=row.name, **body)
-    return _answer(response, row.name)
+    return _answer(response)
 
 
 def _lookup(row: HttpTool, key: str, secrets: dict) -> dict | None:
@@ -219,7 +219,7 @@ def _lookup(row: HttpTool, key: str, secrets: dict) -> dict | None:
                          tool=row.name)  # fmt: skip
         if response.status_code == 404:
             return None
-        return _answer(response, row.name)
+        return _answer(response)
     except (ToolUnavailable, ToolTimeout, ToolRefused) as exc:  # not an answer: ask again later
         raise TransientFailure(f"the lookup of {row.name} by key failed: {exc}") from exc
 

@@ -71,6 +71,7 @@ def warden_name(server: str, remote: str) -> str:
 
 
 def _target(server: McpServer):
+    # The SDK is imported where it is used: it is large, and most processes never talk to an MCP server.
     """What the SDK's Client connects to: a stdio command with its secrets in the environment, or a
     streamable HTTP transport with the secret headers."""
     from mcp.client.stdio import StdioServerParameters, get_default_environment
