@@ -358,6 +358,34 @@ def settled(run_ids: list[int]) -> bool:
     return statuses <= SETTLED and not busy
 
 
+def unsettled(run_ids: list[int]) -> list[str]:
+    """What each run that did not settle is doing: the diagnosis printed with a failed drill."""
+    from approvals.models import ApprovalRequest
+    from runs.models import Run, Task
+    from tools.models import ToolOperation
+
+    lines = []
+    for run in Run.objects.filter(id__in=run_ids).order_by("id"):
+        tasks = list(Task.objects.filter(run=run).order_by("key"))
+        if run.status in SETTLED and not any(t.status == Task.Status.RUNNING for t in tasks):
+            continue
+        lines.append(
+            f"run {run.id}: {run.status} ({run.status_reason[:120]}) ops lease {run.ops_lease_owner or '-'} "
+            f"until {run.ops_lease_expires_at}"
+        )
+        for t in tasks:
+            lines.append(
+                f"  task {t.key}: {t.status} attempts {t.attempts} recoveries {t.recoveries} "
+                f"lease {t.lease_owner or '-'} until {t.lease_expires_at} "
+                f"ready_at {t.ready_at} not_before {t.not_before} token {t.fencing_token}"
+            )
+        for op in ToolOperation.objects.filter(run=run).order_by("id"):
+            lines.append(f"  op {op.id} {op.kind} {op.tool} {op.idempotency_key}: {op.status}")
+        for request in ApprovalRequest.objects.filter(run=run, parent__isnull=True):
+            lines.append(f"  approval {request.id} {request.kind}: {request.status}")
+    return lines
+
+
 def invariants(run_ids: list[int], reviewer: Reviewer) -> dict:
     from django.db.models import Count, Q
 
@@ -490,6 +518,8 @@ def drill_run(drill: str, tokens: dict, args, log_root: Path) -> dict:
         while time.monotonic() < deadline and not read(settled, run_ids):
             time.sleep(0.5)
         converge, wall = time.monotonic() - fault_over, time.monotonic() - started
+        for line in read(unsettled, run_ids):
+            log(line)
         stop_supervising.set()
         reviewer.stop.set()
         reviewer.join(timeout=5)
