@@ -18,6 +18,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import math
 import random
 import string
 import time
@@ -54,6 +55,9 @@ class ModelRequest:
     # Real providers: the task's exchanges so far, provider-neutral (agents/conversation.py), rebuilt
     # from the journal; ``prompt`` is then the task message alone.
     history: list[dict] = field(default_factory=list)
+    # The most the model may answer with (0: the deployment's default), asked of the provider and
+    # reserved against the budgets before the call.
+    max_output_tokens: int = 0
 
 
 @dataclass
@@ -150,13 +154,13 @@ class ScriptedProvider:
         elif "raw" in entry:  # model output that is not valid JSON, for validation drills
             response.final = entry["raw"]
         response.tokens_in = max(1, len(request.prompt) // 4)
-        response.tokens_out = max(1, len(json.dumps(response.as_journal())) // 4)
+        # Cut at the output ceiling, as a provider stops at max_tokens.
+        response.tokens_out = min(
+            max_output_tokens("scripted", request), max(1, len(json.dumps(response.as_journal())) // 4)
+        )
         # What the model was given, viewable on the model-call span as for a real provider.
         response.sent = {"system": request.instructions, "user": request.prompt, "tools": list(request.tool_names)}
-        response.cost_micros = (
-            response.tokens_in * SCRIPTED_PRICE_MICROS_PER_TOKEN[0]
-            + response.tokens_out * SCRIPTED_PRICE_MICROS_PER_TOKEN[1]
-        )
+        response.cost_micros = _price("scripted", model, response.tokens_in, response.tokens_out)
         return response
 
 
@@ -183,6 +187,34 @@ def route(provider: str, model: str, request: ModelRequest) -> tuple[str, str]:
     if len(request.prompt) <= limit:
         return str(rule.get("provider") or provider), cheap
     return provider, model
+
+
+def max_output_tokens(provider: str, request: ModelRequest) -> int:
+    if request.max_output_tokens:
+        return request.max_output_tokens
+    key = "SCRIPTED_MAX_OUTPUT_TOKENS" if provider == "scripted" else "MODEL_MAX_OUTPUT_TOKENS"
+    return settings.WARDEN[key]
+
+
+def worst_case(*, provider: str, model: str, request: ModelRequest) -> tuple[int, int]:
+    """The most a call for ``request`` can cost, in tokens and micro-dollars: the whole prompt (its
+    characters over PROMPT_CHARS_PER_TOKEN) and the output ceiling, at the dearer of the model the
+    request is routed to and its fallback. Reserved against the budgets before the call is made."""
+    provider, model = route(provider, model, request)
+    sent = len(request.instructions) + len(request.prompt) + sum(len(name) for name in request.tool_names)
+    if request.history:
+        sent += len(json.dumps(request.history, default=str))
+    tokens_in = math.ceil(sent / settings.WARDEN["PROMPT_CHARS_PER_TOKEN"])
+    tokens_out = max_output_tokens(provider, request)
+    candidates = [(provider, model)] + ([request.fallback] if request.fallback else [])
+    cost = max(_price(name, each, tokens_in, tokens_out) for name, each in candidates)
+    return tokens_in + tokens_out, cost
+
+
+def _price(provider: str, model: str, tokens_in: int, tokens_out: int) -> int:
+    if provider == "scripted":
+        return tokens_in * SCRIPTED_PRICE_MICROS_PER_TOKEN[0] + tokens_out * SCRIPTED_PRICE_MICROS_PER_TOKEN[1]
+    return cost_micros(provider, model, tokens_in, tokens_out)
 
 
 def model_complete(*, provider: str, script: list[dict], model: str, request: ModelRequest) -> ModelResponse:

@@ -17,7 +17,7 @@ from tools.catalog import tool_spec
 from tools.memory import TOOL_SCHEMAS
 
 from .conversation import anthropic_messages, openai_messages
-from .gateway import ModelRequest, ModelResponse
+from .gateway import ModelRequest, ModelResponse, max_output_tokens
 
 MAX_CALLS_PER_REPLY = 16  # tool calls taken from one reply; more is a runaway, not a plan
 
@@ -104,7 +104,11 @@ class OpenAIProvider:
     def complete(self, *, model: str, request: ModelRequest) -> ModelResponse:
         import openai
 
-        body = {"model": model, "messages": openai_messages(request.instructions, request.prompt, request.history)}
+        body = {
+            "model": model,
+            "messages": openai_messages(request.instructions, request.prompt, request.history),
+            "max_completion_tokens": max_output_tokens(self.name, request),
+        }
         functions = tool_functions(request.tool_names, request.project_id)
         if functions:
             body["tools"] = functions
@@ -124,7 +128,7 @@ class AnthropicProvider:
 
         body = {
             "model": model,
-            "max_tokens": settings.WARDEN["ANTHROPIC_MAX_TOKENS"],
+            "max_tokens": max_output_tokens(self.name, request),
             "system": request.instructions,
             "messages": anthropic_messages(request.prompt, request.history),
         }

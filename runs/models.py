@@ -169,6 +169,10 @@ class Task(models.Model):
     tokens_used = models.PositiveBigIntegerField(default=0)
     tool_calls_used = models.PositiveIntegerField(default=0)
     cost_micros = models.PositiveBigIntegerField(default=0)
+    # The worst case of the model call in flight, held against the task's and the run's budgets until the
+    # call's real figures are counted (runs/services/budget.py); counted only while the task is running.
+    tokens_reserved = models.PositiveBigIntegerField(default=0)
+    cost_reserved_micros = models.PositiveBigIntegerField(default=0)
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)

@@ -245,7 +245,17 @@ WARDEN = {
     "OPENAI_API_KEY_ENV": os.environ.get("WARDEN_OPENAI_API_KEY_ENV", "OPENAI_API_KEY"),
     "ANTHROPIC_BASE_URL": os.environ.get("WARDEN_ANTHROPIC_BASE_URL", "https://api.anthropic.com"),
     "ANTHROPIC_API_KEY_ENV": os.environ.get("WARDEN_ANTHROPIC_API_KEY_ENV", "ANTHROPIC_API_KEY"),
-    "ANTHROPIC_MAX_TOKENS": int(os.environ.get("WARDEN_ANTHROPIC_MAX_TOKENS", 4096)),
+    # The most a model may answer with, asked of every provider and reserved against budgets before each
+    # call (WARDEN_ANTHROPIC_MAX_TOKENS is its older name, still read); the scripted models answer shortly.
+    "MODEL_MAX_OUTPUT_TOKENS": int(
+        os.environ.get("WARDEN_MODEL_MAX_OUTPUT_TOKENS", os.environ.get("WARDEN_ANTHROPIC_MAX_TOKENS", 4096))
+    ),
+    "SCRIPTED_MAX_OUTPUT_TOKENS": int(os.environ.get("WARDEN_SCRIPTED_MAX_OUTPUT_TOKENS", 256)),
+    # A prompt's worst case in tokens: its characters over this (tokenisers average about 4 per token).
+    "PROMPT_CHARS_PER_TOKEN": _env_float("WARDEN_PROMPT_CHARS_PER_TOKEN", 4),
+    # A call that does not fit beside its siblings' reservations waits this long for them to settle, then
+    # hands its slice back to the queue; one that would not fit even alone is refused.
+    "BUDGET_WAIT_SECONDS": _env_float("WARDEN_BUDGET_WAIT_SECONDS", 5),
     # Integration API: Idempotency-Key records are kept this long (at least 72 h); one whose request died
     # is free again after IN_FLIGHT seconds. Requests per token and minute before a 429.
     "IDEMPOTENCY_KEEP_HOURS": _env_float("WARDEN_IDEMPOTENCY_KEEP_HOURS", 72),

@@ -42,8 +42,13 @@ def output_validate(output, schema: dict) -> None:
         ) from exc
 
 
-def quarantine(lease: Lease, task: Task, *, step: int | None, body) -> None:
-    """Record, without applying, what a worker brought back after losing its lease."""
+def quarantine(lease: Lease, task: Task, *, step: int | None, body, response=None) -> None:
+    """Record, without applying, what a worker brought back after losing its lease. A model call it
+    made was paid for: its tokens and cost count on the task and the run all the same."""
+    if response is not None and (response.tokens_in or response.tokens_out or response.cost_micros):
+        tokens = response.tokens_in + response.tokens_out
+        for table, row_id in (("runs_task", lease.task_id), ("runs_run", lease.run_id)):
+            sql.add_usage(table, row_id, steps=0, tokens=tokens, tool_calls=0, cost=response.cost_micros)
     current = Task.objects.select_related("run").get(id=lease.task_id)
     if current.run.status in (Run.Status.CANCELLING, Run.Status.CANCELLED):
         reason = QuarantinedResult.Reason.RUN_CANCELLED
@@ -103,7 +108,7 @@ def task_finish(lease: Lease, run: Run, task: Task, *, step: int, response, star
                 over_budget = str(exc)
             return _advance(run, ready=ready, owner=lease.owner, now=now, stop_reason=over_budget, held_back=held_back)
     except LeaseLost:
-        quarantine(lease, task, step=step, body=body)
+        quarantine(lease, task, step=step, body=body, response=response)
         return None
 
 

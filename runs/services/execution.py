@@ -16,7 +16,7 @@ from django.utils import timezone
 from dramatiq.middleware import TimeLimitExceeded
 
 from agents.conversation import fit, turns
-from agents.gateway import ModelRequest, ModelResponse, model_complete
+from agents.gateway import ModelRequest, ModelResponse, model_complete, worst_case
 from agents.models import Agent, ModelVersion
 from agents.planning import plan_validate
 from agents.prompts import build_prompt
@@ -29,6 +29,8 @@ from ..blackboard import MEMORY_TOOLS, knowledge, memory_tool_call
 from ..heartbeat import lease_keeper
 from ..models import Artifact, Run, Span, Task
 from . import hot, sql
+from .budget import BudgetBusy, budget_release, budget_reserve
+from .budget import limited as budget_limited
 from .completion import (
     output_validate,
     quarantine,
@@ -279,12 +281,17 @@ def _attempt(lease: Lease):
                 run_usage.check_before_step("run")
                 task_usage.check_before_step("task")
                 request = _model_request(lease, run, task, agent, state, deps)
+                try:
+                    _hold_worst_case(lease, run, task, agent, request)
+                except BudgetBusy:
+                    return task_yield(lease)
                 started = timezone.now()
                 try:
                     response = model_complete(
                         provider=agent.provider, script=agent.script, model=agent.model, request=request
                     )
                 except StepFailure as exc:
+                    budget_release(lease)
                     _error_span(lease, kind=Span.Kind.MODEL_CALL, name=agent.model, started=started, message=str(exc))
                     raise
                 if response.final is not None:
@@ -310,6 +317,15 @@ def _attempt(lease: Lease):
     except Exception as exc:  # a bug must not leave the task leased until the lease expires
         log.exception("task %s attempt %s failed unexpectedly", lease.task_id, lease.attempt)
         return task_fail_or_retry(lease, StepFailure(f"internal error: {exc!r}", "permanent"))
+
+
+def _hold_worst_case(lease: Lease, run: Run, task: Task, agent: Agent, request: ModelRequest) -> None:
+    """The call's worst case is held against the budgets before it is made (runs/services/budget.py);
+    the journal statement that counts its real figures drops the hold."""
+    if not budget_limited(run, task):
+        return
+    tokens, cost = worst_case(provider=agent.provider, model=agent.model, request=request)
+    budget_reserve(lease, run, task, tokens=tokens, cost=cost)
 
 
 def _model_request(lease: Lease, run: Run, task: Task, agent: Agent, state: _LoopState, deps: dict) -> ModelRequest:
@@ -506,7 +522,7 @@ def _journal(
         else:
             run_usage, task_usage = hot.journal_step_portable(params, body, body_json)
     except LeaseLost:
-        quarantine(lease, task, step=step, body=body)
+        quarantine(lease, task, step=step, body=body, response=response)
         raise
     bus.run_changed(lease.run_id)  # committed by now: the PostgreSQL path is a single statement
     state.apply({"step": step, "kind": kind, "name": name, "body": body})

@@ -205,7 +205,7 @@ WITH r AS (
 ), t AS (
     UPDATE runs_task SET status = '{_COMPLETED}', finished_at = %(now)s, lease_owner = '', lease_expires_at = NULL,
         status_reason = '', steps_used = steps_used + 1, tokens_used = tokens_used + %(tokens)s,
-        cost_micros = cost_micros + %(cost)s
+        cost_micros = cost_micros + %(cost)s, tokens_reserved = 0, cost_reserved_micros = 0
     WHERE id = %(task)s AND fencing_token = %(token)s AND status = '{_RUNNING}'
         AND EXISTS (SELECT 1 FROM r WHERE r.status <> 'cancelling')
     RETURNING id, dependents
@@ -314,7 +314,8 @@ def finish_portable(lease: Lease, run: Run, task: Task, *, step, response, start
     completed = sql.fetchone(
         "UPDATE runs_task SET status = %s, finished_at = %s, lease_owner = '', lease_expires_at = NULL, "
         "status_reason = '', steps_used = steps_used + 1, tokens_used = tokens_used + %s, "
-        "cost_micros = cost_micros + %s WHERE id = %s AND fencing_token = %s AND status = %s RETURNING dependents",
+        "cost_micros = cost_micros + %s, tokens_reserved = 0, cost_reserved_micros = 0 "
+        "WHERE id = %s AND fencing_token = %s AND status = %s RETURNING dependents",
         [_COMPLETED, sql.ts(now), tokens, cost, task.id, lease.token, _RUNNING],
     )
     if completed is None:
@@ -363,7 +364,7 @@ _PG_JOURNAL_STEP = f"""
 WITH t AS (
     UPDATE runs_task SET steps_used = steps_used + 1, tokens_used = tokens_used + %(tokens)s,
         tool_calls_used = tool_calls_used + %(tool_calls)s, cost_micros = cost_micros + %(cost)s,
-        heartbeat_at = %(now)s
+        heartbeat_at = %(now)s, tokens_reserved = 0, cost_reserved_micros = 0
     WHERE id = %(task)s AND fencing_token = %(token)s AND status = 'running'
     RETURNING {sql.USAGE_COLUMNS}
 ), r AS (
@@ -427,7 +428,7 @@ def journal_step_portable(p: dict, body, body_json: str) -> StepCounted:
             tokens=p["tokens"],
             tool_calls=p["tool_calls"],
             cost=p["cost"],
-            extra_set=", heartbeat_at = %s",
+            extra_set=", heartbeat_at = %s, tokens_reserved = 0, cost_reserved_micros = 0",
             extra_set_params=(p["now"],),
             extra_where="AND fencing_token = %s AND status = %s",
             extra_params=(p["token"], Task.Status.RUNNING),

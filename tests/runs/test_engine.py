@@ -99,19 +99,19 @@ def test_permanent_tool_error_stops_the_run_for_a_human_without_retry(demo_tx, w
     assert effects("tickets.create").filter(idempotency_key__contains=":worker-3:").count() == 1
 
 
-def test_overrun_budget_stops_the_run_as_needs_attention_naming_the_budget(transactional_db, worker):
+def test_a_budget_stops_the_run_before_the_call_that_could_cross_it_naming_the_budget(transactional_db, worker):
     wf = scripted_workflow("chatty", [{"say": "thinking out loud " * 20, "repeat": 20}, {"final": {}}])
     run = finished(run_start(workflow=wf.slug, budget={"max_tokens": 300}))
     assert run.status == Run.Status.NEEDS_ATTENTION
     assert run.status_reason.startswith("run budget exceeded: tokens (")
-    assert run.status_reason.endswith(" of 300)")
-    assert run.tokens_used > 300
+    assert "for the next call of 300)" in run.status_reason
+    assert 0 < run.tokens_used <= 300  # the call that could have crossed it was not made
     task = run.tasks.get()
     assert (task.status, task.failure_class, task.attempts) == ("failed", "budget", 1)  # no retry
-    assert task.steps_used < 20  # stopped at the step that crossed the budget
+    assert 0 < task.steps_used < 20
 
 
-def test_budget_crossed_by_a_final_answer_keeps_it_and_starts_nothing_more(demo_tx, worker):
+def test_a_budget_too_small_for_the_next_calls_stops_the_run_and_starts_nothing_more(demo_tx, worker):
     run = finished(run_start(workflow="deploy-review", budget={"max_tokens": 150}))
     assert run.status == Run.Status.NEEDS_ATTENTION
     assert run.status_reason.startswith("run budget exceeded: tokens")
@@ -184,6 +184,10 @@ def test_cancelled_run_reaches_cancelled_within_grace_even_if_the_worker_ignores
     late = wait_for(lambda: QuarantinedResult.objects.filter(run=run).first(), timeout=6, message="the late step")
     assert late.reason == QuarantinedResult.Reason.RUN_CANCELLED
     assert not Span.objects.filter(run=run, step__isnull=False).exists()
+    # ...but the model call was made and paid for: it counts on the task and the run.
+    run.refresh_from_db()
+    assert run.tokens_used > 0 and run.cost_micros > 0
+    assert run.tasks.get().tokens_used == run.tokens_used
 
 
 def test_cooperative_cancel_stops_between_steps(demo_tx, worker):
