@@ -1,5 +1,6 @@
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
+from django.templatetags.static import static
 from django.urls import include, path, re_path
 from django.views.generic import RedirectView
 
@@ -19,11 +20,21 @@ class MovedToTenancy(RedirectView):
         return f"/admin/tenancy/{kwargs['model']}/{kwargs['rest']}" + (f"?{query}" if query else "")
 
 
+class Favicon(RedirectView):
+    """Browsers ask for /favicon.ico on every page that names no icon (the admin's, a JSON answer)."""
+
+    permanent = False  # the icon's hashed name may change with a release
+
+    def get_redirect_url(self, *args, **kwargs):
+        return static("warden/favicon.svg")  # at request time: the storage's hashed name when there is one
+
+
 urlpatterns = [
     re_path(
         r"^admin/approvals/(?P<model>project|membership|apitoken|auditevent)/(?P<rest>.*)$", MovedToTenancy.as_view()
     ),
     path("admin/", admin.site.urls),
+    path("favicon.ico", Favicon.as_view()),
     # OTLP/HTTP trace export (api/otlp.py): the standard path, and under the API for an exporter whose
     # OTEL_EXPORTER_OTLP_ENDPOINT is https://warden.example/api/v1/otlp
     path("v1/traces", otlp_traces, name="otlp-traces"),

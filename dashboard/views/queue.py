@@ -55,9 +55,16 @@ def _card(request: ApprovalRequest, deciding, user) -> dict:
         key = (op.tool, op.reversibility or "read")
         blast[key] = blast.get(key, 0) + 1
     may_decide = deciding is None or request.run.project_id in deciding
-    # Why this user may not decide it though their role could (they started the run, admins only).
-    refusal = decider_refusal(request, run=request.run, user=user) if may_decide else ""
+    # Why this user may not decide it, shown instead of the buttons: their role, or a rule that holds
+    # although their role could (they started the run, admins only).
+    if may_decide:
+        refusal = decider_refusal(request, run=request.run, user=user)
+    else:
+        refusal = f"your role in project {request.run.project.slug} does not decide approvals (reviewers and admins do)"
     verdict = strictest(Verdict.from_json(op.verdict) for op in ops) if ops else None
+    for op in ops:  # the arguments as a reviewer reads them: JSON, and what an edit changed
+        op.arguments_pretty = _pretty(op.arguments)
+        op.edits = _edits(op.original_arguments, op.arguments) if op.original_arguments else []
     return {
         "request": request,
         "operations": ops,
@@ -70,6 +77,21 @@ def _card(request: ApprovalRequest, deciding, user) -> dict:
         "editable": request.kind == "operation" and len(ops) == 1,
         "arguments_json": json.dumps(first.arguments if first else {}, indent=1),
     }
+
+
+def _pretty(value) -> str:
+    return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str)
+
+
+def _edits(before: dict, after: dict) -> list[tuple[str, str, str]]:
+    """(field, before, after) for each argument an approve-with-edits changed, added or removed."""
+    changed = []
+    for name in sorted(set(before) | set(after)):
+        if before.get(name, ...) != after.get(name, ...):
+            old = _pretty(before[name]) if name in before else "(absent)"
+            new = _pretty(after[name]) if name in after else "(removed)"
+            changed.append((name, old, new))
+    return changed
 
 
 @login_required

@@ -408,6 +408,7 @@ def test_an_admin_action_beyond_the_role_changes_nothing_and_is_audited(scene, c
 PAGES = {
     "": "public redirect",
     "login/": "public",
+    "favicon.ico": "public redirect (to the static icon)",
     "logout/": "public (POST)",
     "approvals/": "member",
     "approvals/new": "member",

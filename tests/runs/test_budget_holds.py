@@ -14,7 +14,10 @@ LONG_ANSWER = {"text": "x" * 4000}  # cut at the output ceiling: each call costs
 
 def siblings(n: int, *, delay: float = 0.2) -> Workflow:
     agent = Agent.objects.create(
-        slug="sibling", name="sibling", script=[{"delay": delay, "final": LONG_ANSWER}], output_schema={"type": "object"}
+        slug="sibling",
+        name="sibling",
+        script=[{"delay": delay, "final": LONG_ANSWER}],
+        output_schema={"type": "object"},
     )
     tasks = [{"key": f"s{i:02}", "agent": agent.slug, "objective": "Answer"} for i in range(n)]
     return Workflow.objects.create(slug="siblings", name="siblings", tasks=tasks)
