@@ -9,6 +9,7 @@ from ninja.security import HttpBearer
 
 import api.external  # noqa: F401  (its operations join the reads router)
 from api.approvals import router as approvals_router
+from api.inbox import router as inbox_router
 from api.limits import RateLimited, rate_check
 from api.reads import router as runs_reads_router
 from api.runs import router as runs_router
@@ -140,6 +141,7 @@ api.add_router("/", runs_router)
 api.add_router("/", runs_reads_router)
 api.add_router("/", tools_router)
 api.add_router("/", approvals_router)
+api.add_router("/", inbox_router)
 
 
 def _error(request, status: int, code: str, message: str, errors: list | None = None):

@@ -5,6 +5,7 @@ from django.urls import include, path, re_path
 from django.views.generic import RedirectView
 
 from api.otlp import otlp_traces
+from dashboard.views import inbox as inbox_views
 from dashboard.views import queue as approvals_views
 
 from .api import api
@@ -45,6 +46,9 @@ urlpatterns = [
     path("approvals/", approvals_views.queue, name="approvals-queue"),
     path("approvals/new", approvals_views.queue_new, name="approvals-new"),
     path("approvals/<int:request_id>/decide", approvals_views.decide, name="approvals-decide"),
+    path("inbox/", inbox_views.inbox, name="inbox"),
+    path("inbox/counts", inbox_views.counts, name="inbox-counts"),
+    path("inbox/breakers/<str:what>/<str:name>/close", inbox_views.breaker_close_view, name="inbox-breaker-close"),
     path("", include("dashboard.urls")),
     path("", RedirectView.as_view(pattern_name="runs:list", permanent=False), name="home"),
 ]

@@ -21,7 +21,22 @@ class Breaker:
         return f"{self.prefix}:{name}"
 
     def reset(self, names) -> None:
+        names = list(names)
         cache.delete_many([self._key(name) for name in names])
+        tolerant(lambda: self._forget(names), None)
+
+    def open_now(self) -> list[tuple[str, float]]:
+        """(name, seconds left) of each breaker open now: what the inbox lists for a person to look at."""
+        known = tolerant(lambda: cache.get(self._registry()), None) or {}
+        return sorted((name, left) for name in known if (left := self.open_for(name)) > 0)
+
+    def _registry(self) -> str:
+        return f"{self.prefix}:opened"
+
+    def _forget(self, names) -> None:
+        known = cache.get(self._registry()) or {}
+        if any(name in known for name in names):
+            cache.set(self._registry(), {k: v for k, v in known.items() if k not in names}, timeout=None)
 
     def open_for(self, name: str) -> float:
         """Seconds the breaker stays open, or 0 (also while the shared cache is unreachable)."""
@@ -43,6 +58,11 @@ class Breaker:
         if state["failures"] >= limit:
             state = {"failures": 0, "open_until": time.time() + seconds}
             log.warning("%s: breaker open for %ss", self._key(name), seconds)
+            # Names that have opened, so they can be listed (the cache cannot be searched by prefix);
+            # a closed one stays in the set, cheap to skip, until it is reset.
+            known = cache.get(self._registry()) or {}
+            known[name] = state["open_until"]
+            cache.set(self._registry(), known, timeout=None)
         cache.set(key, state, timeout=max(60, int(seconds) + 1))
 
 

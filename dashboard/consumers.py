@@ -164,3 +164,26 @@ class RunListConsumer(_Consumer):
 
         seqs = await database_sync_to_async(current)()
         await self.send(text_data=json.dumps({"seqs": seqs, "beat" if beat else "hello": True}))
+
+
+class InboxConsumer(_Consumer):
+    """Every page's nav: a nudge when something changes in one of the user's projects, after which the
+    page fetches the user's count again (what the user may act on is decided there, not here)."""
+
+    async def allowed(self, user) -> bool:
+        self.projects = await database_sync_to_async(_visible_projects)(user)
+        if hasattr(self, "beat"):  # a re-check: follow the memberships as they are now
+            wanted = set(self.data_groups())
+            for group in [g for g in self.groups_joined if g.startswith("inbox-") and g not in wanted]:
+                await self.leave(group)
+            for group in wanted - set(self.groups_joined):
+                await self.join(group)
+        return True
+
+    def data_groups(self) -> list[str]:
+        return [presence.inbox_group(p) for p in self.projects]
+
+    async def hello(self, beat: bool = False):
+        await database_sync_to_async(presence.watching)(presence.INBOX_PRESENCE)
+        if not beat:
+            await self.send(text_data=json.dumps({"hello": True}))

@@ -28,8 +28,10 @@ from django.db import close_old_connections, connection
 from core.errors import NotFound
 from dashboard.listing import run_row_html
 from dashboard.presence import (
+    INBOX_PRESENCE,
     LIST_PRESENCE,
     PRESENCE_SECONDS,
+    inbox_group,
     list_group,
     list_seq_name,
     run_group,
@@ -165,11 +167,13 @@ def _forget_mark(run_id: int) -> None:
 
 def publish(run_id: int) -> None:
     """Render what changed in the run and send it to whoever watches. Runs in the publisher thread."""
-    present = cache.get_many([run_presence(run_id), LIST_PRESENCE])
+    present = cache.get_many([run_presence(run_id), LIST_PRESENCE, INBOX_PRESENCE])
     if run_presence(run_id) not in present:
         _forget_mark(run_id)
     if not present:
         return
+    if INBOX_PRESENCE in present:
+        _inbox_nudge(run_id)
     # One publisher at a time per run, across processes: render, number, send. So numbers follow the
     # order of the renders (a higher number never carries older content), and a page that read its
     # number before its data holds everything a push with a number up to its own carried.
@@ -186,6 +190,16 @@ def publish(run_id: int) -> None:
                 return
             seq = seq_next(list_seq_name(project_id))
             publisher.send(list_group(project_id), json.dumps({"project": project_id, "seq": seq, "html": html}))
+
+
+def _inbox_nudge(run_id: int) -> None:
+    """Something in the run's project changed: the open navs of its members fetch their counts again.
+    The nudge carries nothing but the project's id; the count is read with the reader's own rights."""
+    from runs.models import Run
+
+    project_id = Run.objects.filter(id=run_id).values_list("project_id", flat=True).first()
+    if project_id is not None:
+        publisher.send(inbox_group(project_id), json.dumps({"inbox": project_id}))
 
 
 _local_locks: dict[int, threading.Lock] = {}

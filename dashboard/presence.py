@@ -12,6 +12,11 @@ from tenancy.models import Project
 
 PRESENCE_SECONDS = 60
 LIST_PRESENCE = "watch:runs"
+INBOX_PRESENCE = "watch:inbox"  # any page's nav: someone's "needs you" count is open
+
+
+def inbox_group(project_id: int) -> str:
+    return f"inbox-{project_id}"
 
 
 def run_group(run_id: int) -> str:

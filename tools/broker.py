@@ -110,13 +110,13 @@ def arguments_unseal(spec: ToolSpec, task_id: int, step: int, arguments: dict) -
 # --- rate limit and circuit breaker (shared by all workers through the cache) ---------------------
 
 
-_BREAKER = Breaker(prefix="warden:circuit", failures_setting="TOOL_CIRCUIT_FAILURES",
+BREAKER = Breaker(prefix="warden:circuit", failures_setting="TOOL_CIRCUIT_FAILURES",
                    open_setting="TOOL_CIRCUIT_OPEN_SECONDS")  # fmt: skip
-_circuit_open_for, _circuit_record = _BREAKER.open_for, _BREAKER.record
+_circuit_open_for, _circuit_record = BREAKER.open_for, BREAKER.record
 
 
 def circuit_reset(tool: str | None = None) -> None:
-    _BREAKER.reset([tool] if tool else TOOLS)
+    BREAKER.reset([tool] if tool else TOOLS)
 
 
 def _rate_limited(spec: ToolSpec) -> float:

@@ -23,7 +23,7 @@ from django.utils import timezone
 from config.asgi import application
 from core import bus
 from dashboard import live, presence
-from dashboard.consumers import DENIED, RunConsumer, RunListConsumer
+from dashboard.consumers import DENIED, InboxConsumer, RunConsumer, RunListConsumer
 from runs.models import Span
 from tenancy.access import default_project, membership_grant, membership_revoke
 from tenancy.models import Project
@@ -280,3 +280,31 @@ async def test_the_runs_list_socket_hears_only_the_users_projects(people, run, m
     await db(publish)
     assert await communicator.receive_nothing(timeout=0.5)
     await communicator.disconnect()
+
+
+# --- the nav's "needs you" count ------------------------------------------------------------------------------
+@run_async
+async def test_the_inbox_socket_nudges_only_members_of_the_changed_runs_project(people, run, monkeypatch):
+    olivia, otto, elsewhere = people
+    theirs = await db(build_run, 2, calls=2, project=elsewhere)
+    monkeypatch.setattr(InboxConsumer, "beat_seconds", 60)
+    mine, other = (
+        socket("/ws/inbox/", session=await db(session_of, olivia)),
+        socket("/ws/inbox/", session=await db(session_of, otto)),
+    )
+    for communicator in (mine, other):
+        assert await communicator.connect(timeout=5) == (True, None)
+        assert (await received(communicator))["hello"] is True
+    await db(change, run)
+    await db(publish)
+    assert (await received(mine)) == {"inbox": run.project_id}  # a nudge: no content, the count is fetched
+    assert await other.receive_nothing(timeout=0.5)
+    await db(change, theirs)
+    await db(publish)
+    assert (await received(other)) == {"inbox": elsewhere.id}
+    assert await mine.receive_nothing(timeout=0.5)
+    anonymous = socket("/ws/inbox/")
+    assert await anonymous.connect(timeout=5) == (True, None)
+    assert (await anonymous.receive_output(timeout=5))["code"] == DENIED
+    for communicator in (mine, other):
+        await communicator.disconnect()

@@ -1,0 +1,49 @@
+"""Integration API for the "needs you" inbox: everything waiting for the token's person (dashboard/inbox.py)."""
+
+from datetime import datetime
+from typing import Literal
+
+from ninja import Field, Query, Router, Schema
+
+from core.errors import NotFound
+from dashboard.inbox import KINDS, inbox_counts, inbox_items
+from tenancy.access import authorize, authorize_token
+from tenancy.models import Project
+
+router = Router(tags=["inbox"])
+Kind = Literal["approval", "question", "operation", "run", "breaker", "blackboard"]
+
+
+class InboxItemOut(Schema):
+    kind: Kind
+    id: str = Field(description="The item's id within its kind (a breaker's is tool:NAME or provider:NAME)")
+    title: str
+    detail: str
+    since: datetime | None
+    url: str = Field(description="The dashboard page where a person acts on it")
+    project: str
+    run_id: int | None
+
+
+class InboxOut(Schema):
+    counts: dict[Kind, int] = Field(description="Per kind, across every project the person can see")
+    items: list[InboxItemOut]
+
+
+class InboxQuery(Schema):
+    project: str | None = Field(None, max_length=50, description="A project's slug")
+    kind: Kind | None = None
+
+
+@router.get("/inbox", response=InboxOut, summary="Everything waiting for me: approvals, questions, runs, …")
+def inbox(request, filters: Query[InboxQuery]):
+    authorize_token(request.auth, "read", what="the inbox", request=request)
+    user, project = request.auth.user, None
+    if filters.project:
+        project = Project.objects.filter(slug=filters.project).first()
+        if project is None:
+            raise NotFound(f"project {filters.project} does not exist")
+        authorize(user, project.id, "view", what=f"project {filters.project}", token=request.auth, request=request)
+    items = inbox_items(user, project=project, kind=filters.kind or "")
+    counts = inbox_counts(user)
+    return {"counts": {k: counts[k] for k in KINDS}, "items": [item.as_json() for item in items]}

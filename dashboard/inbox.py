@@ -1,0 +1,203 @@
+"""Everything waiting for a person, across the projects they can see: the "needs you" inbox.
+
+One list for the page (/inbox/), the API (GET /api/v1/inbox) and the counts in the nav. Each kind is
+listed only to those who may act on it: approvals to people who may decide them (not the run's starter),
+ambiguous operations, runs needing attention and blackboard entries to operators, open breakers (shared
+by every project) to operators of any project. Nothing here changes anything.
+"""
+
+from dataclasses import asdict, dataclass
+from datetime import datetime
+
+from django.db.models import QuerySet
+from django.urls import reverse
+from django.utils import timezone
+
+from agents.gateway import BREAKER as MODEL_BREAKER
+from approvals.models import ApprovalRequest
+from approvals.services import decider_refusal
+from runs.models import BlackboardEntry, Run
+from tenancy.access import project_ids
+from tenancy.models import Project
+from tools.broker import BREAKER as TOOL_BREAKER
+from tools.models import ToolOperation
+
+KINDS = {
+    "approval": "Approvals to decide",
+    "question": "Questions from agents",
+    "operation": "Ambiguous operations to resolve",
+    "run": "Runs needing attention",
+    "breaker": "Open breakers",
+    "blackboard": "Blackboard entries to verify",
+}
+LIMIT = 200  # per kind: an inbox longer than this is an incident, and the counts still say how many
+
+
+@dataclass
+class Item:
+    kind: str
+    id: str
+    title: str
+    detail: str
+    since: datetime | None
+    url: str
+    project: str = ""
+    run_id: int | None = None
+
+    def as_json(self) -> dict:
+        return {**asdict(self), "since": self.since.isoformat() if self.since else None}
+
+
+def _scoped(rows: QuerySet, user, action: str, field: str = "run__project_id") -> QuerySet:
+    allowed = project_ids(user, action)
+    return rows if allowed is None else rows.filter(**{f"{field}__in": allowed})
+
+
+def _approvals(user, project: Project | None) -> list[Item]:
+    rows = _scoped(ApprovalRequest.objects.filter(status="pending", parent=None), user, "decide")
+    if project is not None:
+        rows = rows.filter(run__project=project)
+    rows = rows.select_related("run__project", "run__workflow", "policy").order_by("requested_at", "id")
+    items = []
+    for r in rows[:LIMIT]:
+        if decider_refusal(r, run=r.run, user=user):
+            continue  # theirs to see on the queue, with the reason, but not waiting for them
+        items.append(
+            Item(
+                "approval",
+                str(r.id),
+                f"{r.get_kind_display()} in run {r.run_id} ({r.run.workflow.slug})",
+                r.summary[:200],
+                r.requested_at,
+                f"{reverse('approvals-queue')}#request-{r.id}",
+                r.run.project.slug,
+                r.run_id,
+            )  # fmt: skip
+        )
+    return items
+
+
+def _operations(user, project: Project | None) -> list[Item]:
+    rows = _scoped(ToolOperation.objects.filter(status=ToolOperation.Status.AMBIGUOUS), user, "operate")
+    if project is not None:
+        rows = rows.filter(run__project=project)
+    return [
+        Item(
+            "operation",
+            str(op.id),
+            f"{op.tool} in run {op.run_id} may or may not have happened",
+            op.status_reason[:300] or op.idempotency_key,
+            op.ended_at or op.started_at or op.created_at,
+            reverse("runs:operation-resolve", args=[op.run_id, op.id]),
+            op.run.project.slug,
+            op.run_id,
+        )  # fmt: skip
+        for op in rows.select_related("run__project").order_by("id")[:LIMIT]
+    ]
+
+
+def _runs(user, project: Project | None) -> list[Item]:
+    rows = _scoped(Run.objects.filter(status=Run.Status.NEEDS_ATTENTION), user, "operate", field="project_id")
+    if project is not None:
+        rows = rows.filter(project=project)
+    return [
+        Item(
+            "run",
+            str(run.id),
+            f"Run {run.id} ({run.workflow.slug}) needs attention",
+            run.status_reason[:300],
+            run.started_at or run.created_at,
+            reverse("runs:detail", args=[run.id]),
+            run.project.slug,
+            run.id,
+        )  # fmt: skip
+        for run in rows.select_related("project", "workflow").order_by("id")[:LIMIT]
+    ]
+
+
+def _blackboard(user, project: Project | None) -> list[Item]:
+    rows = BlackboardEntry.objects.filter(verification=BlackboardEntry.Verification.UNVERIFIED).exclude(
+        run__status__in=Run.TERMINAL
+    )
+    rows = _scoped(rows, user, "operate")
+    if project is not None:
+        rows = rows.filter(run__project=project)
+    return [
+        Item(
+            "blackboard",
+            str(e.id),
+            f"{e.key} v{e.version} in run {e.run_id} is unverified",
+            str(e.value)[:200],
+            e.created_at,
+            reverse("runs:blackboard-decide", args=[e.run_id, e.id]),
+            e.run.project.slug,
+            e.run_id,
+        )  # fmt: skip
+        for e in rows.select_related("run__project").order_by("created_at", "id")[:LIMIT]
+    ]
+
+
+def _breakers(user, project: Project | None) -> list[Item]:
+    if project is not None or project_ids(user, "operate") == []:
+        return []  # breakers belong to no project
+    now = timezone.now()
+    items = []
+    for what, breaker in (("tool", TOOL_BREAKER), ("provider", MODEL_BREAKER)):
+        for name, left in breaker.open_now():
+            items.append(
+                Item(
+                    "breaker",
+                    f"{what}:{name}",
+                    f"The {what} {name} is failing: its breaker is open",
+                    f"calls to it are refused for another {left:.0f}s",
+                    now,
+                    reverse("inbox-breaker-close", args=[what, name]),
+                )  # fmt: skip
+            )
+    return items
+
+
+def _questions(user, project: Project | None) -> list[Item]:
+    return []  # filled in when agents can ask (approvals.models.Question)
+
+
+_SOURCES = {
+    "approval": _approvals,
+    "question": _questions,
+    "operation": _operations,
+    "run": _runs,
+    "breaker": _breakers,
+    "blackboard": _blackboard,
+}
+
+
+def inbox_items(user, *, project: Project | None = None, kind: str = "") -> list[Item]:
+    """What waits for ``user``, oldest first within each kind, kinds in the order of KINDS."""
+    if not user.is_authenticated or not user.is_active:
+        return []
+    kinds = [kind] if kind else list(KINDS)
+    return [item for k in kinds for item in _SOURCES[k](user, project)]
+
+
+def inbox_counts(user) -> dict[str, int]:
+    counts = dict.fromkeys(KINDS, 0)
+    for item in inbox_items(user):
+        counts[item.kind] += 1
+    return counts
+
+
+def breaker_close(*, user, what: str, name: str, request=None) -> None:
+    """Close an open breaker by hand (the system behind it is back): audited. A breaker is shared by every
+    project, so closing it is for project admins."""
+    from core.errors import Forbidden, NotFound
+    from tenancy.audit import audit
+
+    breaker = {"tool": TOOL_BREAKER, "provider": MODEL_BREAKER}.get(what)
+    if breaker is None or not breaker.open_for(name):
+        raise NotFound(f"no open breaker for the {what} {name}")
+    if project_ids(user, "administer") == []:
+        audit(actor=user, action="breaker_close", outcome="denied", target=f"{what}:{name}", request=request,
+              detail={"why": "not a project admin"})  # fmt: skip
+        raise Forbidden("only a project admin may close a breaker (it is shared by every project)")
+    breaker.reset([name])
+    audit(actor=user, action="breaker_close", target=f"{what}:{name}", request=request)

@@ -1,0 +1,63 @@
+"""The "needs you" inbox (dashboard/inbox.py): one page of everything waiting for this person, the counts
+in the nav, and closing an open breaker. Reading changes nothing; closing is a CSRF-checked POST."""
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.http import HttpResponseRedirect
+from django.shortcuts import render
+from django.urls import reverse
+from django.views.decorators.http import require_GET, require_POST
+
+from core.errors import WardenError
+from tenancy.access import project_ids
+from tenancy.models import Project
+
+from ..inbox import KINDS, breaker_close, inbox_counts, inbox_items
+
+
+def _visible_projects(user) -> list[Project]:
+    ids = project_ids(user, "view")
+    rows = Project.objects.order_by("slug")
+    return list(rows if ids is None else rows.filter(id__in=ids))
+
+
+@login_required
+@require_GET
+def inbox(request):
+    projects = _visible_projects(request.user)
+    slug, kind = request.GET.get("project", ""), request.GET.get("kind", "")
+    project = next((p for p in projects if p.slug == slug), None)
+    if kind not in KINDS:
+        kind = ""
+    items = inbox_items(request.user, project=project, kind=kind)
+    counts = inbox_counts(request.user)
+    context = {
+        "items": items,
+        "counts": [(k, label, counts[k]) for k, label in KINDS.items()],
+        "total": sum(counts.values()),
+        "projects": projects,
+        "project": project,
+        "kind": kind,
+        "unknown_project": bool(slug) and project is None,
+    }
+    template = "inbox/_items.html" if request.headers.get("HX-Request") else "inbox/page.html"
+    return render(request, template, context)
+
+
+@login_required
+@require_GET
+def counts(request):
+    """The nav's badge, fetched when the page loads and again when the socket says something changed."""
+    total = sum(inbox_counts(request.user).values())
+    return render(request, "inbox/_count.html", {"total": total})
+
+
+@login_required
+@require_POST
+def breaker_close_view(request, what: str, name: str):
+    try:
+        breaker_close(user=request.user, what=what, name=name, request=request)
+        messages.success(request, f"The {what} {name}'s breaker is closed: calls to it go out again.")
+    except WardenError as exc:
+        messages.error(request, str(exc))
+    return HttpResponseRedirect(reverse("inbox"))

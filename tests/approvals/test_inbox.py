@@ -1,0 +1,121 @@
+"""The "needs you" inbox: one list, across a person's projects, of what waits for them (approvals they may
+decide, ambiguous operations, runs needing attention, open breakers, blackboard entries), on the page,
+in the API and as the nav's count; and closing a breaker, which only a project admin may do, audited."""
+
+import pytest
+from django.test import Client
+
+from approvals.models import ApprovalRequest
+from runs.models import Run
+from runs.services import run_start
+from tenancy.access import default_project, membership_grant
+from tenancy.models import AuditEvent, Project
+from tenancy.tokens import api_token_create
+from tests.conftest import wait_for
+from tools.broker import BREAKER
+from tools.models import ToolOperation
+
+
+@pytest.fixture
+def cast(demo_tx, django_user_model, settings):
+    settings.WARDEN = {**settings.WARDEN, "TOOL_CIRCUIT_FAILURES": 2, "TOOL_CIRCUIT_OPEN_SECONDS": 300}
+    users = django_user_model.objects
+    people = {name: users.create_user(username=name, password=f"{name}-pass-1234") for name in
+              ("olivia", "rita", "ada", "otto")}  # fmt: skip
+    for name, role in (("olivia", "operator"), ("rita", "reviewer"), ("ada", "admin")):
+        membership_grant(user=people[name], project=default_project(), role=role)
+    membership_grant(user=people["otto"], project=Project.objects.create(slug="elsewhere", name="E"), role="admin")
+    yield people
+    BREAKER.reset(["crm.read"])
+
+
+def _settled(run_id, *statuses):
+    wait_for(lambda: Run.objects.get(id=run_id).status in statuses, timeout=60, message=f"run {run_id}: {statuses}")
+
+
+def _api(user, **params):
+    _, secret = api_token_create(user=user, scopes=["read"])
+    response = Client().get("/api/v1/inbox", params, HTTP_AUTHORIZATION=f"Bearer {secret}")
+    assert response.status_code == 200, response.content
+    return response.json()
+
+
+def _page(user, query="") -> str:
+    client = Client()
+    client.force_login(user)
+    response = client.get(f"/inbox/{query}")
+    assert response.status_code == 200
+    return response.content.decode()
+
+
+def test_each_person_sees_what_waits_for_them_and_nothing_else(cast, worker):
+    olivia = cast["olivia"]
+    proposed = run_start(workflow="incident-fanout", input={"propose_tools": ["email.send"]}, started_by=olivia)
+    failed = run_start(workflow="incident-fanout", input={"faults": [{"task": "worker-3", "call": 4, "mode": "error"}]})
+    unknown = run_start(
+        workflow="incident-fanout", input={"faults": [{"task": "worker-4", "call": 3, "mode": "timeout_no_lookup"}]}
+    )
+    _settled(proposed.id, Run.Status.WAITING_FOR_APPROVAL)
+    _settled(failed.id, Run.Status.NEEDS_ATTENTION)
+    _settled(unknown.id, Run.Status.NEEDS_ATTENTION)
+    for _ in range(2):
+        BREAKER.record("crm.read", ok=False)
+    approval = ApprovalRequest.objects.get(run=proposed, parent=None)
+    ambiguous = ToolOperation.objects.get(run=unknown, status=ToolOperation.Status.AMBIGUOUS)
+
+    def ids(answer, kind):
+        return [item["id"] for item in answer["items"] if item["kind"] == kind]
+
+    # The reviewer: the approval, nothing an operator does.
+    rita = _api(cast["rita"])
+    assert ids(rita, "approval") == [str(approval.id)] and not ids(rita, "run") and not ids(rita, "breaker")
+    # The operator who started the proposing run may not approve it: it does not wait for her. What an
+    # operator acts on does: both runs, the ambiguous write, the breaker.
+    mine = _api(olivia)
+    assert not ids(mine, "approval")
+    assert sorted(ids(mine, "run")) == sorted([str(failed.id), str(unknown.id)])
+    assert ids(mine, "operation") == [str(ambiguous.id)] and ids(mine, "breaker") == ["tool:crm.read"]
+    assert mine["counts"] == {"approval": 0, "question": 0, "operation": 1, "run": 2, "breaker": 1, "blackboard": 0}
+    assert _api(olivia, kind="run")["items"] and all(i["kind"] == "run" for i in _api(olivia, kind="run")["items"])
+    # Someone of another project: none of it, whatever their role there (not even the shared breaker,
+    # which they may see as an admin of theirs; no run of this project).
+    otto = _api(cast["otto"])
+    assert not [i for i in otto["items"] if i["kind"] != "breaker"]
+    assert _api(cast["otto"], project="elsewhere")["items"] == []
+
+    page = _page(olivia)
+    assert f"Run {failed.id} (incident-fanout) needs attention" in page and "crm.read is failing" in page
+    assert f"/runs/{unknown.id}/operations/{ambiguous.id}/resolve" in page
+    only_runs = _page(olivia, "?kind=run")
+    assert f"Run {failed.id}" in only_runs and "crm.read is failing" not in only_runs
+    assert 'id="nav-inbox"' in page
+    count = Client()
+    count.force_login(olivia)
+    assert ">4</span>" in count.get("/inbox/counts").content.decode()
+
+
+def test_a_project_of_someone_else_is_a_404_and_bad_filters_change_nothing(cast):
+    _, secret = api_token_create(user=cast["otto"], scopes=["read"])
+    client = Client(HTTP_AUTHORIZATION=f"Bearer {secret}")
+    assert client.get("/api/v1/inbox", {"project": "default"}).status_code == 404
+    assert client.get("/api/v1/inbox", {"kind": "everything"}).status_code == 422
+    assert Client().get("/api/v1/inbox").status_code == 401
+
+
+def test_only_a_project_admin_closes_a_breaker_and_it_is_audited(cast):
+    for _ in range(2):
+        BREAKER.record("crm.read", ok=False)
+    assert BREAKER.open_for("crm.read")
+    operator = Client()
+    operator.force_login(cast["olivia"])
+    operator.post("/inbox/breakers/tool/crm.read/close")
+    assert BREAKER.open_for("crm.read")  # an operator's click closes nothing
+    assert AuditEvent.objects.filter(action="breaker_close", outcome="denied", actor=cast["olivia"]).exists()
+    admin = Client()
+    admin.force_login(cast["ada"])
+    assert operator.get("/inbox/breakers/tool/crm.read/close").status_code == 405  # never by a GET
+    response = admin.post("/inbox/breakers/tool/crm.read/close", follow=True)
+    assert "breaker is closed" in response.content.decode()
+    assert not BREAKER.open_for("crm.read") and not BREAKER.open_now()
+    assert AuditEvent.objects.filter(action="breaker_close", outcome="done", actor=cast["ada"]).count() == 1
+    assert "crm.read is failing" not in _page(cast["ada"])
