@@ -32,6 +32,7 @@ from django.core.cache import cache
 from core.cache import tolerant
 from core.circuit import Breaker, rate_wait
 from core.errors import StepFailure, TransientFailure
+from tools.broker import breaker_reason
 
 log = logging.getLogger("warden.gateway")
 
@@ -268,7 +269,7 @@ def _call_with_retries(impl, model: str, request: ModelRequest) -> ModelResponse
     for tries in range(1, cfg["MODEL_RETRIES"] + 2):
         wait = circuit_open_for(impl.name)
         if wait:
-            raise StepFailure(f"model provider {impl.name} is failing; its breaker is open for {wait:.0f}s", "provider")
+            raise StepFailure(breaker_reason("provider", impl.name, wait), "provider")
         wait = rate_wait(f"model:{impl.name}", cfg["MODEL_RATE_PER_MINUTE"].get(impl.name))
         if wait > cfg["MODEL_RETRY_CAP_SECONDS"]:
             # Holding the worker that long would starve others: the task retries later, with backoff.

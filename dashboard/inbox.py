@@ -6,6 +6,7 @@ ambiguous operations, runs needing attention and blackboard entries to operators
 by every project) to operators of any project. Nothing here changes anything.
 """
 
+import logging
 from dataclasses import asdict, dataclass
 from datetime import datetime
 
@@ -30,6 +31,7 @@ KINDS = {
     "breaker": "Open breakers",
     "blackboard": "Blackboard entries to verify",
 }
+log = logging.getLogger("warden.inbox")
 LIMIT = 200  # per kind: an inbox longer than this is an incident, and the counts still say how many
 
 
@@ -201,3 +203,24 @@ def breaker_close(*, user, what: str, name: str, request=None) -> None:
         raise Forbidden("only a project admin may close a breaker (it is shared by every project)")
     breaker.reset([name])
     audit(actor=user, action="breaker_close", target=f"{what}:{name}", request=request)
+    _resume_parked(user, what, name, request)
+
+
+def _resume_parked(user, what: str, name: str, request) -> None:
+    """The tasks the open breaker parked get another attempt, and their runs go on (each retry audited)."""
+    from core.errors import WardenError
+    from runs.models import Task
+    from runs.services import task_retry
+    from tools.broker import breaker_reason
+
+    parked = Task.objects.filter(
+        status=Task.Status.FAILED,
+        failure_class__in=[Task.FailureClass.BREAKER, Task.FailureClass.PROVIDER],
+        run__status=Run.Status.NEEDS_ATTENTION,
+        status_reason__startswith=breaker_reason(what, name, 0).split(":")[0] + ":",
+    ).values_list("id", flat=True)
+    for task_id in list(parked):
+        try:
+            task_retry(task_id=task_id, reason=f"the {what} {name}'s breaker was closed", actor=user, request=request)
+        except WardenError as exc:  # the run moved on meanwhile: nothing of the breaker's to resume
+            log.info("task %s not resumed after the %s %s's breaker closed: %s", task_id, what, name, exc)

@@ -121,6 +121,7 @@ class Task(models.Model):
         CRASH = "crash"
         AMBIGUOUS = "ambiguous"
         PROVIDER = "provider"  # the model provider is failing (its breaker is open): a human looks
+        BREAKER = "breaker"  # a tool is failing (its breaker is open): parked until a person closes it
         PERMANENT = "permanent"
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="tasks")

@@ -115,6 +115,11 @@ BREAKER = Breaker(prefix="warden:circuit", failures_setting="TOOL_CIRCUIT_FAILUR
 _circuit_open_for, _circuit_record = BREAKER.open_for, BREAKER.record
 
 
+def breaker_reason(what: str, name: str, wait: float) -> str:
+    """The parked task's reason; breaker_close finds the tasks to retry by its first words."""
+    return f"the {what} {name} is failing: its breaker is open for another {wait:.0f}s"
+
+
 def circuit_reset(tool: str | None = None) -> None:
     BREAKER.reset([tool] if tool else TOOLS)
 
@@ -172,7 +177,9 @@ def tool_call(
         return _refuse("refused", f"{name} may not be called: {'; '.join(verdict.reasons)}")
     wait = _circuit_open_for(name)
     if wait:
-        return _refuse("circuit_open", f"{name} is failing; calls are paused", retry_after=round(wait, 1))
+        # Not the model's problem to work around: the task parks, needing attention, and a person
+        # closes the breaker (the inbox) once the system is back, which retries the task.
+        raise StepFailure(breaker_reason("tool", name, wait), "breaker")
     wait = _rate_limited(spec)
     if wait:
         return _refuse("rate_limited", f"{name} is over its rate limit", retry_after=round(wait, 1))

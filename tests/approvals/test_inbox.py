@@ -13,7 +13,7 @@ from tenancy.models import AuditEvent, Project
 from tenancy.tokens import api_token_create
 from tests.conftest import wait_for
 from tools.broker import BREAKER
-from tools.models import ToolOperation
+from tools.models import SandboxCall, ToolOperation
 
 
 @pytest.fixture
@@ -119,3 +119,29 @@ def test_only_a_project_admin_closes_a_breaker_and_it_is_audited(cast):
     assert not BREAKER.open_for("crm.read") and not BREAKER.open_now()
     assert AuditEvent.objects.filter(action="breaker_close", outcome="done", actor=cast["ada"]).count() == 1
     assert "crm.read is failing" not in _page(cast["ada"])
+
+
+def test_an_open_breaker_parks_the_tasks_that_need_it_and_closing_it_resumes_them(cast, worker, settings):
+    for _ in range(2):
+        BREAKER.record("email.send", ok=False)
+    run = run_start(workflow="incident-fanout", started_by=cast["olivia"])
+    _settled(run.id, Run.Status.NEEDS_ATTENTION)
+    wait_for(lambda: not run.tasks.filter(status="running").exists(), timeout=30, message="the workers to park")
+    run.refresh_from_db()
+    assert "failed (breaker): the tool email.send is failing: its breaker is open" in run.status_reason
+    parked = run.tasks.filter(status="failed", failure_class="breaker").count()
+    assert parked
+    assert not SandboxCall.objects.filter(tool="email.send").exists()  # nothing reached the mail system
+    waiting = _api(cast["olivia"])
+    assert [i["id"] for i in waiting["items"] if i["kind"] == "breaker"] == ["tool:email.send"]
+    assert str(run.id) in [i["id"] for i in waiting["items"] if i["kind"] == "run"]
+
+    admin = Client()
+    admin.force_login(cast["ada"])
+    admin.post("/inbox/breakers/tool/email.send/close")
+    _settled(run.id, Run.Status.COMPLETED)
+    # Each e-mail went out once; the tickets and record changes made before the breaker were not repeated.
+    effects = SandboxCall.objects.filter(is_effect=True)
+    assert effects.filter(tool="email.send").count() == 5
+    assert effects.filter(tool="tickets.create").count() == 5 and effects.filter(tool="crm.update").count() == 5
+    assert AuditEvent.objects.filter(action="task_retry", actor=cast["ada"]).count() == parked

@@ -37,8 +37,10 @@ def test_consecutive_failures_open_the_circuit_and_calls_are_refused_without_rea
     for _ in range(3):
         with pytest.raises(StepFailure):
             call("email.send", {"to": "a@b.c", "subject": "s", "body": "b"}, faults=["error"])
-    outcome = call("email.send", {"to": "a@b.c", "subject": "s", "body": "b"})
-    assert outcome.error["code"] == "circuit_open" and outcome.error["retry_after"] > 0
+    with pytest.raises(StepFailure) as parked:  # the task parks for a person; the model is not asked
+        call("email.send", {"to": "a@b.c", "subject": "s", "body": "b"})
+    assert parked.value.failure_class == "breaker"
+    assert str(parked.value).startswith("the tool email.send is failing: its breaker is open for another")
     assert not SandboxCall.objects.filter(tool="email.send").exists()
     assert ToolOperation.objects.filter(tool="email.send").count() == 3  # the refused call left no intent
     # other tools are not affected; after a reset the tool works again
