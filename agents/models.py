@@ -128,6 +128,11 @@ class Workflow(models.Model):
     compensate_on_failure = models.BooleanField(
         default=False, help_text="After a task fails for good, undo the run's committed effects without waiting"
     )
+    approve_plans = models.BooleanField(
+        default=False,
+        help_text="With a planner agent: each plan (and re-plan) waits for a reviewer's approval before any of "
+        "its tasks starts; a rejection's comment goes to the planner, which plans again",
+    )
 
     class Meta:
         ordering = ["slug"]

@@ -23,7 +23,7 @@ AGENT_FIELDS = (
 )  # fmt: skip
 WORKFLOW_FIELDS = (
     "name", "description", "default_goal", "planner", "agents", "tasks", "default_budget", "max_tasks",
-    "max_concurrent_tasks", "tool_policies", "max_replans", "compensate_on_failure",
+    "max_concurrent_tasks", "tool_policies", "max_replans", "compensate_on_failure", "approve_plans",
 )  # fmt: skip
 
 

@@ -85,6 +85,9 @@ class ApprovalOut(Schema):
     note: str
     operations: list[int]
     decisions: list[DecisionOut]
+    plan: dict[str, Any] | None = Field(
+        None, description="A plan request's plan (kind plan); approve with edits by sending the edited plan as arguments"
+    )
 
 
 def approval_out(a: ApprovalRequest) -> dict:
@@ -118,6 +121,7 @@ def approval_out(a: ApprovalRequest) -> dict:
         "decided_by": a.decided_by.get_username() if a.decided_by_id else None,
         "note": a.note,
         "operations": sorted(operations),
+        "plan": a.plan,
     }
 
 

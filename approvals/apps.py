@@ -10,6 +10,7 @@ class ApprovalsConfig(AppConfig):
     def ready(self):
         from . import actors  # noqa: F401  (registered in every process)
         from .expiry import approvals_and_notifications_sweep
+        from .plans import plan_hold
         from .services import (
             approval_request_for_operation,
             approval_request_for_operations,
@@ -24,4 +25,5 @@ class ApprovalsConfig(AppConfig):
         hooks.provide(hooks.APPROVAL_REQUEST_FOR_OPERATIONS, approval_request_for_operations)
         hooks.provide(hooks.APPROVALS_WITHDRAW, approvals_withdraw)
         hooks.provide(hooks.APPROVALS_WITHDRAW_IDS, approvals_withdraw_ids)
+        hooks.provide(hooks.PLAN_HOLD, plan_hold)
         hooks.add_sweep(approvals_and_notifications_sweep)

@@ -14,6 +14,7 @@ class ApprovalRequest(models.Model):
         OPERATION = "operation", "One tool call"
         BUNDLE = "bundle", "Proposed operations, executed together"
         CORRECTION = "correction", "Correction actions of a compensation"
+        PLAN = "plan", "A planner's plan, before its tasks start"
 
     class Status(models.TextChoices):
         PENDING = "pending"
@@ -53,6 +54,8 @@ class ApprovalRequest(models.Model):
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
     note = models.TextField(blank=True)
+    # A plan request's plan as the planner gave it ({"tasks": [...]}), or as a reviewer edited it.
+    plan = models.JSONField(null=True, blank=True)
 
     class Meta:
         ordering = ["-id"]

@@ -238,7 +238,11 @@ def _check(approval, run, user, approve, note, seen_hash, edited) -> None:
             )
         if not note.strip():
             raise InvalidInput("edited arguments need a comment", [{"field": "note", "message": "required"}])
-        if approval.kind != ApprovalRequest.Kind.OPERATION:
+        if approval.kind == ApprovalRequest.Kind.PLAN:
+            from .plans import plan_edit_check
+
+            plan_edit_check(approval, run, edited)
+        elif approval.kind != ApprovalRequest.Kind.OPERATION:
             raise InvalidInput("arguments can be edited on one operation at a time, not on a bundle")
 
 
@@ -261,12 +265,20 @@ def _decide(approval, run, user, approve, note, edited, now) -> str:
     bus.run_changed(run.id)
     from .models import Decision
 
+    verdict = Decision.Verdict.APPROVE if approve else Decision.Verdict.REJECT
+    if approval.kind == ApprovalRequest.Kind.PLAN:
+        from .plans import plan_decide
+
+        Decision.objects.create(request=approval, reviewer=user, verdict=verdict, comment=note[:4000],
+                                arguments_hash=approval.arguments_hash, edited_arguments=edited)  # fmt: skip
+        plan_decide(approval, run, user, approve=approve, note=note, edited=edited, now=now)
+        approval.refresh_from_db()
+        return approval.status
     items = (
         [approval]
         if approval.kind == ApprovalRequest.Kind.OPERATION
         else list(approval.items.select_for_update().filter(status=ApprovalRequest.Status.PENDING))
     )
-    verdict = Decision.Verdict.APPROVE if approve else Decision.Verdict.REJECT
     for item in items:
         if item.decisions.filter(reviewer=user).exists():
             continue  # this reviewer decided that item alone already

@@ -24,6 +24,8 @@ APPROVALS_WITHDRAW_IDS = "approvals_withdraw_ids"
 PROPOSALS_BUNDLE_IF_ANY = "proposals_bundle_if_any"
 # (runs) run (locked), reason → how many proposals were recorded as not done
 PROPOSALS_DROP = "proposals_drop"
+# run (locked), task (the planner's), plan, now → the plan now waits for a reviewer (an ApprovalRequest)
+PLAN_HOLD = "plan_hold"
 # (runs) operation id → whether it still waits for a reviewer's decision
 OPERATION_AWAITS_DECISION = "operation_awaits_decision"
 

@@ -11,9 +11,11 @@ from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
 from approvals.models import ApprovalRequest
+from approvals.plans import plan_outline
 from approvals.services import approval_decide, decider_refusal
 from core.errors import NotFound, WardenError
 from runs.models import Span
+from runs.services.plans import workers_started
 from tenancy.access import authorize, project_ids
 from tools.gate import Verdict, strictest
 from tools.models import ToolOperation
@@ -62,6 +64,7 @@ def _card(request: ApprovalRequest, deciding, user) -> dict:
     else:
         refusal = f"your role in project {request.run.project.slug} does not decide approvals (reviewers and admins do)"
     verdict = strictest(Verdict.from_json(op.verdict) for op in ops) if ops else None
+    plan = plan_outline(request.run, request.plan) if request.kind == ApprovalRequest.Kind.PLAN else None
     for op in ops:  # the arguments as a reviewer reads them: JSON, and what an edit changed
         op.arguments_pretty = _pretty(op.arguments)
         op.edits = _edits(op.original_arguments, op.arguments) if op.original_arguments else []
@@ -74,8 +77,12 @@ def _card(request: ApprovalRequest, deciding, user) -> dict:
         "may_decide": may_decide and not refusal,
         "refusal": refusal,
         "verdict": verdict.summary() if verdict else "",
-        "editable": request.kind == "operation" and len(ops) == 1,
-        "arguments_json": json.dumps(first.arguments if first else {}, indent=1),
+        "editable": (request.kind == "operation" and len(ops) == 1)
+        or (plan is not None and request.status == "pending" and not workers_started(request.run)),
+        "arguments_json": json.dumps(
+            request.plan if plan is not None else (first.arguments if first else {}), indent=1
+        ),
+        "plan": plan,
     }
 
 

@@ -20,6 +20,7 @@ from ..transitions import RUN, TASK
 from . import hot, sql
 from .leases import CRASH, Lease, claim, claim_candidate
 from .outbox import outbox_add
+from .plans import plan_held
 from .runs import EXECUTE, run_finish_cancel_if_idle, run_transition
 
 log = logging.getLogger("warden.engine")
@@ -95,7 +96,7 @@ def task_finish(lease: Lease, run: Run, task: Task, *, step: int, response, star
             run_usage, plan_version, held_back = done.usage, done.plan_version, done.held_back
             RUN.seen(run, run_usage.status)  # as the statement above read it
             run.plan_version = plan_version
-            if planned is not None:
+            if planned is not None and not plan_held(run, task, response.final, now):
                 from .runs import tasks_create
 
                 created = tasks_create(run=run, planned=planned[0], agents=planned[1], depth=task.depth + 1, now=now)

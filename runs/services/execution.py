@@ -18,7 +18,6 @@ from dramatiq.middleware import TimeLimitExceeded
 from agents.conversation import fit, turns
 from agents.gateway import ModelRequest, ModelResponse, model_complete, worst_case
 from agents.models import Agent, ModelVersion
-from agents.planning import plan_validate
 from agents.prompts import build_prompt
 from core import bus
 from core.errors import BudgetExceeded, InvalidInput, LeaseLost, StepFailure, TransientFailure
@@ -41,7 +40,8 @@ from .completion import (
     task_yield,
 )
 from .leases import CRASH, Lease, Usage, task_reserve, worker_id
-from .replan import DEAD, world_lines, world_state
+from .plans import plan_check
+from .replan import world_lines, world_state
 
 log = logging.getLogger("warden.engine")
 
@@ -391,16 +391,7 @@ def _final(lease: Lease, run: Run, task: Task, agent: Agent, state: _LoopState, 
         if task.depth + 1 > settings.WARDEN["MAX_PLANNING_DEPTH"]:
             raise StepFailure(f"planning depth {task.depth + 1} is over the cap", "policy")
         try:
-            existing = dict(Task.objects.filter(run_id=run.id).values_list("key", "status"))
-            allowed = Run.objects.filter(id=run.id).values_list("workflow__agents", flat=True).get()
-            planned = plan_validate(
-                response.final,
-                max_tasks=run.max_tasks or settings.WARDEN["MAX_TASKS_PER_RUN"],
-                existing_keys=frozenset(existing),
-                dead_keys=frozenset(k for k, status in existing.items() if status in DEAD),
-                max_fanout=settings.WARDEN["MAX_PLAN_FANOUT"],
-                allowed_agents=frozenset(allowed or ()),
-            )
+            planned = plan_check(run, response.final)
         except InvalidInput as exc:
             details = "; ".join(f"{e['field']}: {e['message']}" for e in exc.errors)
             raise StepFailure(f"invalid plan: {exc}{' (' + details + ')' if details else ''}", "validation") from exc
