@@ -5,7 +5,7 @@ from core.errors import WardenError
 from tenancy.access import authorize
 from tenancy.admin_scope import ReadOnlyScopedAdmin, ScopedAdmin, ScopedInline
 
-from .models import AllowRule, ApprovalPolicy, ApprovalRequest, Decision, Notification
+from .models import AllowRule, ApprovalPolicy, ApprovalRequest, Decision, DecisionLink, Notification
 from .services import approval_decide
 
 
@@ -133,6 +133,17 @@ class NotificationAdmin(ReadOnlyScopedAdmin):
     list_display = ["id", "request", "channel", "kind", "created_at", "sent_at", "error"]
     list_filter = ["channel", "kind"]
     search_fields = ["=request__id", "error"]
+
+
+@admin.register(DecisionLink)
+class DecisionLinkAdmin(ReadOnlyScopedAdmin):
+    """Which links were sent and spent; the nonce is not shown (with the signature it makes the link)."""
+
+    project_path = "request__run__project"
+    list_display = ["id", "request", "created_at", "used_at", "used_by"]
+    search_fields = ["=request__id"]
+    exclude = ["nonce"]
+    readonly_fields = ["request", "arguments_hash", "created_at", "used_at", "used_by"]
 
 
 @admin.register(AllowRule)

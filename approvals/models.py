@@ -208,3 +208,23 @@ class AllowRule(models.Model):
 
     def covers(self, *, arguments: dict) -> bool:
         return all(arguments.get(k) == v for k, v in (self.arguments or {}).items())
+
+
+class DecisionLink(models.Model):
+    """A signed one-time link to a request's card, sent in its notifications (approvals/links.py): it
+    opens the card after login and decides once, bound to the arguments the message described."""
+
+    nonce = models.CharField(max_length=64, unique=True)
+    request = models.ForeignKey(ApprovalRequest, on_delete=models.CASCADE, related_name="links")
+    arguments_hash = models.CharField(max_length=64, help_text="What the message showed; a decision quotes it")
+    created_at = models.DateTimeField(auto_now_add=True)
+    used_at = models.DateTimeField(null=True, blank=True)
+    used_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+
+    class Meta:
+        ordering = ["-id"]
+
+    def __str__(self) -> str:
+        return f"link to request {self.request_id}" + (" (used)" if self.used_at else "")

@@ -20,6 +20,7 @@ from core import outbound
 from runs.services.outbox import outbox_add
 from tenancy.models import Membership
 
+from .links import decision_link
 from .models import ApprovalRequest, Notification
 
 log = logging.getLogger("warden.notify")
@@ -101,16 +102,20 @@ def _subject(note: Notification) -> str:
     return f"[Warden] {what}: run {request.run_id} ({request.get_kind_display()})"
 
 
-def _text(note: Notification) -> str:
+def _text(note: Notification, decide: str) -> str:
     request = note.request
     expiry = f"\nExpires at {request.expires_at:%Y-%m-%d %H:%M} UTC." if request.expires_at else ""
-    return f"{request.summary}\n\nDecide: {link(request)}{expiry}\n"
+    return (
+        f"{request.summary}\n\nDecide (after you log in; this link decides once): {decide}\n"
+        f"Or from the reviewer queue: {link(request)}{expiry}\n"
+    )
 
 
 def _email(note: Notification) -> None:
     recipients = _recipients(note.request, note.kind)
     if recipients:
-        send_mail(_subject(note), _text(note), settings.DEFAULT_FROM_EMAIL, recipients, fail_silently=False)
+        text = _text(note, decision_link(note.request))
+        send_mail(_subject(note), text, settings.DEFAULT_FROM_EMAIL, recipients, fail_silently=False)
 
 
 def signature(secret: str, timestamp: str, body: bytes) -> str:
@@ -120,6 +125,7 @@ def signature(secret: str, timestamp: str, body: bytes) -> str:
 
 def _webhook(note: Notification) -> None:
     request = note.request
+    decide = decision_link(request)
     payload = {
         "event": f"approval.{note.kind}",
         "request": {
@@ -129,11 +135,12 @@ def _webhook(note: Notification) -> None:
             "kind": request.kind,
             "summary": request.summary,
             "link": link(request),
+            "decide": decide,
             "expires_at": request.expires_at.isoformat() if request.expires_at else None,
         },
     }
     if settings.WARDEN["APPROVAL_WEBHOOK_SLACK"]:
-        payload["text"] = f"{_subject(note)}\n{link(request)}"  # what Slack's incoming webhooks show
+        payload["text"] = f"{_subject(note)}\nDecide: {decide}"  # what Slack's incoming webhooks show
     body = json.dumps(payload).encode()
     timestamp = str(int(time.time()))
     secret = settings.WARDEN["APPROVAL_WEBHOOK_SECRET"]

@@ -10,10 +10,11 @@ from django.http import HttpResponseNotAllowed
 from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
+from approvals.links import link_decide, link_open
 from approvals.models import ApprovalRequest
 from approvals.plans import plan_outline
 from approvals.services import approval_decide, decider_refusal
-from core.errors import NotFound, WardenError
+from core.errors import Forbidden, NotFound, WardenError
 from runs.models import Span
 from runs.services.plans import workers_started
 from tenancy.access import authorize, project_ids
@@ -161,3 +162,33 @@ def decide(request, request_id: int):
     approval.refresh_from_db()
     context = {"card": _card(approval, _deciding(request.user), request.user), "error": error}
     return render(request, "approvals/_card.html", context)
+
+
+@login_required
+def decision_link_page(request, token: str):
+    """A signed one-time link from a notification (approvals/links.py): GET shows the card, POST decides
+    once. Whoever opens it still needs a login that may decide the request."""
+    if request.method not in ("GET", "POST"):
+        return HttpResponseNotAllowed(["GET", "POST"])
+    try:
+        link = link_open(token)
+        approval = link.request
+        authorize(request.user, approval.run.project_id, "decide", what=f"approval request {approval.id}",
+                  request=request)  # fmt: skip
+        if request.method == "POST":
+            approval = link_decide(
+                token=token,
+                user=request.user,
+                approve=request.POST.get("decision") == "approve",
+                note=request.POST.get("note", ""),
+                request=request,
+            )
+            return render(request, "approvals/link.html", {"card": _card(approval, None, request.user)})
+    except NotFound as exc:
+        return render(request, "approvals/_gone.html", {"error": str(exc)}, status=404)
+    except Forbidden as exc:
+        return render(request, "approvals/link.html", {"error": str(exc)}, status=403)
+    except WardenError as exc:  # spent, decided, expired; or a refused decision (a rejection without comment)
+        return render(request, "approvals/link.html", {"error": str(exc)}, status=409)
+    card = _card(approval, _deciding(request.user), request.user)
+    return render(request, "approvals/link.html", {"card": card, "via_link": token})

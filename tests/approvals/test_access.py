@@ -29,6 +29,7 @@ POLICY = {
     ("GET", "/api/v1/workflows"): ("view (filtered)", "read"),
     ("GET", "/api/v1/agents"): ("any member", "read"),
     ("GET", "/api/v1/insight"): ("view (filtered)", "read"),
+    ("GET", "/api/v1/inbox"): ("view (filtered: what waits for the caller)", "read"),
     ("POST", "/api/v1/runs/{run_id}/cancel"): ("operate", "operate"),
     ("POST", "/api/v1/runs/{run_id}/tasks"): ("start", "run"),
     ("POST", "/api/v1/runs/{run_id}/spans"): ("start", "run"),
@@ -416,6 +417,7 @@ PAGES = {
     "inbox/breakers/<str:what>/<str:name>/close": "administer (POST), in any project: breakers are shared",
     "approvals/new": "member",
     "approvals/<int:request_id>/decide": "decide (POST)",
+    "approvals/link/<str:token>": "decide, in the request's project (the link's card; POST decides once)",
     "runs/": "member (their projects' runs)",
     "runs/bulk": "operate (POST), per run",
     "runs/start": "start (POST), in the workflow's project",
@@ -515,7 +517,7 @@ def _page_rule(rule: str) -> tuple[str, str | None]:
 def _page_url(route: str, ids: dict) -> str:
     import re
 
-    return "/" + re.sub(r"<int:(\w+)>", lambda m: str(ids[m.group(1)]), route)
+    return "/" + re.sub(r"<(?:int|str):(\w+)>", lambda m: str(ids[m.group(1)]), route)
 
 
 @pytest.mark.parametrize("who", ["anonymous", "outsider", "viewer", "operator", "reviewer", "admin"])
@@ -524,6 +526,7 @@ def test_every_page_answers_each_role_as_its_row_says(scene, client, who):
     anonymous is sent to log in, a member of another project gets 404 (as if it did not exist), a role
     without the row's action gets 403, and the others get the page. A POST row's GET is at most a form
     (what its POST needs is checked by the tests of each action)."""
+    from approvals.links import decision_link
     from runs.models import EvalSuite, Span
 
     run = scene["run"]
@@ -537,6 +540,9 @@ def test_every_page_answers_each_role_as_its_row_says(scene, client, who):
         "entry_id": scene["entry"].id,
         "suite_id": suite.id,
         "request_id": scene["approval"].id,
+        "token": decision_link(scene["approval"]).rsplit("/", 1)[1],
+        "what": "tool",
+        "name": "crm.read",
     }
     if who != "anonymous":
         client.force_login(scene["people"][who])
@@ -550,7 +556,7 @@ def test_every_page_answers_each_role_as_its_row_says(scene, client, who):
             assert status in (anonymous_ok if who == "anonymous" else {200, 302, 405}), (url, who, status)
             continue
         status = client.get(url).status_code
-        scoped = "<int:" in route
+        scoped = "<int:" in route or "<str:token>" in route
         if action == "public":
             expected = {200, 302}
         elif who == "anonymous":

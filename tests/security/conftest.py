@@ -197,6 +197,8 @@ def fill(route: str, scene, *, every: bool, admin_rows: int = 1) -> list[str]:
                 "name": ["crm.read"],
             }
         ]
+    if "token" in names:  # a decision link (approvals/links.py) to a pending request: made only when needed
+        contexts = [{**ids, "token": [_decision_token()]} for ids in contexts]
     urls = []
     for ids in contexts:
         missing = [n for n in names if n not in ids]
@@ -217,3 +219,10 @@ def api_get_paths() -> list[str]:
     schema = ninja_api.get_openapi_schema()
     paths = [path for path, methods in schema["paths"].items() if "get" in methods]
     return sorted(re.sub(r"\{(\w+)\}", r"<\1>", path.removeprefix("/")) for path in paths)
+
+
+def _decision_token() -> str:
+    from approvals.links import decision_link
+
+    pending = ApprovalRequest.objects.filter(status="pending", parent=None).order_by("id").first()
+    return decision_link(pending).rsplit("/", 1)[1] if pending else "no-pending-request"

@@ -18,7 +18,7 @@ from django.forms.models import model_to_dict
 from django.urls import reverse
 
 from agents.models import Agent, ModelPrice, ModelVersion, Workflow
-from approvals.models import AllowRule, ApprovalPolicy, ApprovalRequest, Decision, Notification
+from approvals.models import AllowRule, ApprovalPolicy, ApprovalRequest, Decision, DecisionLink, Notification
 from runs.models import (
     Artifact,
     BlackboardEntry,
@@ -122,6 +122,7 @@ TABLE = {
     "approvals.decision": (V, NOBODY, NOBODY, NOBODY),
     "approvals.approvalpolicy": (V, ADM, ADM, ADM),
     "approvals.notification": (V, NOBODY, NOBODY, SU),
+    "approvals.decisionlink": (V, NOBODY, NOBODY, SU),
     "approvals.allowrule": (V, NOBODY, NOBODY, SU),
 }
 PRINCIPALS = ["anonymous", "staff", "outsider", "viewer", "operator", "reviewer", "admin", "superuser"]
@@ -282,6 +283,7 @@ def scene(demo, people, django_user_model):
         ),
         "approvals.approvalpolicy": ApprovalPolicy.objects.create(name="mail", project=home, tool="email.send"),
         "approvals.notification": Notification.objects.create(request=request, channel="email", kind="new"),
+        "approvals.decisionlink": DecisionLink.objects.create(nonce="n" * 32, request=request, arguments_hash="a" * 64),
         "approvals.allowrule": AllowRule.objects.create(project=home, tool="tickets.create", created_by=victim),
     }
     return rows
