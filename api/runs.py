@@ -7,7 +7,7 @@ from ninja import Field, Query, Router, Schema, Status
 from pydantic import ConfigDict
 
 from agents.models import Workflow
-from core.errors import NotFound
+from core.errors import InvalidInput, NotFound
 from runs.models import Run, Task
 from runs.schemas import BodyIn, BudgetIn, PathId, QueryWhole, Whole
 from runs.selectors import run_get
@@ -384,8 +384,15 @@ class RetryIn(ReasonIn):
 
     from_step: Whole(ge=1) | None = Field(
         default=None,
-        description="Re-execute from this journal step (earlier steps are replayed); committed effects at or "
-        "after it happen again, under new idempotency keys. Omitted: a plain retry.",
+        description="Re-execute from this journal step (earlier steps are replayed, later ones are made afresh "
+        "under new idempotency keys). A committed effect at or after it is not made again: its receipt answers "
+        "the same call. Omitted: a plain retry.",
+    )
+    repeat: list[Whole(ge=1)] = Field(
+        default_factory=list,
+        max_length=200,
+        description="Steps (at or after from_step) whose committed effect must happen again: each one waits for "
+        "a reviewer's approval before it is made. (Before, a retry from a step repeated every such effect: README.)",
     )
 
 
@@ -417,8 +424,12 @@ def retry_task(request, run_id: PathId, task_key: str, payload: RetryIn):
     if task is None:
         raise NotFound(f"run {run_id} has no task {task_key}")
     reason = payload.reason or f"retried by {request.auth.user} through the API"
-    if payload.from_step is None:
+    if payload.from_step is None and not payload.repeat:
         task_retry(task_id=task.id, reason=reason, **_by(request))
+    elif payload.from_step is None:
+        raise InvalidInput(
+            "only a retry from a step repeats effects", [{"field": "repeat", "message": "needs from_step"}]
+        )
     else:
-        task_retry_from(task_id=task.id, step=payload.from_step, reason=reason, **_by(request))
+        task_retry_from(task_id=task.id, step=payload.from_step, repeat=payload.repeat, reason=reason, **_by(request))
     return run_out(run_get(run_id=run.id))

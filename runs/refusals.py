@@ -34,11 +34,12 @@ def run_resume_refusal(run: Run) -> WardenError | None:
 
 
 def task_retry_refusal(
-    run: Run, task: Task, *, step: int | None = None, last: int = 0, unresolved=()
+    run: Run, task: Task, *, step: int | None = None, last: int = 0, unresolved=(), repeat=(), repeatable=()
 ) -> WardenError | None:
     """A failed task of the current plan, in a run that is not finished, cancelling or compensating; from
     ``step`` (None: a plain retry): a step of its journal (``last`` is its last), with no operation of
-    unknown outcome (``unresolved``) at or after it."""
+    unknown outcome (``unresolved``) at or after it; the steps whose committed effect is to happen again
+    (``repeat``) among those at or after it that have one (``repeatable``)."""
     if run.is_terminal:
         return Conflict(f"run {run.id} is {run.status}; a task of a finished run cannot be retried")
     if task.status != Task.Status.FAILED:
@@ -51,6 +52,10 @@ def task_retry_refusal(
             "retry a task of the current plan"
         )
     if step is None:
+        if repeat:
+            return InvalidInput(
+                "only a retry from a step repeats effects", [{"field": "repeat", "message": "needs from_step"}]
+            )
         return None
     if not 1 <= step <= last + 1:
         message = (
@@ -61,6 +66,14 @@ def task_retry_refusal(
         listed = ", ".join(f"{op.id} ({op.tool}, {op.status})" for op in unresolved)
         return Conflict(
             f"operations {listed} may or may not have happened: resolve them before executing their steps afresh"
+        )
+    strays = sorted(set(repeat) - set(repeatable))
+    if strays:
+        offered = ", ".join(map(str, sorted(repeatable))) or "none"
+        return InvalidInput(
+            f"steps {', '.join(map(str, strays))} have no committed effect at or after step {step} to repeat "
+            f"(those that do: {offered})",
+            [{"field": "repeat", "message": f"steps among: {offered}"}],
         )
     return None
 

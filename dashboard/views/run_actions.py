@@ -207,31 +207,33 @@ def task_retry(request, run_id: int, task_id: int):
     source = request.POST if request.method == "POST" else request.GET
     try:
         step, step_error = _step(source.get("from_step", "")), ""
+        repeat = [s for s in map(_step, source.getlist("repeat")) if s is not None]
     except InvalidInput as exc:
-        step, step_error = None, _describe(exc)
+        step, step_error, repeat = None, _describe(exc), []
 
     def context():
         task.refresh_from_db()
         # With a step that is not a number, the page shows the plain retry's journal to pick from.
-        preview = services.task_retry_preview(task_id=task.id, step=None if step_error else step)
+        plain = step_error or step is None
+        preview = services.task_retry_preview(
+            task_id=task.id, step=None if step_error else step, repeat=() if plain else repeat
+        )
         return {"task": task, "step_error": step_error, "preview": preview, "failed": task.status == "failed"}
 
     def act():
         if step_error:
             raise InvalidInput(step_error)
         reason = _reason(request, required=False, default=f"retried by {request.user} from the dashboard")
-        if step is None:
+        if step is None and not repeat:
             services.task_retry(task_id=task.id, reason=reason, **_by(request))
             return f"Task {task.key} is retried."
-        preview = services.task_retry_preview(task_id=task.id, step=step)
-        repeated = [op["id"] for op in preview["repeated_effects"]]
-        if repeated and request.POST.get("repeat_effects") != "yes":
+        if step is None:
             raise InvalidInput(
-                f"confirm that {len(repeated)} committed effect(s) will happen a second time",
-                [{"field": "repeat_effects", "message": "required"}],
+                "only a retry from a step repeats effects", [{"field": "repeat", "message": "pick a step"}]
             )
-        services.task_retry_from(task_id=task.id, step=step, reason=reason, **_by(request))
-        return f"Task {task.key} is retried from step {step}."
+        services.task_retry_from(task_id=task.id, step=step, repeat=repeat, reason=reason, **_by(request))
+        chosen = f"; {len(repeat)} effect(s) will happen again once a reviewer approves each" if repeat else ""
+        return f"Task {task.key} is retried from step {step}{chosen}."
 
     return _confirm(
         request,

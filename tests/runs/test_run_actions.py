@@ -116,7 +116,7 @@ ACTIONS = {
     "task retry": (lambda s: reverse("runs:task-retry", args=[s.run.id, s.w3.id]), {}),
     "task retry from a step": (
         lambda s: reverse("runs:task-retry", args=[s.run.id, s.w3.id]) + "?from_step=6",
-        {"from_step": "6", "repeat_effects": "yes"},
+        {"from_step": "6", "repeat": "6"},
     ),
     "operation resolve": (
         lambda s: reverse("runs:operation-resolve", args=[s.run.id, s.ops["email.send"].id]),
@@ -324,27 +324,32 @@ def test_a_plain_retry_previews_the_failed_call_and_retries_with_the_same_keys(s
     assert state(scene.run) == before
 
 
-def test_a_retry_from_a_step_flags_the_effects_it_repeats_and_needs_them_confirmed(scene, people):
+def test_a_retry_from_a_step_reuses_committed_effects_unless_one_is_chosen_to_repeat(scene, people):
     client = as_user(people["operator"])
     url = reverse("runs:task-retry", args=[scene.run.id, scene.w3.id])
     update = scene.ops["crm.update"]
     page = client.get(url, {"from_step": update.step}).content.decode()
     assert f"A retry from step {update.step}" in page
-    assert f"happens AGAIN under {run_key_prefix(scene.run.id)}worker-3:{update.step}:e1" in page
-    assert "1 committed effect will happen a second time" in page
+    assert "its receipt answers the same call again: not repeated" in page
+    assert "1 committed effect is not repeated" in page and "happen a second time" not in page
+    assert f'name="repeat" value="{update.step}">' in page
     assert f'value="{update.step}" checked' in page
+    chosen = client.get(url, {"from_step": update.step, "repeat": update.step}).content.decode()
+    assert f"chosen to happen AGAIN under {run_key_prefix(scene.run.id)}worker-3:{update.step}:e1" in chosen
+    assert "1 committed effect will happen a second time once a reviewer approves it" in chosen
 
     before = state(scene.run)
-    response = client.post(url, {"from_step": str(update.step)})
-    assert response.status_code == 400 and "will happen a second time" in response.content.decode()
+    response = client.post(url, {"from_step": str(update.step), "repeat": "4"})  # the ticket: before the step
+    assert response.status_code == 400 and "steps 4 have no committed effect" in response.content.decode()
     assert state(scene.run) == before
 
     reason = "the CRM record was overwritten by hand"
-    response = client.post(url, {"from_step": str(update.step), "repeat_effects": "yes", "reason": reason})
+    response = client.post(url, {"from_step": str(update.step), "repeat": str(update.step), "reason": reason})
     assert response.status_code == 303 and response["Location"] == detail(scene.run)
     w3 = Task.objects.get(id=scene.w3.id)
     assert w3.status == Task.Status.READY and w3.journal_epoch == 1
     assert list(Span.objects.filter(task=w3, step__isnull=False).values_list("step", flat=True)) == [1, 2, 3, 4, 5]
+    assert ToolOperation.objects.get(id=update.id).repeat_chosen
     event = done(scene.run, "task_retry_from")
     assert event.detail == {
         "reason": reason,
@@ -352,6 +357,7 @@ def test_a_retry_from_a_step_flags_the_effects_it_repeats_and_needs_them_confirm
         "from_step": update.step,
         "journal_epoch": 1,
         "re_executed": [6, 7],
+        "reused_receipts": [],
         "repeated_operations": [update.id],
     }
 
@@ -370,7 +376,7 @@ def test_a_bad_step_is_refused_and_nothing_changes(scene, people, from_step, sta
     before = state(scene.run)
     get = client.get(url, {"from_step": from_step})
     assert message in get.content.decode()
-    response = client.post(url, {"from_step": from_step, "repeat_effects": "yes"})
+    response = client.post(url, {"from_step": from_step})
     assert response.status_code == status and message in response.content.decode()
     assert state(scene.run) == before
 
@@ -440,7 +446,7 @@ def test_a_retry_from_before_an_unresolved_operation_waits_for_it(ambiguous, peo
     assert "resolve them before executing their steps afresh" in page
     assert reverse("runs:operation-resolve", args=[ambiguous.run.id, email.id]) in page
     before = state(ambiguous.run)
-    response = client.post(url, {"from_step": "6", "repeat_effects": "yes"})
+    response = client.post(url, {"from_step": "6"})
     assert response.status_code == 409 and state(ambiguous.run) == before
 
 
