@@ -78,6 +78,47 @@ def task_retry_refusal(
     return None
 
 
+# A fork copies a journal and a ledger that must stand still: no worker may be writing them.
+UNSETTLED = frozenset({Run.Status.PENDING, Run.Status.RUNNING, Run.Status.WAITING_FOR_APPROVAL, Run.Status.CANCELLING})
+
+
+def run_fork_refusal(
+    run: Run, task: Task | None, *, task_key: str, step: int, last: int, running=(), unresolved=(), external=False
+) -> WardenError | None:
+    """A fork starts from a settled run (finished, or needing attention, with no attempt under way) whose
+    effects were not undone and whose journal is whole; at a task of its current plan that is not a
+    planner's (its plan would be made twice), from a step of its journal: 1 to ``last`` + 1 (``last`` for a
+    completed task, whose last step is its answer); with no operation of the run of unknown outcome."""
+    if external:
+        return Conflict(f"run {run.id} is an external agent's: its steps run elsewhere and cannot be forked")
+    if run.status in UNSETTLED or running:
+        what = f"{run.status}" + (f" (tasks {', '.join(running)} running)" if running else "")
+        return Conflict(f"run {run.id} is {what}; fork a settled run: finished, or needing attention")
+    if run.status in (Run.Status.COMPENSATING, Run.Status.COMPENSATED):
+        return Conflict(f"run {run.id} is {run.status}; its effects were undone, so none can be inherited")
+    if run.pruned_at is not None:
+        return Conflict(f"run {run.id}'s journal was pruned by retention; there is nothing to replay")
+    if task is None:
+        return InvalidInput(f"run {run.id} has no task {task_key!r}", [{"field": "task", "message": "no such task"}])
+    if task.plan_version < run.plan_version:
+        return Conflict(
+            f"task {task.key} belongs to plan {task.plan_version}, which plan {run.plan_version} replaced; "
+            "fork a task of the current plan"
+        )
+    if task.agent_id and task.agent.is_planner:
+        return Conflict(f"task {task.key} is a planner's: fork one of the tasks it planned")
+    top = last if task.status == Task.Status.COMPLETED else last + 1
+    if not 1 <= step <= top:
+        return InvalidInput(
+            f"task {task.key} has journaled steps 1 to {last}: a fork may start from step 1 to {top}, not {step}",
+            [{"field": "step", "message": f"between 1 and {top}"}],
+        )
+    if unresolved:
+        listed = ", ".join(f"{op.id} ({op.tool}, {op.status})" for op in unresolved)
+        return Conflict(f"operations {listed} may or may not have happened: resolve them before forking the run")
+    return None
+
+
 def run_retry_failed_refusal(run: Run, failed: list[Task]) -> WardenError | None:
     """The bulk action "retry failed tasks": each failed task of the current plan, if every one may be."""
     if not failed:
