@@ -91,6 +91,15 @@ def run_fork_refusal(
     completed task, whose last step is its answer); with no operation of the run of unknown outcome."""
     if external:
         return Conflict(f"run {run.id} is an external agent's: its steps run elsewhere and cannot be forked")
+    # The caller's input first: a wrong task or step is a 400 whatever the run's state.
+    if task is None:
+        return InvalidInput(f"run {run.id} has no task {task_key!r}", [{"field": "task", "message": "no such task"}])
+    top = last if task.status == Task.Status.COMPLETED else last + 1
+    if not 1 <= step <= top:
+        return InvalidInput(
+            f"task {task.key} has journaled steps 1 to {last}: a fork may start from step 1 to {top}, not {step}",
+            [{"field": "step", "message": f"between 1 and {top}"}],
+        )
     if run.status in UNSETTLED or running:
         what = f"{run.status}" + (f" (tasks {', '.join(running)} running)" if running else "")
         return Conflict(f"run {run.id} is {what}; fork a settled run: finished, or needing attention")
@@ -98,8 +107,6 @@ def run_fork_refusal(
         return Conflict(f"run {run.id} is {run.status}; its effects were undone, so none can be inherited")
     if run.pruned_at is not None:
         return Conflict(f"run {run.id}'s journal was pruned by retention; there is nothing to replay")
-    if task is None:
-        return InvalidInput(f"run {run.id} has no task {task_key!r}", [{"field": "task", "message": "no such task"}])
     if task.plan_version < run.plan_version:
         return Conflict(
             f"task {task.key} belongs to plan {task.plan_version}, which plan {run.plan_version} replaced; "
@@ -107,12 +114,6 @@ def run_fork_refusal(
         )
     if task.agent_id and task.agent.is_planner:
         return Conflict(f"task {task.key} is a planner's: fork one of the tasks it planned")
-    top = last if task.status == Task.Status.COMPLETED else last + 1
-    if not 1 <= step <= top:
-        return InvalidInput(
-            f"task {task.key} has journaled steps 1 to {last}: a fork may start from step 1 to {top}, not {step}",
-            [{"field": "step", "message": f"between 1 and {top}"}],
-        )
     if unresolved:
         listed = ", ".join(f"{op.id} ({op.tool}, {op.status})" for op in unresolved)
         return Conflict(f"operations {listed} may or may not have happened: resolve them before forking the run")

@@ -22,7 +22,7 @@ Not carried: the blackboard, proposals that were never executed, approval reques
 from django.conf import settings
 from django.utils import timezone
 
-from core.errors import NotFound
+from core.errors import InvalidInput, NotFound
 from tenancy.audit import audited
 from tools.broker import idempotency_key
 from tools.installation import run_key_prefix
@@ -108,15 +108,18 @@ class _Plan:
         return self.last.get(task.id, 0)
 
 
-def run_fork_preview(*, run_id: int, task_key: str, step: int) -> dict:
+def run_fork_preview(*, run_id: int, task_key: str, step: int, strict: bool = False) -> dict:
     """What forking run ``run_id`` at ``task_key``'s step ``step`` would do, changing nothing: each task's
     fate, the journal steps replayed, the calls the new run would make anew (as the source made them: a
     model asked again may ask otherwise) and the committed effects it inherits, not to be repeated — and, if
-    the fork would be refused now, why."""
+    the fork would be refused now, why. ``strict``: a refusal of the input itself (an unknown task, a step
+    out of range) is raised rather than reported."""
     run = Run.objects.select_related("workflow").filter(id=run_id).first()
     if run is None:
         raise NotFound(f"run {run_id} does not exist")
     plan = _Plan(run, task_key, step)
+    if strict and isinstance(plan.refusal, InvalidInput):
+        raise plan.refusal
     preview = {"run_id": run.id, "task": task_key, "step": step, "refusal": str(plan.refusal or "")}
     if plan.task is None:
         return {**preview, "tasks": [], "replayed": [], "new_calls": [], "inherited_effects": []}

@@ -2,12 +2,16 @@
 fails for good at its fourth call, after its ticket and its CRM update. Effects are counted in the sandbox
 systems, from outside the engine."""
 
+import json
+
 import pytest
 
 from core.errors import Conflict, InvalidInput, NotFound
 from runs.models import Artifact, Run, Span, Task
 from runs.services import run_fork, run_fork_preview, run_start
+from tenancy.access import default_project, membership_grant
 from tenancy.models import AuditEvent
+from tenancy.tokens import api_token_create
 from tests.conftest import wait_for
 from tools.installation import run_key_prefix
 from tools.models import SandboxCall, ToolOperation
@@ -137,3 +141,48 @@ def test_bad_forks_are_refused_and_change_nothing(failed):
         run_fork(run_id=run.id, task_key="worker-3", step=step, via="test")
     assert Run.objects.count() == runs
     assert AuditEvent.objects.filter(action="run_fork", outcome="denied").count() == 1
+
+
+# --- the API ------------------------------------------------------------------------------------------------
+
+
+def test_the_api_previews_and_forks_with_the_operate_permission(failed, operator, django_user_model, client):
+    run, w3, step = failed
+    token = api_token_create(user=operator)[1]
+    viewer = django_user_model.objects.create_user(username="vic", password="vic-pass-123")
+    membership_grant(user=viewer, project=default_project(), role="viewer")
+    auth = {"HTTP_AUTHORIZATION": f"Bearer {token}"}
+    url = f"/api/v1/runs/{run.id}/fork-preview"
+
+    preview = client.get(url, {"task": "worker-3", "step": step}, **auth)
+    assert preview.status_code == 200, preview.content
+    new_calls = [(c["task"], c["tool"]) for c in preview.json()["new_calls"] if c["task"] == "worker-3"]
+    assert new_calls == [("worker-3", "email.send")] and preview.json()["refusal"] == ""
+    assert client.get(url, {"task": "nope", "step": 1}, **auth).status_code == 422
+    too_far = client.get(url, {"task": "worker-3", "step": 99}, **auth)
+    assert too_far.status_code == 422 and "not 99" in too_far.json()["message"]
+    viewing = {"HTTP_AUTHORIZATION": f"Bearer {api_token_create(user=viewer)[1]}"}
+    assert client.get(url, {"task": "worker-3", "step": step}, **viewing).status_code == 403
+
+    def fork(body, headers=auth):
+        return client.post(
+            f"/api/v1/runs/{run.id}/fork", data=json.dumps(body), content_type="application/json", **headers
+        )
+
+    runs = Run.objects.count()
+    assert fork({"task": "worker-3", "step": step}, viewing).status_code == 403
+    assert fork({"task": "nope", "step": 1}).status_code == 422
+    assert fork({"task": "worker-3", "step": 99}).status_code == 422
+    Run.objects.filter(id=run.id).update(status=Run.Status.RUNNING)
+    assert fork({"task": "worker-3", "step": step}).status_code == 409
+    Run.objects.filter(id=run.id).update(status=Run.Status.NEEDS_ATTENTION)
+    assert Run.objects.count() == runs
+
+    made = fork({"task": "worker-3", "step": step, "reason": "mail is back"})
+    assert made.status_code == 201, made.content
+    body = made.json()
+    assert body["forked_from"] == {"run": run.id, "task": "worker-3", "step": step} and body["id"] != run.id
+    assert stopped(Run.objects.get(id=body["id"])).status == Run.Status.COMPLETED
+    event = AuditEvent.objects.get(action="run_fork", outcome="done")
+    assert event.actor_id == operator.id and event.detail["reason"] == "mail is back"
+    assert client.get(f"/api/v1/runs/{run.id}", **auth).json()["forked_from"] is None
