@@ -82,6 +82,20 @@ def task_retry_refusal(
 UNSETTLED = frozenset({Run.Status.PENDING, Run.Status.RUNNING, Run.Status.WAITING_FOR_APPROVAL, Run.Status.CANCELLING})
 
 
+def run_fork_state_refusal(run: Run, *, running=(), external=False) -> WardenError | None:
+    """The run's side of run_fork_refusal (the run page offers "Fork" by it): settled, not undone, whole."""
+    if external:
+        return Conflict(f"run {run.id} is an external agent's: its steps run elsewhere and cannot be forked")
+    if run.status in UNSETTLED or running:
+        what = f"{run.status}" + (f" (tasks {', '.join(running)} running)" if running else "")
+        return Conflict(f"run {run.id} is {what}; fork a settled run: finished, or needing attention")
+    if run.status in (Run.Status.COMPENSATING, Run.Status.COMPENSATED):
+        return Conflict(f"run {run.id} is {run.status}; its effects were undone, so none can be inherited")
+    if run.pruned_at is not None:
+        return Conflict(f"run {run.id}'s journal was pruned by retention; there is nothing to replay")
+    return None
+
+
 def run_fork_refusal(
     run: Run, task: Task | None, *, task_key: str, step: int, last: int, running=(), unresolved=(), external=False
 ) -> WardenError | None:
@@ -89,9 +103,7 @@ def run_fork_refusal(
     effects were not undone and whose journal is whole; at a task of its current plan that is not a
     planner's (its plan would be made twice), from a step of its journal: 1 to ``last`` + 1 (``last`` for a
     completed task, whose last step is its answer); with no operation of the run of unknown outcome."""
-    if external:
-        return Conflict(f"run {run.id} is an external agent's: its steps run elsewhere and cannot be forked")
-    # The caller's input first: a wrong task or step is a 400 whatever the run's state.
+    # The caller's input first: a wrong task or step is a 422 whatever the run's state.
     if task is None:
         return InvalidInput(f"run {run.id} has no task {task_key!r}", [{"field": "task", "message": "no such task"}])
     top = last if task.status == Task.Status.COMPLETED else last + 1
@@ -100,13 +112,9 @@ def run_fork_refusal(
             f"task {task.key} has journaled steps 1 to {last}: a fork may start from step 1 to {top}, not {step}",
             [{"field": "step", "message": f"between 1 and {top}"}],
         )
-    if run.status in UNSETTLED or running:
-        what = f"{run.status}" + (f" (tasks {', '.join(running)} running)" if running else "")
-        return Conflict(f"run {run.id} is {what}; fork a settled run: finished, or needing attention")
-    if run.status in (Run.Status.COMPENSATING, Run.Status.COMPENSATED):
-        return Conflict(f"run {run.id} is {run.status}; its effects were undone, so none can be inherited")
-    if run.pruned_at is not None:
-        return Conflict(f"run {run.id}'s journal was pruned by retention; there is nothing to replay")
+    refused = run_fork_state_refusal(run, running=running, external=external)
+    if refused is not None:
+        return refused
     if task.plan_version < run.plan_version:
         return Conflict(
             f"task {task.key} belongs to plan {task.plan_version}, which plan {run.plan_version} replaced; "

@@ -118,6 +118,10 @@ ACTIONS = {
         lambda s: reverse("runs:task-retry", args=[s.run.id, s.w3.id]) + "?from_step=6",
         {"from_step": "6", "repeat": "6"},
     ),
+    "fork from a step": (
+        lambda s: reverse("runs:fork", args=[s.run.id]) + "?task=worker-3&step=8",
+        {"task": "worker-3", "step": "8"},
+    ),
     "operation resolve": (
         lambda s: reverse("runs:operation-resolve", args=[s.run.id, s.ops["email.send"].id]),
         {"committed": "no", "note": "checked"},
@@ -360,6 +364,39 @@ def test_a_retry_from_a_step_reuses_committed_effects_unless_one_is_chosen_to_re
         "reused_receipts": [],
         "repeated_operations": [update.id],
     }
+
+
+def test_fork_from_here_previews_what_is_new_and_inherited_then_forks_into_a_new_run(scene, people):
+    client = as_user(people["operator"])
+    page = client.get(detail(scene.run)).content.decode()
+    fork_url = reverse("runs:fork", args=[scene.run.id])
+    assert f'href="{fork_url}?task=worker-3">Fork from here: worker-3…' in page
+    Run.objects.filter(id=scene.run.id).update(input={})  # the e-mail system is repaired; the fork copies it
+
+    page = client.get(fork_url, {"task": "worker-3"}).content.decode()  # the step it failed at, offered first
+    assert "A fork from worker-3 step 8" in page and 'value="8" checked' in page
+    new_calls = re.findall(r'<tr class="new-call"><td>([^<]*)</td><td>(\d+)</td><td>([^<]*)</td>', page)
+    assert new_calls == [("worker-3", "8", "email.send")]
+    inherited = re.findall(r'<tr class="inherited"><td>([^<]*)</td><td>(\d+)</td><td>([^<]*)</td>', page)
+    assert ("worker-3", "4", "tickets.create") in inherited and ("worker-3", "6", "crm.update") in inherited
+    # Driven in order, workers 4 and 5 never started before the run stopped: they go on in the fork.
+    assert len(inherited) == 2 * 3 + 2 and "Fork from worker-3 step 8</button>" in page
+    assert page.count("goes on from step 1, its journal replayed") == 2
+
+    before = state(scene.run)
+    for bad, message in (({"task": "worker-3", "step": "99"}, "not 99"), ({"task": "nope", "step": "1"}, "no task")):
+        response = client.post(fork_url, bad)
+        assert response.status_code == 400 and message in response.content.decode()
+    assert state(scene.run) == before and not Run.objects.filter(forked_from=scene.run).exists()
+
+    response = client.post(fork_url, {"task": "worker-3", "step": "8", "reason": "mail is back"})
+    fork = Run.objects.get(forked_from=scene.run)
+    assert response.status_code == 303 and response["Location"] == detail(fork)
+    assert (fork.forked_task, fork.forked_step) == ("worker-3", 8)
+    assert done(scene.run, "run_fork").detail["fork"] == fork.id
+    assert drive(fork).status == Run.Status.COMPLETED, fork.status_reason
+    page = client.get(detail(fork)).content.decode()
+    assert f'Forked from <a href="{detail(scene.run)}">run {scene.run.id}</a> at task worker-3, step 8' in page
 
 
 @pytest.mark.parametrize(
