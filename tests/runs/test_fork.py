@@ -119,6 +119,36 @@ def test_a_fork_from_the_crm_update_answers_it_with_its_receipt(failed):
     assert SandboxCall.objects.filter(is_effect=True, tool="crm.update").count() == 5
 
 
+def test_another_failed_task_goes_on_from_its_last_step_in_the_fork(demo_tx, worker):
+    both = {"faults": [{"task": key, "call": 4, "mode": "error"} for key in ("worker-2", "worker-3")]}
+    run = stopped(run_start(workflow="incident-fanout", input=both))
+    w2 = Task.objects.get(run=run, key="worker-2")
+    assert (
+        run.status == Run.Status.NEEDS_ATTENTION and w2.status == Task.Status.FAILED and journal(w2) == [*range(1, 8)]
+    )
+    Run.objects.filter(id=run.id).update(input={})
+
+    preview = run_fork_preview(run_id=run.id, task_key="worker-3", step=8)
+    assert {t["key"]: t["fate"] for t in preview["tasks"]}["worker-2"] == "continues"
+    assert [
+        (c["task"], c["step"], c["tool"]) for c in preview["new_calls"] if c["task"] in ("worker-2", "worker-3")
+    ] == [
+        ("worker-2", 8, "email.send"),
+        ("worker-3", 8, "email.send"),
+    ]
+    fork = stopped(run_fork(run_id=run.id, task_key="worker-3", step=8))
+    assert fork.status == Run.Status.COMPLETED, fork.status_reason
+    f2 = Task.objects.get(run=fork, key="worker-2")
+    assert f2.journal_epoch == 0 and journal(f2) == [*range(1, 10)]  # steps 1-7 replayed, the e-mail, the answer
+    prefix = run_key_prefix(fork.id)
+    assert effects(idempotency_key__startswith=prefix) == [
+        ("email.send", f"{prefix}worker-2:8"),  # the same key the source would have retried with, in the fork
+        ("email.send", f"{prefix}worker-3:8:e1"),
+    ]
+    for tool in ("tickets.create", "crm.update", "email.send"):
+        assert SandboxCall.objects.filter(is_effect=True, tool=tool).count() == 5, tool
+
+
 def test_bad_forks_are_refused_and_change_nothing(failed):
     run, w3, step = failed
     runs = Run.objects.count()

@@ -2,6 +2,8 @@
 worker-3's e-mail fails for good at its fourth call, after its ticket and its CRM update. Effects are counted
 in the sandbox systems, from outside the engine."""
 
+import json
+
 import pytest
 
 from approvals.models import ApprovalRequest
@@ -10,6 +12,8 @@ from runs.models import Run, Span, Task
 from runs.saga import operation_resolve
 from runs.services import run_start, task_retry, task_retry_from, task_retry_from_preview, task_retry_preview
 from tenancy.access import default_project, membership_grant
+from tenancy.models import AuditEvent
+from tenancy.tokens import api_token_create
 from tests.conftest import decide, wait_for
 from tools.installation import run_key_prefix
 from tools.models import SandboxCall, SealedArguments, ToolOperation
@@ -205,3 +209,23 @@ def test_proposals_of_superseded_steps_are_withdrawn_so_the_bundle_holds_each_on
     bundled = ToolOperation.objects.filter(run=run, status=ToolOperation.Status.AWAITING_APPROVAL)
     assert sorted(bundled.values_list("task__key", flat=True)) == [f"worker-{n}" for n in range(1, 6)]
     assert bundled.get(task=w3).idempotency_key == f"{run_key_prefix(run.id)}worker-3:{update_step}:e1"
+
+
+def test_the_api_takes_the_effects_to_repeat_by_step(failed, operator, client):
+    run, w3, update_step = failed()
+    token = api_token_create(user=operator)[1]
+    url = f"/api/v1/runs/{run.id}/tasks/worker-3/retry"
+
+    def retry(body):
+        return client.post(
+            url, data=json.dumps(body), content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {token}"
+        )
+
+    assert retry({"repeat": [update_step]}).status_code == 422  # a plain retry repeats nothing
+    stray = retry({"from_step": update_step, "repeat": [update_step - 2]})
+    assert stray.status_code == 422 and "have no committed effect" in stray.json()["message"]
+    assert Task.objects.get(id=w3.id).status == Task.Status.FAILED
+    update = ToolOperation.objects.get(task=w3, tool="crm.update")
+    assert retry({"from_step": update_step - 1, "repeat": [update_step]}).status_code == 200
+    assert ToolOperation.objects.get(id=update.id).repeat_chosen
+    assert AuditEvent.objects.get(action="task_retry_from", outcome="done").detail["repeated_operations"] == [update.id]
