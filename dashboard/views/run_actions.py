@@ -186,7 +186,7 @@ def compensate(request, run_id: int):
 # --- retry a task -----------------------------------------------------------------------------------------
 
 
-def _step(raw: str) -> int | None:
+def _step(raw: str, *, what: str = "the step to retry from", field: str = "from_step") -> int | None:
     raw = raw.strip()
     if not raw:
         return None
@@ -194,8 +194,7 @@ def _step(raw: str) -> int | None:
         return int(raw)
     except ValueError:
         raise InvalidInput(
-            f"the step to retry from must be a whole number, not {raw[:40]!r}",
-            [{"field": "from_step", "message": "a whole number"}],
+            f"{what} must be a whole number, not {raw[:40]!r}", [{"field": field, "message": "a whole number"}]
         ) from None
 
 
@@ -209,7 +208,7 @@ def task_retry(request, run_id: int, task_id: int):
     source = request.POST if request.method == "POST" else request.GET
     try:
         step, step_error = _step(source.get("from_step", "")), ""
-        repeat = [s for s in map(_step, source.getlist("repeat")) if s is not None]
+        repeat = [_step(v, what="a step to repeat", field="repeat") for v in source.getlist("repeat") if v.strip()]
     except InvalidInput as exc:
         step, step_error, repeat = None, _describe(exc), []
 
@@ -272,7 +271,7 @@ def fork(request, run_id: int):
     task = next((t for t in tasks if t.key == task_key), None)
     journal, offered = _fork_steps(run, task)
     try:
-        step, step_error = _step(source.get("step", "")), ""
+        step, step_error = _step(source.get("step", ""), what="the step to fork from", field="step"), ""
     except InvalidInput as exc:
         step, step_error = None, _describe(exc)
     step = step or offered

@@ -22,6 +22,7 @@ Not carried: the blackboard, proposals that were never executed, approval reques
 from django.conf import settings
 from django.utils import timezone
 
+from agents.models import Workflow
 from core.errors import InvalidInput, NotFound
 from tenancy.audit import audited
 from tools.broker import idempotency_key
@@ -70,7 +71,9 @@ class _Plan:
         current = [t for t in self.tasks if t.plan_version >= run.plan_version or t.status == Task.Status.COMPLETED]
         self.rewound = {task_key} | _downstream(current, task_key) if self.task else set()
         self.writes = list(
-            ToolOperation.objects.filter(run_id=run.id, kind=ToolOperation.Kind.ACTION, status=OS.COMMITTED)
+            ToolOperation.objects.filter(
+                run_id=run.id, kind=ToolOperation.Kind.ACTION, status=OS.COMMITTED, task__isnull=False
+            )
             .exclude(tool_class=ToolOperation.ToolClass.READ_ONLY)
             .select_related("task")
             .order_by("id")
@@ -83,7 +86,7 @@ class _Plan:
             last=self.last.get(self.task.id, 0) if self.task else 0,
             running=[t.key for t in self.tasks if t.status == Task.Status.RUNNING],
             unresolved=list(ToolOperation.objects.filter(run_id=run.id, status__in=UNKNOWN_OUTCOME)),
-            external=run.workflow.planner == "external",
+            external=run.workflow.planner == Workflow.Planner.EXTERNAL,
         )
 
     def fate(self, task: Task) -> str:

@@ -141,7 +141,13 @@ def test_another_failed_task_goes_on_from_its_last_step_in_the_fork(demo_tx, wor
     f2 = Task.objects.get(run=fork, key="worker-2")
     assert f2.journal_epoch == 0 and journal(f2) == [*range(1, 10)]  # steps 1-7 replayed, the e-mail, the answer
     prefix = run_key_prefix(fork.id)
-    assert effects(idempotency_key__startswith=prefix) == [
+    # (A worker that had not finished when the run stopped goes on in the fork too: only these two are checked.)
+    made = [
+        (tool, key)
+        for tool, key in effects(idempotency_key__startswith=prefix)
+        if key.removeprefix(prefix).split(":")[0] in ("worker-2", "worker-3")
+    ]
+    assert made == [
         ("email.send", f"{prefix}worker-2:8"),  # the same key the source would have retried with, in the fork
         ("email.send", f"{prefix}worker-3:8:e1"),
     ]
