@@ -2,8 +2,9 @@
 
 Every path that writes a ledger operation asks ``gate`` first and stores its verdict on the row
 (``tools.ledger.operation_record``): an agent's tool call, a proposal (propose mode), an undo or a
-correction of a compensation, an external agent's intent. Retries, retry-from, admin and bulk actions
-reach the outside world only through those paths. The database refuses an operation without a verdict.
+correction of a compensation, an external agent's intent. Retries, retry-from, forks, admin and bulk actions
+reach the outside world only through those paths (a fork's inherited receipts are copies, verdicts included,
+never called). The database refuses an operation without a verdict.
 
 The verdict is the strictest of everything that matches the call:
 
