@@ -86,7 +86,8 @@ class ApprovalOut(Schema):
     operations: list[int]
     decisions: list[DecisionOut]
     plan: dict[str, Any] | None = Field(
-        None, description="A plan request's plan (kind plan); approve with edits by sending the edited plan as arguments"
+        None,
+        description="A plan request's plan (kind plan); approve with edits by sending the edited plan as arguments",
     )
 
 

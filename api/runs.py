@@ -7,11 +7,19 @@ from ninja import Field, Query, Router, Schema, Status
 from pydantic import ConfigDict
 
 from agents.models import Workflow
-from core.errors import NotFound
+from core.errors import InvalidInput, NotFound
 from runs.models import Run, Task
 from runs.schemas import BodyIn, BudgetIn, PathId, QueryWhole, Whole
 from runs.selectors import run_get
-from runs.services import run_cancel, run_resume, run_start, task_retry, task_retry_from
+from runs.services import (
+    run_cancel,
+    run_fork,
+    run_fork_preview,
+    run_resume,
+    run_start,
+    task_retry,
+    task_retry_from,
+)
 from tenancy.access import authorize, authorize_token, default_project, visible_rows
 from tenancy.models import Project
 
@@ -150,6 +158,12 @@ RUN_EXAMPLE = {
 }
 
 
+class ForkedFromOut(Schema):
+    run: int | None = Field(description="The run it was forked from (null if that run was deleted since)")
+    task: str
+    step: int
+
+
 class RunOut(Schema):
     model_config = ConfigDict(json_schema_extra={"examples": [RUN_EXAMPLE]})
 
@@ -175,6 +189,9 @@ class RunOut(Schema):
     versions: VersionsOut = Field(
         description="What the run started with and keeps to its end: its workflow's and agents' versions, and the "
         "approval policies then in force (empty for runs started before versions were recorded)"
+    )
+    forked_from: ForkedFromOut | None = Field(
+        None, description="For a fork: the run, task and journal step it was forked from (POST /runs/{id}/fork)"
     )
 
 
@@ -218,6 +235,9 @@ def run_out(run: Run) -> dict:
             for t in run.tasks.all()
         ],
         "versions": run.versions or {},
+        "forked_from": {"run": run.forked_from_id, "task": run.forked_task, "step": run.forked_step}
+        if run.forked_task
+        else None,
         "created_at": run.created_at,
         "started_at": run.started_at,
         "finished_at": run.finished_at,
@@ -384,8 +404,15 @@ class RetryIn(ReasonIn):
 
     from_step: Whole(ge=1) | None = Field(
         default=None,
-        description="Re-execute from this journal step (earlier steps are replayed); committed effects at or "
-        "after it happen again, under new idempotency keys. Omitted: a plain retry.",
+        description="Re-execute from this journal step (earlier steps are replayed, later ones are made afresh "
+        "under new idempotency keys). A committed effect at or after it is not made again: its receipt answers "
+        "the same call. Omitted: a plain retry.",
+    )
+    repeat: list[Whole(ge=1)] = Field(
+        default_factory=list,
+        max_length=200,
+        description="Steps (at or after from_step) whose committed effect must happen again: each one waits for "
+        "a reviewer's approval before it is made. (Before, a retry from a step repeated every such effect: README.)",
     )
 
 
@@ -417,8 +444,120 @@ def retry_task(request, run_id: PathId, task_key: str, payload: RetryIn):
     if task is None:
         raise NotFound(f"run {run_id} has no task {task_key}")
     reason = payload.reason or f"retried by {request.auth.user} through the API"
-    if payload.from_step is None:
+    if payload.from_step is None and not payload.repeat:
         task_retry(task_id=task.id, reason=reason, **_by(request))
+    elif payload.from_step is None:
+        raise InvalidInput(
+            "only a retry from a step repeats effects", [{"field": "repeat", "message": "needs from_step"}]
+        )
     else:
-        task_retry_from(task_id=task.id, step=payload.from_step, reason=reason, **_by(request))
+        task_retry_from(task_id=task.id, step=payload.from_step, repeat=payload.repeat, reason=reason, **_by(request))
     return run_out(run_get(run_id=run.id))
+
+
+class ForkIn(ReasonIn):
+    model_config = ConfigDict(
+        json_schema_extra={"examples": [{"task": "worker-3", "step": 8, "reason": "the mail server is back"}]}
+    )
+
+    task: str = Field(min_length=1, max_length=64, description="The key of the task to fork from")
+    step: Whole(ge=1) = Field(description="The journal step of that task the fork runs afresh from")
+
+
+class ForkTaskOut(Schema):
+    key: str
+    status: str = Field(description="In the source run")
+    fate: str = Field(
+        description="forked (steps before `step` replayed), starts_over (depends on the forked task), completed "
+        "(kept, never runs), continues (goes on from its last step), stays (a replaced plan's)"
+    )
+    replayed_until: int = Field(description="The last journal step the fork keeps (0: none)")
+
+
+class ForkStepOut(Schema):
+    step: int
+    kind: str
+    name: str
+
+
+class ForkCallOut(Schema):
+    task: str
+    step: int
+    tool: str
+    status_in_source: str
+    operation: int = Field(description="The source run's operation at that step")
+
+
+class ForkEffectOut(Schema):
+    task: str
+    step: int | None
+    tool: str
+    reversibility: str
+    idempotency_key: str = Field(description="In the source run; the fork keys its copy with its own run id")
+    operation: int
+    replayed: bool = Field(description="Its step is replayed from the journal: never asked again")
+    answers_again: bool = Field(description="Its step runs again: the receipt answers the same call")
+
+
+FORK_PREVIEW_EXAMPLE = {
+    "run_id": 43,
+    "task": "worker-3",
+    "step": 8,
+    "refusal": "",
+    "tasks": [
+        {"key": "plan", "status": "completed", "fate": "completed", "replayed_until": 1},
+        {"key": "worker-3", "status": "failed", "fate": "forked", "replayed_until": 7},
+        {"key": "summary", "status": "pending", "fate": "starts_over", "replayed_until": 0},
+    ],
+    "replayed": [
+        {"step": 6, "kind": "tool_call", "name": "crm.update"},
+        {"step": 7, "kind": "model_call", "name": "scripted"},
+    ],
+    "new_calls": [
+        {"task": "worker-3", "step": 8, "tool": "email.send", "status_in_source": "failed", "operation": 219}
+    ],
+    "inherited_effects": [
+        {
+            "task": "worker-3",
+            "step": 4,
+            "tool": "tickets.create",
+            "reversibility": "reversible",
+            "idempotency_key": "warden:5f2c9a:43:worker-3:4",
+            "operation": 211,
+            "replayed": True,
+            "answers_again": False,
+        }
+    ],
+}
+
+
+class ForkPreviewOut(Schema):
+    model_config = ConfigDict(json_schema_extra={"examples": [FORK_PREVIEW_EXAMPLE]})
+
+    run_id: int
+    task: str
+    step: int
+    refusal: str = Field(description="Why the fork would be refused now (the run's state); empty when it would go")
+    tasks: list[ForkTaskOut]
+    replayed: list[ForkStepOut] = Field(description="The forked task's journal steps replayed")
+    new_calls: list[ForkCallOut] = Field(
+        description="The calls the fork would make anew, as the source made them (a model asked again may ask "
+        "otherwise; such calls are made anew too)"
+    )
+    inherited_effects: list[ForkEffectOut] = Field(description="Committed effects inherited: not repeated")
+
+
+@router.get(
+    "/runs/{run_id}/fork-preview", response=ForkPreviewOut, summary="What forking a run from a task's step would do"
+)
+def fork_preview(request, run_id: PathId, task: str = Query(..., max_length=64), step: QueryWhole(ge=1) = Query(...)):  # noqa: B008
+    run = run_for(request, run_id, "operate")
+    return run_fork_preview(run_id=run.id, task_key=task, step=step, strict=True)
+
+
+@router.post("/runs/{run_id}/fork", response={201: RunOut}, summary="Fork a run from a task's step into a new run")
+def fork_run(request, run_id: PathId, payload: ForkIn):
+    run = run_for(request, run_id, "operate")
+    reason = payload.reason or f"forked by {request.auth.user} through the API"
+    fork = run_fork(run_id=run.id, task_key=payload.task, step=payload.step, reason=reason, **_by(request))
+    return Status(201, run_out(run_get(run_id=fork.id)))

@@ -18,6 +18,7 @@ urlpatterns = [
     path("runs/<int:run_id>/resume", run_actions.resume, name="resume"),
     path("runs/<int:run_id>/compensate", run_actions.compensate, name="compensate"),
     path("runs/<int:run_id>/tasks/<int:task_id>/retry", run_actions.task_retry, name="task-retry"),
+    path("runs/<int:run_id>/fork", run_actions.fork, name="fork"),
     path(
         "runs/<int:run_id>/operations/<int:operation_id>/resolve",
         run_actions.operation_resolve,

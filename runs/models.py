@@ -59,6 +59,13 @@ class Run(models.Model):
     pruned_at = models.DateTimeField(
         null=True, blank=True, help_text="When retention emptied its span bodies and payloads"
     )
+    # A fork (runs/services/fork.py) starts from a task's step of another run and inherits its journal
+    # and the receipts of its committed effects; these say from where.
+    forked_from = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="forks", db_index=False
+    )
+    forked_task = models.CharField(max_length=64, blank=True, help_text="The task of forked_from it was forked at")
+    forked_step = models.PositiveIntegerField(null=True, blank=True, help_text="…and the journal step")
 
     class Meta:
         ordering = ["-id"]

@@ -102,8 +102,9 @@ def carried_out_by_agent(run: Run) -> bool:
 
 
 def _committed_writes(run_id: int):
+    # A fork's inherited receipts are the effects of the run it came from: that run undoes them, not the fork.
     return (
-        ToolOperation.objects.filter(run_id=run_id, kind=Kind.ACTION)
+        ToolOperation.objects.filter(run_id=run_id, kind=Kind.ACTION, inherited_from__isnull=True)
         .exclude(tool_class=ToolOperation.ToolClass.READ_ONLY)
         .filter(status__in=[OS.COMMITTED, OS.COMPENSATING, OS.COMPENSATION_FAILED])
         .select_related("task")

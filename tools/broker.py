@@ -19,6 +19,7 @@ import threading
 from dataclasses import dataclass
 
 from django.db import connections, transaction
+from django.db.models import Q
 from django.utils import timezone
 from django.utils.crypto import salted_hmac
 from pydantic import ValidationError
@@ -161,6 +162,13 @@ def tool_call(
         with faults.around_call(run.input, run_id=run.id, task_key=task.key, call=call_number):
             return _resume_operation(existing, spec, args, fence=fence)
 
+    repeats = None
+    if task.journal_epoch and spec.is_write:  # retried from an earlier step, or forked: a receipt may answer
+        earlier = earlier_receipt(task_id=task.id, step=step, digest=digest)
+        if earlier is not None and not earlier.repeat_chosen:
+            log.info("step %s of task %s answered by the receipt of operation %s", step, task.id, earlier.id)
+            return _answer(earlier)
+        repeats = earlier.id if earlier is not None else None
     propose = spec.is_write and name in (run.input or {}).get("propose_tools", [])
     verdict = gate(
         run_id=run.id,
@@ -169,6 +177,7 @@ def tool_call(
         origin=Origin.PROPOSAL if propose else Origin.AGENT,
         agent_id=task.agent_id,
         allowed_tools=task.allowed_tools,
+        repeats=repeats,
     )
     if verdict.decision == REFUSE:
         if name not in task.allowed_tools:
@@ -187,6 +196,27 @@ def tool_call(
     call = _Call(run=run, task=task, step=step, call_number=call_number, spec=spec, args=args, key=key, digest=digest)
     with faults.around_call(run.input, run_id=run.id, task_key=task.key, call=call_number):
         return _call_out(call, verdict, propose=propose, fence=fence)
+
+
+def earlier_receipt(*, task_id: int, step: int, digest: str) -> ToolOperation | None:
+    """The committed write this step of the task made before a retry from an earlier step (under an
+    earlier epoch's key), or that a fork inherited for it: it answers the same call (same arguments, or
+    those a reviewer's edit replaced) instead of a second effect. The latest one, if several."""
+    same_call = Q(arguments_hash=digest) | Q(original_hash=digest)
+    return (
+        ToolOperation.objects.filter(same_call, task_id=task_id, step=step, kind=ToolOperation.Kind.ACTION)
+        .filter(status=OS.COMMITTED)
+        .exclude(tool_class=ToolClass.READ_ONLY)
+        .order_by("-id")
+        .first()
+    )
+
+
+def _answer(op: ToolOperation) -> ToolOutcome:
+    """What a committed operation answers the step that asks for it again."""
+    if op.result is None:  # an operator resolved it as committed: the system's answer was never seen
+        return ToolOutcome(result={"status": "committed", "note": op.status_reason[:500]})
+    return ToolOutcome(result=op.result)
 
 
 def _call_out(call: "_Call", verdict: Verdict, *, propose: bool, fence) -> ToolOutcome:
@@ -339,9 +369,7 @@ def _operation_create(call: _Call, verdict: Verdict, **fields) -> ToolOperation:
 def _resume_operation(op: ToolOperation, spec: ToolSpec, args: dict, *, fence: tuple[int, int] | None) -> ToolOutcome:
     """The step's call has a ledger row already: a retry, a resumed attempt or a duplicate delivery."""
     if op.status in (OS.COMMITTED, OS.COMPENSATING, OS.COMPENSATED, OS.COMPENSATION_FAILED):
-        if op.result is None:  # an operator resolved it as committed: the system's answer was never seen
-            return ToolOutcome(result={"status": "committed", "note": op.status_reason[:500]})
-        return ToolOutcome(result=op.result)
+        return _answer(op)
     if op.status == OS.PROPOSED or (op.proposed and op.status in (OS.AWAITING_APPROVAL, OS.APPROVED)):
         return _proposed(op)
     if op.status == OS.REJECTED:

@@ -2,8 +2,9 @@
 
 Every path that writes a ledger operation asks ``gate`` first and stores its verdict on the row
 (``tools.ledger.operation_record``): an agent's tool call, a proposal (propose mode), an undo or a
-correction of a compensation, an external agent's intent. Retries, retry-from, admin and bulk actions
-reach the outside world only through those paths. The database refuses an operation without a verdict.
+correction of a compensation, an external agent's intent. Retries, retry-from, forks, admin and bulk actions
+reach the outside world only through those paths (a fork's inherited receipts are copies, verdicts included,
+never called). The database refuses an operation without a verdict.
 
 The verdict is the strictest of everything that matches the call:
 
@@ -241,10 +242,12 @@ def gate(
     claimed_class: str = "",
     claimed_reversibility: str = "",
     corrects: str = "",
+    repeats: int | None = None,
 ) -> Verdict:
     """The verdict on one call of ``tool`` with these (validated) ``arguments`` in run ``run_id``.
     ``allowed_tools``: the task's allowlist (trusted configuration), for an agent's call; ``corrects``:
-    the tool whose effect a correction follows."""
+    the tool whose effect a correction follows; ``repeats``: the committed operation this call makes
+    happen again (chosen at a retry from an earlier step), which a reviewer approves first."""
     facts = _facts(run_id, tool)
     found = tool_classify(
         project_id=facts.project_id,
@@ -271,8 +274,11 @@ def gate(
         needs += _policy_needs(facts, tool, arguments, found.is_write)
     if origin == Origin.PROPOSAL:
         needs.append(_Need("propose mode: a reviewer approves it before the supervisor executes it"))
+    if repeats is not None:
+        needs.append(_Need(f"it repeats committed operation {repeats}: each repeated effect is approved on its own"))
     verdict = _verdict(found, needs)
-    if verdict.decision == APPROVAL and origin in Origin.RULES_APPLY:
+    # A standing rule allows calls, not second effects: a repeat is always a person's decision.
+    if verdict.decision == APPROVAL and origin in Origin.RULES_APPLY and repeats is None:
         verdict = _allow_rule(verdict, facts, tool, arguments, agent_id)
     return verdict
 

@@ -71,6 +71,14 @@ class ToolOperation(models.Model):
         "self", null=True, blank=True, on_delete=models.CASCADE, related_name="compensations"
     )
     order = models.PositiveIntegerField(default=0, help_text="Execution order among supervisor operations")
+    # A receipt a fork carried over from the run that made the effect: never called, never compensated
+    # by this run; it answers the same call at the same step of the task (tools/broker.py).
+    inherited_from = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+", db_index=False
+    )
+    # Chosen at a retry from an earlier step: this committed effect happens again (after a reviewer's
+    # approval) instead of its receipt answering the step.
+    repeat_chosen = models.BooleanField(default=False)
     approval = models.ForeignKey(
         "approvals.ApprovalRequest", null=True, blank=True, on_delete=models.SET_NULL, related_name="operations"
     )

@@ -1,5 +1,5 @@
-"""An operator's actions on a run: cancel, resume, compensate, retry a task (from a step), resolve an
-ambiguous operation, verify or reject a blackboard entry.
+"""An operator's actions on a run: cancel, resume, compensate, retry a task (from a step), fork the run
+from a task's step, resolve an ambiguous operation, verify or reject a blackboard entry.
 
 GET shows what the action would do and asks to confirm; it changes nothing. POST does it through the same
 services as the API and the admin, writes the audit row in the same transaction, and sends the browser
@@ -20,7 +20,7 @@ from django.views.decorators.http import require_http_methods
 from approvals.models import ApprovalRequest
 from core.errors import Forbidden, InvalidInput, NotFound, WardenError
 from runs import blackboard, saga, services
-from runs.models import Artifact, BlackboardEntry, Run, Task
+from runs.models import Artifact, BlackboardEntry, Run, Span, Task
 from runs.refusals import run_cancel_refusal, run_resume_refusal
 from runs.transitions import TransitionNotAllowed
 from tools.catalog import tool_spec
@@ -65,7 +65,8 @@ def _reason(request, *, required: bool, default: str = "") -> str:
 def _confirm(request, run: Run, template: str, context, act, *, get_status: int = 200):
     """GET: the confirmation page, with ``context()`` (the preview, from the current state). POST:
     ``act()``, which calls one service (it records its outcome in the audit log, refusals included, and
-    raises on refusal), then back to the run."""
+    raises on refusal) and returns its message (and the run to go to, when it made another), then back
+    to the run."""
     error, status = "", get_status
     if request.method == "POST":
         try:
@@ -74,8 +75,9 @@ def _confirm(request, run: Run, template: str, context, act, *, get_status: int 
             error, status = _describe(exc), _status(exc)
             run.refresh_from_db()
         else:
+            message, to = message if isinstance(message, tuple) else (message, run.id)
             messages.success(request, message)
-            return _see_other(reverse("runs:detail", args=[run.id]))
+            return _see_other(reverse("runs:detail", args=[to]))
     page = {"run": run, "error": error, "posted": request.POST if request.method == "POST" else {}}
     return render(request, template, {**page, **context()}, status=status)
 
@@ -184,7 +186,7 @@ def compensate(request, run_id: int):
 # --- retry a task -----------------------------------------------------------------------------------------
 
 
-def _step(raw: str) -> int | None:
+def _step(raw: str, *, what: str = "the step to retry from", field: str = "from_step") -> int | None:
     raw = raw.strip()
     if not raw:
         return None
@@ -192,8 +194,7 @@ def _step(raw: str) -> int | None:
         return int(raw)
     except ValueError:
         raise InvalidInput(
-            f"the step to retry from must be a whole number, not {raw[:40]!r}",
-            [{"field": "from_step", "message": "a whole number"}],
+            f"{what} must be a whole number, not {raw[:40]!r}", [{"field": field, "message": "a whole number"}]
         ) from None
 
 
@@ -207,31 +208,33 @@ def task_retry(request, run_id: int, task_id: int):
     source = request.POST if request.method == "POST" else request.GET
     try:
         step, step_error = _step(source.get("from_step", "")), ""
+        repeat = [_step(v, what="a step to repeat", field="repeat") for v in source.getlist("repeat") if v.strip()]
     except InvalidInput as exc:
-        step, step_error = None, _describe(exc)
+        step, step_error, repeat = None, _describe(exc), []
 
     def context():
         task.refresh_from_db()
         # With a step that is not a number, the page shows the plain retry's journal to pick from.
-        preview = services.task_retry_preview(task_id=task.id, step=None if step_error else step)
+        plain = step_error or step is None
+        preview = services.task_retry_preview(
+            task_id=task.id, step=None if step_error else step, repeat=() if plain else repeat
+        )
         return {"task": task, "step_error": step_error, "preview": preview, "failed": task.status == "failed"}
 
     def act():
         if step_error:
             raise InvalidInput(step_error)
         reason = _reason(request, required=False, default=f"retried by {request.user} from the dashboard")
-        if step is None:
+        if step is None and not repeat:
             services.task_retry(task_id=task.id, reason=reason, **_by(request))
             return f"Task {task.key} is retried."
-        preview = services.task_retry_preview(task_id=task.id, step=step)
-        repeated = [op["id"] for op in preview["repeated_effects"]]
-        if repeated and request.POST.get("repeat_effects") != "yes":
+        if step is None:
             raise InvalidInput(
-                f"confirm that {len(repeated)} committed effect(s) will happen a second time",
-                [{"field": "repeat_effects", "message": "required"}],
+                "only a retry from a step repeats effects", [{"field": "repeat", "message": "pick a step"}]
             )
-        services.task_retry_from(task_id=task.id, step=step, reason=reason, **_by(request))
-        return f"Task {task.key} is retried from step {step}."
+        services.task_retry_from(task_id=task.id, step=step, repeat=repeat, reason=reason, **_by(request))
+        chosen = f"; {len(repeat)} effect(s) will happen again once a reviewer approves each" if repeat else ""
+        return f"Task {task.key} is retried from step {step}{chosen}."
 
     return _confirm(
         request,
@@ -241,6 +244,61 @@ def task_retry(request, run_id: int, task_id: int):
         act,
         get_status=400 if step_error else 200,
     )
+
+
+# --- fork from a task's step -----------------------------------------------------------------------------
+
+
+def _fork_steps(run: Run, task: Task | None) -> tuple[list, int | None]:
+    """The task's journal, for the step picker, and the step offered first: the one it failed at, or a
+    completed task's last (its answer)."""
+    if task is None:
+        return [], None
+    journal = list(
+        Span.objects.filter(task=task, step__isnull=False).order_by("step").values("step", "kind", "name", "attempt")
+    )
+    last = journal[-1]["step"] if journal else 0
+    return journal, (last if task.status == Task.Status.COMPLETED else last + 1) or 1
+
+
+@login_required
+@_get_or_post
+def fork(request, run_id: int):
+    run = run_for_view(request, run_id, "operate")
+    source = request.POST if request.method == "POST" else request.GET
+    tasks = list(run.tasks.order_by("id"))
+    task_key = source.get("task", "").strip()
+    task = next((t for t in tasks if t.key == task_key), None)
+    journal, offered = _fork_steps(run, task)
+    try:
+        step, step_error = _step(source.get("step", ""), what="the step to fork from", field="step"), ""
+    except InvalidInput as exc:
+        step, step_error = None, _describe(exc)
+    step = step or offered
+
+    def context():
+        preview = None
+        if task is not None and step is not None and not step_error:
+            preview = services.run_fork_preview(run_id=run.id, task_key=task.key, step=step)
+        return {
+            "tasks": tasks,
+            "task": task,
+            "task_key": task_key,
+            "journal": journal,
+            "step": step,
+            "next_step": offered if task is not None and task.status != Task.Status.COMPLETED else None,
+            "step_error": step_error,
+            "preview": preview,
+        }
+
+    def act():
+        if step_error:
+            raise InvalidInput(step_error)
+        reason = _reason(request, required=False, default=f"forked by {request.user} from the dashboard")
+        forked = services.run_fork(run_id=run.id, task_key=task_key, step=step or 0, reason=reason, **_by(request))
+        return f"Run {forked.id} is forked from run {run.id} at {task_key} step {step}.", forked.id
+
+    return _confirm(request, run, "runs/fork.html", context, act, get_status=400 if step_error else 200)
 
 
 # --- resolve an ambiguous operation ----------------------------------------------------------------------

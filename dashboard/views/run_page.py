@@ -41,7 +41,7 @@ from dashboard.trace import (
     tree_html,
 )
 from runs.models import Artifact, BlackboardEntry, Run, Span, Task
-from runs.refusals import run_cancel_refusal, run_resume_refusal
+from runs.refusals import run_cancel_refusal, run_fork_state_refusal, run_resume_refusal
 from runs.retention import stored_bytes_sql
 from runs.saga import COMPENSABLE_FROM, compensation_unresolved, run_compensate_refusal
 from runs.services import sql
@@ -276,6 +276,8 @@ def header_context(run: Run, now, summary: dict | None = None) -> dict:
         # The buttons offered are the services' own rules (runs/refusals.py, runs/saga.py).
         "can_cancel": run_cancel_refusal(run) is None,
         "can_resume": run_resume_refusal(run) is None,
+        # By the run's status alone (no query per push): the fork page gives the whole refusal, if any.
+        "can_fork": run_fork_state_refusal(run) is None,
         **_compensate_offer(run),
     }
 

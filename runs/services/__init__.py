@@ -1,4 +1,5 @@
 from .execution import task_execute
+from .fork import run_fork, run_fork_preview
 from .leases import task_reserve
 from .recovery import sweep_once
 from .retry import task_retry_from, task_retry_from_preview, task_retry_preview
@@ -6,6 +7,8 @@ from .runs import run_cancel, run_resume, run_start, run_transition, task_retry
 
 __all__ = [
     "run_cancel",
+    "run_fork",
+    "run_fork_preview",
     "run_resume",
     "run_start",
     "run_transition",

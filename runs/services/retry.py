@@ -4,8 +4,10 @@ A plain retry replays the whole journal and calls out only past its last step, w
 attempt used (a call it made is found by key, never made twice). A retry **from step N** takes the journal
 entries of steps N.. out of the journal (they stay in the trace, their step cleared, their attributes
 saying what they were) and starts a new journal epoch: steps 1..N-1 are replayed, steps N.. are executed
-afresh under new idempotency keys (``warden:<installation>:<run>:<task>:<step>:e<epoch>``), so a write made again
-really happens again — the preview lists those second effects before anyone confirms.
+afresh under new idempotency keys (``warden:<installation>:<run>:<task>:<step>:e<epoch>``). A committed
+write of those steps is not made again: when the model asks for the same call at the same step, its
+receipt answers (tools/broker.py ``earlier_receipt``). Repeating one is a choice per effect (``repeat``,
+by step), and each repeat waits for a reviewer's approval before it is made — the preview lists both.
 """
 
 from django.utils import timezone
@@ -42,10 +44,26 @@ def _journal(task_id: int) -> list[dict]:
 
 
 def _operations(task_id: int, from_step: int):
-
     return ToolOperation.objects.filter(task_id=task_id, kind=ToolOperation.Kind.ACTION, step__gte=from_step).order_by(
         "step", "id"
     )
+
+
+def _answering(ops) -> dict[int, int]:
+    """Step → the committed write whose receipt answers that step again (the latest, as the broker picks)."""
+    found = {}
+    for op in ops:
+        if op.status == ToolOperation.Status.COMMITTED and op.tool_class != "read_only":
+            found[op.step] = op.id  # ops come in id order: the last one wins
+    return found
+
+
+def _choose_repeats(task: Task, answering: dict[int, int], repeat) -> list[int]:
+    """Mark the effects chosen to happen again (and only those, of this task). Returns their ids."""
+    chosen = [answering[step] for step in sorted(set(repeat))]
+    ToolOperation.objects.filter(task_id=task.id, repeat_chosen=True).exclude(id__in=chosen).update(repeat_chosen=False)
+    ToolOperation.objects.filter(id__in=chosen).update(repeat_chosen=True)
+    return chosen
 
 
 def _supersede_steps(task: Task, journal: list, ops, *, step: int, now) -> list:
@@ -102,13 +120,17 @@ def task_retry_from(
     via: str = "",
     request=None,
     detail=None,
+    repeat=(),
 ) -> Task:
     """Retry a failed task with steps 1..``step``-1 replayed from its journal and steps ``step``.. executed
     afresh under the task's next journal epoch; then what task_retry does (the run resumes if it needed
-    attention). Refused, changing nothing, for a task that is not failed, a step out of range, a run
-    that is finished, cancelling or compensating, or an operation at or after ``step`` whose outcome is
-    unknown (an operator resolves it first). Audited (``actor``, ``via``), with the steps executed again
-    and the committed writes that happen a second time."""
+    attention). The committed writes of steps ``step``.. are not made again: their receipts answer the
+    same calls, except at the steps listed in ``repeat``, whose effect happens again once a reviewer
+    approves it. Refused, changing nothing, for a task that is not failed, a step out of range, a run
+    that is finished, cancelling or compensating, an operation at or after ``step`` whose outcome is
+    unknown (an operator resolves it first), or a step in ``repeat`` with no committed effect at or
+    after ``step``. Audited (``actor``, ``via``), with the steps executed again, the receipts reused and
+    the effects chosen to happen again."""
     now = timezone.now()
     run_id = _run_id(task_id)
     who = {"actor": actor, "via": via, "request": request}
@@ -120,29 +142,33 @@ def task_retry_from(
         last = journal[-1].step if journal else 0
         ops = _operations(task.id, step)
         unresolved = list(ops.filter(status__in=UNRESOLVED))
-        refused = task_retry_refusal(run, task, step=step, last=last, unresolved=unresolved)
+        answering = _answering(ops)
+        refused = task_retry_refusal(
+            run, task, step=step, last=last, unresolved=unresolved, repeat=repeat, repeatable=answering
+        )
         if refused is not None:
             raise refused
 
+        repeated = _choose_repeats(task, answering, repeat)
         superseded = _supersede_steps(task, journal, ops, step=step, now=now)
         task.journal_epoch += 1
         task.save(update_fields=["journal_epoch"])
         _retry_span(run, task, step=step, superseded=superseded, reason=reason, now=now)
         task_retry_locked(run=run, task=task, reason=reason, now=now)
-        repeated = [op.id for op in ops if op.status in HAPPENED and op.tool_class != "read_only"]
         act["detail"] = {
             "reason": reason,
             "task": task.key,
             "from_step": step,
             "journal_epoch": task.journal_epoch,
             "re_executed": [span.attributes["journal_step"] for span in superseded],
+            "reused_receipts": sorted(set(answering.values()) - set(repeated)),
             "repeated_operations": repeated,
             **act["detail"],
         }
     return task
 
 
-def _outcome(op, spec, *, plain: bool, new_key: str) -> str:
+def _outcome(op, spec, *, plain: bool, new_key: str, answers: bool, repeat: bool) -> str:
     """What the retry does about one ledger operation of the task, in an operator's words."""
     status = op.status
     if plain:
@@ -162,17 +188,24 @@ def _outcome(op, spec, *, plain: bool, new_key: str) -> str:
     if status in HAPPENED:
         if op.tool_class == "read_only":
             return f"read again, under {new_key}"
-        return f"happened; it happens AGAIN under {new_key} (a second effect)"
+        if repeat:
+            return f"happened; chosen to happen AGAIN under {new_key} (a second effect), once a reviewer approves"
+        if answers:
+            return "happened; its receipt answers the same call again: not repeated"
+        if status != "committed":
+            return f"happened and was undone ({status}): made afresh under {new_key} if asked for again"
+        return "happened; a later receipt of the same step answers it"
     if status in NOT_DONE_YET:
         return f"withdrawn (not done); asked for again under {new_key}"
     return f"called afresh under {new_key}"
 
 
-def task_retry_preview(*, task_id: int, step: int | None = None) -> dict:
-    """What retrying the task would do, changing nothing: plainly (``step`` None) or from ``step``. Lists
-    the journal (for a step picker), the steps executed again and the task's ledger operations at or
-    after the first of them — committed writes flagged, since a retry from an earlier step repeats them —
-    and, if the retry would be refused now, why."""
+def task_retry_preview(*, task_id: int, step: int | None = None, repeat=()) -> dict:
+    """What retrying the task would do, changing nothing: plainly (``step`` None) or from ``step``, with
+    the committed effects at ``repeat`` steps made again. Lists the journal (for a step picker), the steps
+    executed again and the task's ledger operations at or after the first of them — committed writes
+    flagged: reused (their receipts answer) or, where chosen, repeated after an approval — and, if the
+    retry would be refused now, why."""
 
     task = Task.objects.select_related("run").filter(id=task_id).first()
     if task is None:
@@ -184,13 +217,18 @@ def task_retry_preview(*, task_id: int, step: int | None = None) -> dict:
     first = last + 1 if plain else step
     ops = list(_operations(task.id, first))
     unresolved = [op for op in ops if op.status in UNRESOLVED]
-    refusal = task_retry_refusal(run, task, step=step, last=last, unresolved=unresolved)
+    answering = _answering(ops)
+    refusal = task_retry_refusal(
+        run, task, step=step, last=last, unresolved=unresolved, repeat=repeat, repeatable=answering
+    )
+    chosen = {answering[s] for s in repeat if s in answering}
     epoch = task.journal_epoch if plain else task.journal_epoch + 1
     operations = []
     for op in ops:
         spec = tool_spec(op.tool, run.project_id)
         key = idempotency_key(run_id=run.id, task_key=task.key, step=op.step, epoch=epoch)
         happened = op.status in HAPPENED
+        answers = not plain and answering.get(op.step) == op.id
         operations.append(
             {
                 "id": op.id,
@@ -202,11 +240,13 @@ def task_retry_preview(*, task_id: int, step: int | None = None) -> dict:
                 "idempotency_key": op.idempotency_key,
                 "new_key": key,
                 "committed_write": happened and op.tool_class != "read_only",
-                "repeated": happened and op.tool_class != "read_only" and not plain,
+                "repeatable": answers,
+                "repeated": op.id in chosen,
+                "reused": answers and op.id not in chosen,
                 "irreversible": op.reversibility == "irreversible",
                 "unresolved": op.status in UNRESOLVED,
                 "has_lookup": spec is not None and spec.lookup is not None,
-                "outcome": _outcome(op, spec, plain=plain, new_key=key),
+                "outcome": _outcome(op, spec, plain=plain, new_key=key, answers=answers, repeat=op.id in chosen),
             }
         )
     return {
@@ -223,10 +263,11 @@ def task_retry_preview(*, task_id: int, step: int | None = None) -> dict:
         ],
         "operations": operations,
         "repeated_effects": [op for op in operations if op["repeated"]],
+        "reused_receipts": [op for op in operations if op["reused"]],
         "refusal": "" if refusal is None else str(refusal),
     }
 
 
-def task_retry_from_preview(*, task_id: int, step: int) -> dict:
-    """What task_retry_from(task_id=…, step=…) would do; see task_retry_preview."""
-    return task_retry_preview(task_id=task_id, step=step)
+def task_retry_from_preview(*, task_id: int, step: int, repeat=()) -> dict:
+    """What task_retry_from(task_id=…, step=…, repeat=…) would do; see task_retry_preview."""
+    return task_retry_preview(task_id=task_id, step=step, repeat=repeat)

@@ -40,6 +40,8 @@ POLICY = {
     ("POST", "/api/v1/runs/{run_id}/finish"): ("start", "run"),
     ("POST", "/api/v1/runs/{run_id}/resume"): ("operate", "operate"),
     ("POST", "/api/v1/runs/{run_id}/tasks/{task_key}/retry"): ("operate", "operate"),
+    ("GET", "/api/v1/runs/{run_id}/fork-preview"): ("operate", "operate"),
+    ("POST", "/api/v1/runs/{run_id}/fork"): ("operate", "operate"),
     ("GET", "/api/v1/runs/{run_id}/operations"): ("view", "read"),
     ("GET", "/api/v1/runs/{run_id}/compensation"): ("view", "read"),
     ("POST", "/api/v1/runs/{run_id}/compensate"): ("operate", "operate"),
@@ -64,6 +66,7 @@ BODIES = {
     "/api/v1/runs/{run_id}/finish": {"completed": True},
     "/api/v1/runs/{run_id}/resume": {"reason": "x"},
     "/api/v1/runs/{run_id}/tasks/{task_key}/retry": {"reason": "x"},
+    "/api/v1/runs/{run_id}/fork": {"task": "risk", "step": 1},
     "/api/v1/operations/{operation_id}/resolve": {"committed": True},
     "/api/v1/approvals/{approval_id}/decision": {"decision": "approve", "note": "ok", "arguments_hash": "{hash}"},
     "/api/v1/allow-rules": {"project": "default", "tool": "tickets.create", "arguments": {"customer_id": "c1"}},
@@ -132,8 +135,11 @@ def scene(demo, django_user_model):
     return {**scene, "artifact": artifact, "entry": entry}
 
 
+QUERIES = {"/api/v1/runs/{run_id}/fork-preview": "?task=risk&step=1"}
+
+
 def _call(client, token, method, path, ids):
-    url = path.format(**ids)
+    url = path.format(**ids) + QUERIES.get(path, "")
     body = {k: (v.format(**ids) if isinstance(v, str) else v) for k, v in BODIES.get(path, {}).items()}
     headers = {"HTTP_AUTHORIZATION": f"Bearer {token}"} if token else {}
     if method == "POST":
@@ -431,6 +437,7 @@ PAGES = {
     "runs/<int:run_id>/resume": "operate",
     "runs/<int:run_id>/compensate": "operate",
     "runs/<int:run_id>/tasks/<int:task_id>/retry": "operate",
+    "runs/<int:run_id>/fork": "operate",
     "runs/<int:run_id>/operations/<int:operation_id>/resolve": "operate",
     "runs/<int:run_id>/blackboard/<int:entry_id>/decide": "operate",
     "insight/": "member (their projects' figures)",

@@ -39,9 +39,7 @@ def test_a_newcomer_starts_a_drill_as_demo_and_approves_it_as_reviewer_from_the_
     warden = Warden(processes)
     reviewer = warden.login(browser, "reviewer", logins["reviewer"])
     reviewer.goto(f"{warden.url}/runs/")
-    reviewer.wait_for_function(
-        "() => document.querySelector('#inbox-count') && document.querySelector('#inbox-count').textContent.trim() !== ''"
-    )
+    reviewer.wait_for_function("() => (document.querySelector('#inbox-count')?.textContent || '').trim() !== ''")
     before = _count(reviewer)
     reviewer.evaluate("window.__marker = 1")
 

@@ -2,13 +2,19 @@
 worker-3's e-mail fails for good at its fourth call, after its ticket and its CRM update. Effects are counted
 in the sandbox systems, from outside the engine."""
 
+import json
+
 import pytest
 
+from approvals.models import ApprovalRequest
 from core.errors import Conflict, InvalidInput
 from runs.models import Run, Span, Task
 from runs.saga import operation_resolve
 from runs.services import run_start, task_retry, task_retry_from, task_retry_from_preview, task_retry_preview
-from tests.conftest import wait_for
+from tenancy.access import default_project, membership_grant
+from tenancy.models import AuditEvent
+from tenancy.tokens import api_token_create
+from tests.conftest import decide, wait_for
 from tools.installation import run_key_prefix
 from tools.models import SandboxCall, SealedArguments, ToolOperation
 
@@ -54,7 +60,7 @@ def failed(demo_tx, worker):
 
 
 @pytest.mark.parametrize("where", ["the crm.update call", "the model step that asked for it"])
-def test_retry_from_the_crm_update_repeats_it_under_a_new_key_and_replays_the_ticket(failed, where):
+def test_retry_from_the_crm_update_reuses_its_receipt_and_replays_the_ticket(failed, where):
     run, w3, update_step = failed()
     n = update_step if where == "the crm.update call" else update_step - 1
     k = f"{run_key_prefix(run.id)}worker-3"
@@ -70,28 +76,31 @@ def test_retry_from_the_crm_update_repeats_it_under_a_new_key_and_replays_the_ti
         "reversible",
         "idempotent_write",
     )
-    assert update["committed_write"] and update["repeated"] and not update["irreversible"]
+    assert update["committed_write"] and update["reused"] and update["repeatable"] and not update["repeated"]
     assert update["idempotency_key"] == f"{k}:{update_step}" and update["new_key"] == f"{k}:{update_step}:e1"
-    assert email["status"] == "failed" and email["irreversible"] and not email["repeated"]
-    assert [op["tool"] for op in preview["repeated_effects"]] == ["crm.update"]
+    assert "not repeated" in update["outcome"]
+    assert email["status"] == "failed" and email["irreversible"] and not email["repeated"] and not email["reused"]
+    assert preview["repeated_effects"] == [] and [op["tool"] for op in preview["reused_receipts"]] == ["crm.update"]
     assert journal_steps(w3) == list(range(1, 8)) and Task.objects.get(id=w3.id).journal_epoch == 0  # a preview
 
     SealedArguments.objects.create(task=w3, step=update_step, values={"api_key": "kept"})
     SealedArguments.objects.create(task=w3, step=update_step + 2, values={"api_key": "superseded"})
     repair_the_email_service(run)
-    task_retry_from(task_id=w3.id, step=n, reason="the CRM update must be made again")
+    task_retry_from(task_id=w3.id, step=n, reason="the CRM update must be checked again")
     run = stopped(run)
     assert run.status == Run.Status.COMPLETED, run.status_reason
 
     assert effects(run) == [
-        ("crm.update", f"{k}:{update_step}"),
-        ("crm.update", f"{k}:{update_step}:e1"),  # applied twice, under two keys
+        ("crm.update", f"{k}:{update_step}"),  # once: the receipt answered the step again
         ("email.send", f"{k}:{update_step + 2}:e1"),
         ("tickets.create", f"{k}:{update_step - 2}"),  # replayed from the journal: once
     ]
     w3.refresh_from_db()
     assert w3.journal_epoch == 1 and w3.status == Task.Status.COMPLETED
     assert journal_steps(w3) == list(range(1, 10))  # 1..n-1 replayed, n.. anew, then the final answer
+    assert Span.objects.get(task=w3, step=update_step).body["result"] == (
+        ToolOperation.objects.get(task=w3, tool="crm.update").result
+    )
     superseded = Span.objects.filter(task=w3, attributes__superseded_by_retry_from=n)
     assert sorted((s.attributes["journal_step"], s.step, s.attempt) for s in superseded) == [
         (step, None, 1) for step in range(n, 8)
@@ -104,7 +113,45 @@ def test_retry_from_the_crm_update_repeats_it_under_a_new_key_and_replays_the_ti
     kept = [update_step] if n == update_step else []
     assert list(SealedArguments.objects.filter(task=w3).values_list("step", flat=True)) == kept
     updates = ToolOperation.objects.filter(task=w3, tool="crm.update").order_by("id")
-    assert [(op.status, op.step) for op in updates] == [("committed", update_step)] * 2
+    assert [(op.status, op.step) for op in updates] == [("committed", update_step)]
+
+
+@pytest.fixture
+def reviewer(django_user_model):
+    user = django_user_model.objects.create_user(username="rita", password="rita-pass-123")
+    membership_grant(user=user, project=default_project(), role="reviewer")
+    return user
+
+
+def test_a_repeat_chosen_per_effect_waits_for_its_own_approval_then_happens_once(failed, reviewer):
+    run, w3, update_step = failed()
+    k = f"{run_key_prefix(run.id)}worker-3"
+    ticket_step = update_step - 2
+    with pytest.raises(InvalidInput, match=f"steps {ticket_step} have no committed effect at or after"):
+        task_retry_from(task_id=w3.id, step=update_step - 1, repeat=[ticket_step])
+    preview = task_retry_from_preview(task_id=w3.id, step=update_step - 1, repeat=[update_step])
+    assert [op["tool"] for op in preview["repeated_effects"]] == ["crm.update"] and preview["reused_receipts"] == []
+    assert "once a reviewer approves" in preview["repeated_effects"][0]["outcome"]
+
+    repair_the_email_service(run)
+    task_retry_from(task_id=w3.id, step=update_step - 1, repeat=[update_step], reason="the CRM lost the update")
+    wait_for(lambda: ApprovalRequest.objects.filter(run=run).exists(), message="the repeat's approval request")
+    request = ApprovalRequest.objects.get(run=run)
+    again = ToolOperation.objects.get(idempotency_key=f"{k}:{update_step}:e1")
+    assert again.status == ToolOperation.Status.AWAITING_APPROVAL and request.id == again.approval_id
+    assert any("repeats committed operation" in reason for reason in again.verdict["reasons"])
+    stopped(run, (Run.Status.WAITING_FOR_APPROVAL,))
+    assert effects(run) == [("crm.update", f"{k}:{update_step}"), ("tickets.create", f"{k}:{ticket_step}")]
+
+    decide(request_id=request.id, user=reviewer, approve=True)
+    run = stopped(run)
+    assert run.status == Run.Status.COMPLETED, run.status_reason
+    assert effects(run) == [
+        ("crm.update", f"{k}:{update_step}"),
+        ("crm.update", f"{k}:{update_step}:e1"),  # the chosen repeat, once approved: once
+        ("email.send", f"{k}:{update_step + 2}:e1"),
+        ("tickets.create", f"{k}:{ticket_step}"),
+    ]
 
 
 def test_a_plain_retry_keeps_the_keys_and_refusals_change_nothing(failed):
@@ -162,3 +209,23 @@ def test_proposals_of_superseded_steps_are_withdrawn_so_the_bundle_holds_each_on
     bundled = ToolOperation.objects.filter(run=run, status=ToolOperation.Status.AWAITING_APPROVAL)
     assert sorted(bundled.values_list("task__key", flat=True)) == [f"worker-{n}" for n in range(1, 6)]
     assert bundled.get(task=w3).idempotency_key == f"{run_key_prefix(run.id)}worker-3:{update_step}:e1"
+
+
+def test_the_api_takes_the_effects_to_repeat_by_step(failed, operator, client):
+    run, w3, update_step = failed()
+    token = api_token_create(user=operator)[1]
+    url = f"/api/v1/runs/{run.id}/tasks/worker-3/retry"
+
+    def retry(body):
+        return client.post(
+            url, data=json.dumps(body), content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {token}"
+        )
+
+    assert retry({"repeat": [update_step]}).status_code == 422  # a plain retry repeats nothing
+    stray = retry({"from_step": update_step, "repeat": [update_step - 2]})
+    assert stray.status_code == 422 and "have no committed effect" in stray.json()["message"]
+    assert Task.objects.get(id=w3.id).status == Task.Status.FAILED
+    update = ToolOperation.objects.get(task=w3, tool="crm.update")
+    assert retry({"from_step": update_step - 1, "repeat": [update_step]}).status_code == 200
+    assert ToolOperation.objects.get(id=update.id).repeat_chosen
+    assert AuditEvent.objects.get(action="task_retry_from", outcome="done").detail["repeated_operations"] == [update.id]

@@ -116,7 +116,11 @@ ACTIONS = {
     "task retry": (lambda s: reverse("runs:task-retry", args=[s.run.id, s.w3.id]), {}),
     "task retry from a step": (
         lambda s: reverse("runs:task-retry", args=[s.run.id, s.w3.id]) + "?from_step=6",
-        {"from_step": "6", "repeat_effects": "yes"},
+        {"from_step": "6", "repeat": "6"},
+    ),
+    "fork from a step": (
+        lambda s: reverse("runs:fork", args=[s.run.id]) + "?task=worker-3&step=8",
+        {"task": "worker-3", "step": "8"},
     ),
     "operation resolve": (
         lambda s: reverse("runs:operation-resolve", args=[s.run.id, s.ops["email.send"].id]),
@@ -324,27 +328,32 @@ def test_a_plain_retry_previews_the_failed_call_and_retries_with_the_same_keys(s
     assert state(scene.run) == before
 
 
-def test_a_retry_from_a_step_flags_the_effects_it_repeats_and_needs_them_confirmed(scene, people):
+def test_a_retry_from_a_step_reuses_committed_effects_unless_one_is_chosen_to_repeat(scene, people):
     client = as_user(people["operator"])
     url = reverse("runs:task-retry", args=[scene.run.id, scene.w3.id])
     update = scene.ops["crm.update"]
     page = client.get(url, {"from_step": update.step}).content.decode()
     assert f"A retry from step {update.step}" in page
-    assert f"happens AGAIN under {run_key_prefix(scene.run.id)}worker-3:{update.step}:e1" in page
-    assert "1 committed effect will happen a second time" in page
+    assert "its receipt answers the same call again: not repeated" in page
+    assert "1 committed effect is not repeated" in page and "happen a second time" not in page
+    assert f'name="repeat" value="{update.step}">' in page
     assert f'value="{update.step}" checked' in page
+    chosen = client.get(url, {"from_step": update.step, "repeat": update.step}).content.decode()
+    assert f"chosen to happen AGAIN under {run_key_prefix(scene.run.id)}worker-3:{update.step}:e1" in chosen
+    assert "1 committed effect will happen a second time once a reviewer approves it" in chosen
 
     before = state(scene.run)
-    response = client.post(url, {"from_step": str(update.step)})
-    assert response.status_code == 400 and "will happen a second time" in response.content.decode()
+    response = client.post(url, {"from_step": str(update.step), "repeat": "4"})  # the ticket: before the step
+    assert response.status_code == 400 and "steps 4 have no committed effect" in response.content.decode()
     assert state(scene.run) == before
 
     reason = "the CRM record was overwritten by hand"
-    response = client.post(url, {"from_step": str(update.step), "repeat_effects": "yes", "reason": reason})
+    response = client.post(url, {"from_step": str(update.step), "repeat": str(update.step), "reason": reason})
     assert response.status_code == 303 and response["Location"] == detail(scene.run)
     w3 = Task.objects.get(id=scene.w3.id)
     assert w3.status == Task.Status.READY and w3.journal_epoch == 1
     assert list(Span.objects.filter(task=w3, step__isnull=False).values_list("step", flat=True)) == [1, 2, 3, 4, 5]
+    assert ToolOperation.objects.get(id=update.id).repeat_chosen
     event = done(scene.run, "task_retry_from")
     assert event.detail == {
         "reason": reason,
@@ -352,8 +361,42 @@ def test_a_retry_from_a_step_flags_the_effects_it_repeats_and_needs_them_confirm
         "from_step": update.step,
         "journal_epoch": 1,
         "re_executed": [6, 7],
+        "reused_receipts": [],
         "repeated_operations": [update.id],
     }
+
+
+def test_fork_from_here_previews_what_is_new_and_inherited_then_forks_into_a_new_run(scene, people):
+    client = as_user(people["operator"])
+    page = client.get(detail(scene.run)).content.decode()
+    fork_url = reverse("runs:fork", args=[scene.run.id])
+    assert f'href="{fork_url}?task=worker-3">Fork from here: worker-3…' in page
+    Run.objects.filter(id=scene.run.id).update(input={})  # the e-mail system is repaired; the fork copies it
+
+    page = client.get(fork_url, {"task": "worker-3"}).content.decode()  # the step it failed at, offered first
+    assert "A fork from worker-3 step 8" in page and 'value="8" checked' in page
+    new_calls = re.findall(r'<tr class="new-call"><td>([^<]*)</td><td>(\d+)</td><td>([^<]*)</td>', page)
+    assert new_calls == [("worker-3", "8", "email.send")]
+    inherited = re.findall(r'<tr class="inherited"><td>([^<]*)</td><td>(\d+)</td><td>([^<]*)</td>', page)
+    assert ("worker-3", "4", "tickets.create") in inherited and ("worker-3", "6", "crm.update") in inherited
+    # Driven in order, workers 4 and 5 never started before the run stopped: they go on in the fork.
+    assert len(inherited) == 2 * 3 + 2 and "Fork from worker-3 step 8</button>" in page
+    assert page.count("goes on from step 1, its journal replayed") == 2
+
+    before = state(scene.run)
+    for bad, message in (({"task": "worker-3", "step": "99"}, "not 99"), ({"task": "nope", "step": "1"}, "no task")):
+        response = client.post(fork_url, bad)
+        assert response.status_code == 400 and message in response.content.decode()
+    assert state(scene.run) == before and not Run.objects.filter(forked_from=scene.run).exists()
+
+    response = client.post(fork_url, {"task": "worker-3", "step": "8", "reason": "mail is back"})
+    fork = Run.objects.get(forked_from=scene.run)
+    assert response.status_code == 303 and response["Location"] == detail(fork)
+    assert (fork.forked_task, fork.forked_step) == ("worker-3", 8)
+    assert done(scene.run, "run_fork").detail["fork"] == fork.id
+    assert drive(fork).status == Run.Status.COMPLETED, fork.status_reason
+    page = client.get(detail(fork)).content.decode()
+    assert f'Forked from <a href="{detail(scene.run)}">run {scene.run.id}</a> at task worker-3, step 8' in page
 
 
 @pytest.mark.parametrize(
@@ -370,7 +413,7 @@ def test_a_bad_step_is_refused_and_nothing_changes(scene, people, from_step, sta
     before = state(scene.run)
     get = client.get(url, {"from_step": from_step})
     assert message in get.content.decode()
-    response = client.post(url, {"from_step": from_step, "repeat_effects": "yes"})
+    response = client.post(url, {"from_step": from_step})
     assert response.status_code == status and message in response.content.decode()
     assert state(scene.run) == before
 
@@ -440,7 +483,7 @@ def test_a_retry_from_before_an_unresolved_operation_waits_for_it(ambiguous, peo
     assert "resolve them before executing their steps afresh" in page
     assert reverse("runs:operation-resolve", args=[ambiguous.run.id, email.id]) in page
     before = state(ambiguous.run)
-    response = client.post(url, {"from_step": "6", "repeat_effects": "yes"})
+    response = client.post(url, {"from_step": "6"})
     assert response.status_code == 409 and state(ambiguous.run) == before
 
 

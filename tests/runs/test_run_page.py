@@ -592,6 +592,7 @@ def test_a_viewer_sees_the_page_but_every_action_link_refuses(known, people, cli
         reverse("runs:cancel", args=[run.id]),
         reverse("runs:resume", args=[run.id]),
         reverse("runs:task-retry", args=[run.id, s["risk"].task_id]),
+        reverse("runs:fork", args=[run.id]) + "?task=risk",
         reverse("runs:operation-resolve", args=[run.id, ops["mail"].id]),
     }
     assert set(links) == expected
