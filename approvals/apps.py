@@ -10,6 +10,7 @@ class ApprovalsConfig(AppConfig):
     def ready(self):
         from . import actors  # noqa: F401  (registered in every process)
         from .expiry import approvals_and_notifications_sweep
+        from .questions import question_for_operation, questions_sweep
         from .services import (
             approval_request_for_operation,
             approval_request_for_operations,
@@ -24,4 +25,6 @@ class ApprovalsConfig(AppConfig):
         hooks.provide(hooks.APPROVAL_REQUEST_FOR_OPERATIONS, approval_request_for_operations)
         hooks.provide(hooks.APPROVALS_WITHDRAW, approvals_withdraw)
         hooks.provide(hooks.APPROVALS_WITHDRAW_IDS, approvals_withdraw_ids)
+        hooks.provide(hooks.QUESTION_FOR_OPERATION, question_for_operation)
         hooks.add_sweep(approvals_and_notifications_sweep)
+        hooks.add_sweep(questions_sweep)

@@ -10,6 +10,7 @@ from ninja.security import HttpBearer
 import api.external  # noqa: F401  (its operations join the reads router)
 from api.approvals import router as approvals_router
 from api.limits import RateLimited, rate_check
+from api.questions import router as questions_router
 from api.reads import router as runs_reads_router
 from api.runs import router as runs_router
 from api.tools import router as tools_router
@@ -140,6 +141,7 @@ api.add_router("/", runs_router)
 api.add_router("/", runs_reads_router)
 api.add_router("/", tools_router)
 api.add_router("/", approvals_router)
+api.add_router("/", questions_router)
 
 
 def _error(request, status: int, code: str, message: str, errors: list | None = None):

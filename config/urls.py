@@ -5,6 +5,7 @@ from django.urls import include, path, re_path
 from django.views.generic import RedirectView
 
 from api.otlp import otlp_traces
+from dashboard.views import questions as questions_views
 from dashboard.views import queue as approvals_views
 
 from .api import api
@@ -45,6 +46,7 @@ urlpatterns = [
     path("approvals/", approvals_views.queue, name="approvals-queue"),
     path("approvals/new", approvals_views.queue_new, name="approvals-new"),
     path("approvals/<int:request_id>/decide", approvals_views.decide, name="approvals-decide"),
+    path("questions/<int:question_id>/answer", questions_views.answer, name="questions-answer"),
     path("", include("dashboard.urls")),
     path("", RedirectView.as_view(pattern_name="runs:list", permanent=False), name="home"),
 ]
