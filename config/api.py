@@ -122,6 +122,7 @@ class WardenAPI(NinjaAPI):
         "api.external": "runs.api_external",
         "api.tools": "tools.api",
         "api.approvals": "approvals.api",
+        "api.questions": "approvals.api",
     }
 
     def get_openapi_operation_id(self, operation) -> str:

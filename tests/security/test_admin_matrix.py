@@ -18,7 +18,7 @@ from django.forms.models import model_to_dict
 from django.urls import reverse
 
 from agents.models import Agent, ModelPrice, ModelVersion, Workflow
-from approvals.models import AllowRule, ApprovalPolicy, ApprovalRequest, Decision, Notification
+from approvals.models import AllowRule, ApprovalPolicy, ApprovalRequest, Decision, Notification, Question
 from runs.models import (
     Artifact,
     BlackboardEntry,
@@ -123,6 +123,7 @@ TABLE = {
     "approvals.approvalpolicy": (V, ADM, ADM, ADM),
     "approvals.notification": (V, NOBODY, NOBODY, SU),
     "approvals.allowrule": (V, NOBODY, NOBODY, SU),
+    "approvals.question": (V, NOBODY, NOBODY, SU),
 }
 PRINCIPALS = ["anonymous", "staff", "outsider", "viewer", "operator", "reviewer", "admin", "superuser"]
 
@@ -283,6 +284,7 @@ def scene(demo, people, django_user_model):
         "approvals.approvalpolicy": ApprovalPolicy.objects.create(name="mail", project=home, tool="email.send"),
         "approvals.notification": Notification.objects.create(request=request, channel="email", kind="new"),
         "approvals.allowrule": AllowRule.objects.create(project=home, tool="tickets.create", created_by=victim),
+        "approvals.question": Question.objects.create(run=run, task=task, step=1, text="Ship?"),
     }
     return rows
 
