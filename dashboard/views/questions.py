@@ -8,7 +8,7 @@ from django.views.decorators.http import require_POST
 from approvals.models import Question
 from approvals.questions import question_answer, question_refusal
 from core.errors import Forbidden, InvalidInput, NotFound, WardenError
-from tenancy.access import authorize
+from tenancy.access import authorize, project_ids
 
 
 def question_card(question: Question, user) -> dict:
@@ -20,6 +20,15 @@ def question_card(question: Question, user) -> dict:
         "may_answer": question.status == Question.Status.PENDING and not refusal,
         "refusal": refusal,
     }
+
+
+def pending_questions(user):
+    """The pending questions of the projects ``user`` may view, oldest first, ready for question_card."""
+    rows = Question.objects.filter(status=Question.Status.PENDING)
+    visible = project_ids(user, "view")
+    if visible is not None:
+        rows = rows.filter(run__project_id__in=visible)
+    return rows.select_related("run__project", "run__workflow", "task", "answered_by").order_by("created_at", "id")
 
 
 def _question(question_id: int) -> Question | None:

@@ -222,3 +222,28 @@ def test_cancelling_the_run_withdraws_its_question(demo_tx, worker, people):
     question.refresh_from_db()
     assert question.status == "withdrawn"
     assert ToolOperation.objects.get(id=question.operation_id).status == "rejected"
+
+
+def test_the_listing_costs_the_same_queries_for_one_question_or_many(demo, client, people):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from dashboard.views.questions import pending_questions
+
+    run = run_start(workflow="deploy-review")
+    reviewer = token(people["rita"])
+
+    def listing() -> tuple[int, int]:
+        with CaptureQueriesContext(connection) as queries:
+            found = client.get("/api/v1/questions", HTTP_AUTHORIZATION=f"Bearer {reviewer}").json()
+        return len(found), len(queries)
+
+    assert listing()[0] == 0  # the first use of a token also stamps its last use
+    for n, task in enumerate(run.tasks.order_by("id"), 1):
+        Question.objects.create(run=run, task=task, step=n, text=f"question {n}")
+        if n == 1:
+            one = listing()
+    many = listing()
+    assert one[0] == 1 and many[0] == 3 and one[1] == many[1]
+    assert [q.text for q in pending_questions(people["rita"])] == ["question 1", "question 2", "question 3"]
+    assert list(pending_questions(people["otto"])) == []
