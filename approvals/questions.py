@@ -16,7 +16,7 @@ import hashlib
 import logging
 
 from django.db import transaction
-from django.db.models import Exists, OuterRef, Q
+from django.db.models import F, OuterRef, Subquery
 from django.utils import timezone
 
 from core import bus
@@ -195,26 +195,29 @@ def _expire(question_id: int, now) -> int:
     return 1
 
 
+def _stranded():
+    """Questions no longer pending whose task is still parked on them: its latest call is the question's."""
+    latest = ToolOperation.objects.filter(task=OuterRef("task")).order_by("-id").values("id")[:1]
+    return (
+        Question.objects.exclude(status=QS.PENDING)
+        .filter(task__status=Task.Status.WAITING_FOR_APPROVAL, operation__isnull=False)
+        .exclude(operation__status=OS.EXECUTING)
+        .annotate(latest=Subquery(latest))
+        .filter(operation_id=F("latest"))
+    )
+
+
 def parked_tasks_wake(now) -> int:
-    """Tasks parked with nothing left to wait for (no call of theirs awaits a decision or an answer):
-    woken. The deciding transaction wakes its task itself; this covers whatever left one parked."""
-    waiting = ToolOperation.objects.filter(task=OuterRef("pk")).filter(
-        Q(status=OS.AWAITING_APPROVAL) | Q(tool=ASK, status=OS.EXECUTING)
-    )
-    stranded = list(
-        Task.objects.filter(
-            status=Task.Status.WAITING_FOR_APPROVAL,
-            run__status__in=[Run.Status.RUNNING, Run.Status.WAITING_FOR_APPROVAL],
-        )
-        .exclude(Exists(waiting))
-        .values_list("id", "run_id")[:BATCH]
-    )
+    """Tasks still parked on a question that was answered or expired: woken. The answering (or expiring)
+    transaction wakes its task itself; this covers whatever left one parked (a crash, a lost wake-up)."""
     woken = 0
-    for task_id, run_id in stranded:
+    stranded = _stranded().filter(run__status__in=[Run.Status.RUNNING, Run.Status.WAITING_FOR_APPROVAL])
+    for question_id, task_id, run_id in list(stranded.values_list("id", "task_id", "run_id")[:BATCH]):
         with transaction.atomic():
             run = Run.objects.select_for_update().get(id=run_id)
-            still = Task.objects.filter(id=task_id).exclude(Exists(waiting)).exists()
-            if still and parked_task_wake(run, task_id, "nothing left to wait for: woken by the sweeper", now):
+            if not _stranded().filter(id=question_id).exists():
+                continue  # woken, or parked on something else, since
+            if parked_task_wake(run, task_id, f"question {question_id} settled: woken by the sweeper", now):
                 woken += 1
     return woken
 

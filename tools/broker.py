@@ -188,7 +188,7 @@ def _call_out(call: "_Call", verdict: Verdict, *, propose: bool, fence) -> ToolO
     """A call the gate let through (or parked): a read goes out; a write's intent is written first."""
     spec, args, name = call.spec, call.args, call.spec.name
     if name == ASK:
-        _ask(call, verdict)
+        raise TaskParked(_ask(call, verdict), f"{ASK} waits for a person's answer")
     if not spec.is_write and not verdict.waits:
         return _read(call, verdict)
     status = OS.PROPOSED if propose else OS.AWAITING_APPROVAL if verdict.waits else OS.EXECUTING
@@ -214,10 +214,10 @@ def _call_out(call: "_Call", verdict: Verdict, *, propose: bool, fence) -> ToolO
     return _call_and_receipt(op, spec, args, fence=fence)
 
 
-def _ask(call: "_Call", verdict: Verdict) -> None:
+def _ask(call: "_Call", verdict: Verdict) -> int:
     """human.ask: the call goes to a person. Its intent and the question are written together; the receipt
     is the answer (or the question's expiry), recorded by the approvals app. A reviewer's approval is not
-    asked for: a person answers it anyway. Always raises TaskParked."""
+    asked for: a person answers it anyway. Returns the intent's id, for the task to park on."""
     with transaction.atomic():
         op = _operation_create(
             call,
@@ -228,7 +228,7 @@ def _ask(call: "_Call", verdict: Verdict) -> None:
             started_at=timezone.now(),
         )
         hooks.call(hooks.QUESTION_FOR_OPERATION, op, arguments=call.args)
-    raise TaskParked(op.id, f"{ASK} waits for a person's answer")
+    return op.id
 
 
 def _asked(op: ToolOperation) -> ToolOutcome:

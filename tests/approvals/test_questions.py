@@ -5,7 +5,7 @@ the workflow's on_timeout; a lost wake-up is recovered by the sweeper."""
 import pytest
 from django.utils import timezone
 
-from approvals.models import Question
+from approvals.models import ApprovalRequest, Question
 from approvals.questions import questions_sweep
 from runs.models import Artifact, Run, Span, Task
 from runs.services import run_start
@@ -247,3 +247,22 @@ def test_the_listing_costs_the_same_queries_for_one_question_or_many(demo, clien
     assert one[0] == 1 and many[0] == 3 and one[1] == many[1]
     assert [q.text for q in pending_questions(people["rita"])] == ["question 1", "question 2", "question 3"]
     assert list(pending_questions(people["otto"])) == []
+
+
+def test_the_sweeper_leaves_alone_a_task_that_parked_on_an_approval_after_its_answer(demo_tx, worker, client, people):
+    script = [
+        {"tool": "human.ask", "arguments": ASK},
+        {"tool": "email.send", "arguments": {"to": "a@x.example", "subject": "{last[answer]}", "body": "b"}},
+        {"final": {"summary": "sent"}},
+    ]
+    wf = scripted_workflow("ask-then-mail", script, tools=["human.ask", "email.send"])
+    wf.tool_policies = {"email.send": {"approval": "always"}}
+    wf.save(update_fields=["tool_policies"])
+    run = run_start(workflow=wf.slug)
+    question = asked(run)
+    assert api(client, people["rita"], "post", f"/questions/{question.id}/answer", {"answer": "yes"}).status_code == 200
+    wait_for(lambda: ApprovalRequest.objects.filter(run=run, status="pending").exists(), message="the approval")
+    wait_for(lambda: Task.objects.get(id=question.task_id).status == Task.Status.WAITING_FOR_APPROVAL)
+    assert questions_sweep(timezone.now())["parked_tasks_woken"] == 0
+    assert Task.objects.get(id=question.task_id).status == Task.Status.WAITING_FOR_APPROVAL
+    assert ToolOperation.objects.get(tool="email.send").arguments["subject"] == "yes"  # the answer reached it
