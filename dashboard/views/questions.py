@@ -39,6 +39,14 @@ def _question(question_id: int) -> Question | None:
     )
 
 
+def _status(exc: WardenError) -> int:
+    if isinstance(exc, Forbidden):
+        return 403
+    if isinstance(exc, InvalidInput):
+        return 400
+    return 409  # answered already, expired, withdrawn
+
+
 @login_required
 @require_POST
 def answer(request, question_id: int):
@@ -59,15 +67,7 @@ def answer(request, question_id: int):
         return render(request, "approvals/_gone.html", {"error": str(exc)}, status=404)
     except WardenError as exc:
         error = str(exc) + "".join(f" — {d['field']}: {d['message']}" for d in getattr(exc, "errors", []) or [])
-        status = (
-            200
-            if request.htmx
-            else 403
-            if isinstance(exc, Forbidden)
-            else 400
-            if isinstance(exc, InvalidInput)
-            else 409
-        )
+        status = 200 if request.htmx else _status(exc)
     context = {**question_card(_question(question_id), request.user), "error": error}
     response = render(request, "approvals/_question.html", context, status=status)
     if not error:
