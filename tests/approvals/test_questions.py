@@ -266,3 +266,22 @@ def test_the_sweeper_leaves_alone_a_task_that_parked_on_an_approval_after_its_an
     assert questions_sweep(timezone.now())["parked_tasks_woken"] == 0
     assert Task.objects.get(id=question.task_id).status == Task.Status.WAITING_FOR_APPROVAL
     assert ToolOperation.objects.get(tool="email.send").arguments["subject"] == "yes"  # the answer reached it
+
+
+def test_a_wake_up_message_lost_after_the_answer_committed_is_sent_by_the_sweeper(
+    demo_tx, worker, client, people, monkeypatch
+):
+    """The process dies after the answer's commit, before its message leaves (here: the send is dropped):
+    the outbox row it left is sent by the recovery sweeper, and the task resumes with the answer."""
+    from runs.models import Outbox
+    from runs.services.recovery import resend_outbox
+
+    run = run_start(workflow=asking_workflow().slug)
+    question = asked(run)
+    monkeypatch.setattr("runs.services.outbox.outbox_deliver", lambda *, rows: 0)
+    assert api(client, people["rita"], "post", f"/questions/{question.id}/answer", {"answer": "yes"}).status_code == 200
+    assert Task.objects.get(id=question.task_id).status == Task.Status.READY and Outbox.objects.exists()
+    monkeypatch.undo()
+    assert resend_outbox(timezone.now() + timezone.timedelta(minutes=5)) >= 1
+    assert finished(run).status == Run.Status.COMPLETED, run.status_reason
+    assert Artifact.objects.get(run=run).content == {"summary": "yes"}
