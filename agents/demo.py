@@ -1,4 +1,5 @@
-"""The demo workflows of docs/scenarios.md: deploy-review (A) and incident-fanout (B), on scripted agents."""
+"""The demo workflows of docs/scenarios.md: deploy-review (A) and incident-fanout (B), on scripted agents; and
+ask-a-human, whose agent asks a person a question (human.ask) and reports the answer."""
 
 from django.db import transaction
 
@@ -130,6 +131,25 @@ AGENTS = [
             }
         ],
     },
+    {
+        "slug": "release-asker",
+        "name": "Release asker",
+        "max_attempts": 2,
+        "output_schema": SUMMARY_SCHEMA,
+        "allowed_tools": ["human.ask"],
+        "instructions": "Ask a person which release window to use, then report it.",
+        "script": [
+            {
+                "say": "I need a person to pick the release window.",
+                "tool": "human.ask",
+                "arguments": {
+                    "question": "Which release window should the checkout deployment use?",
+                    "choices": ["tonight", "tomorrow morning", "next week"],
+                },
+            },
+            {"final": {"summary": "Release window chosen by a person: {last[answer]}"}},
+        ],
+    },
 ]
 
 WORKFLOWS = [
@@ -171,6 +191,17 @@ WORKFLOWS = [
         "planner": Workflow.Planner.EXTERNAL,
         "tool_policies": {"payments.refund": {"approval": "always"}},
         "default_budget": {"max_steps": 100, "max_tokens": 100_000, "max_cost_usd": 2.0},
+    },
+    {
+        "slug": "ask-a-human",
+        "name": "Ask a human",
+        "default_goal": "Pick the checkout release window",
+        "description": "An agent asks a person a question with choices (human.ask), waits without a worker, and "
+        "reports the answer; unanswered after a day, the agent is told so.",
+        "planner": Workflow.Planner.STATIC,
+        "tasks": [{"key": "ask", "agent": "release-asker", "objective": "Ask which release window to use"}],
+        "tool_policies": {"human.ask": {"on_timeout": "tell_agent", "expires_after": 24 * 3600}},
+        "default_budget": {"max_steps": 20, "max_tokens": 20_000, "max_cost_usd": 1.0},
     },
 ]
 

@@ -5,7 +5,7 @@ from core.errors import WardenError
 from tenancy.access import authorize
 from tenancy.admin_scope import ReadOnlyScopedAdmin, ScopedAdmin, ScopedInline
 
-from .models import AllowRule, ApprovalPolicy, ApprovalRequest, Decision, DecisionLink, Notification
+from .models import AllowRule, ApprovalPolicy, ApprovalRequest, Decision, DecisionLink, Notification, Question
 from .services import approval_decide
 
 
@@ -176,3 +176,28 @@ class AllowRuleAdmin(ReadOnlyScopedAdmin):
                 allow_rule_revoke(user=request.user, rule_id=rule.id, request=request)
             except WardenError as exc:
                 self.message_user(request, f"{rule}: {exc}", messages.ERROR)
+
+
+@admin.register(Question)
+class QuestionAdmin(ReadOnlyScopedAdmin):
+    """Listed here; answered in the inbox, on the question's card or through the API (one service)."""
+
+    project_path = "run__project"
+    list_display = ["id", "run", "task", "status", "created_at", "expires_at", "answered_by", "answered_at"]
+    list_filter = ["status", "on_timeout"]
+    search_fields = ["=id", "=run__id", "text", "answer"]
+    readonly_fields = [
+        "run",
+        "task",
+        "step",
+        "operation",
+        "text",
+        "choices",
+        "on_timeout",
+        "status",
+        "answer",
+        "answered_by",
+        "answered_at",
+        "created_at",
+        "expires_at",
+    ]

@@ -11,6 +11,7 @@ class ApprovalsConfig(AppConfig):
         from . import actors  # noqa: F401  (registered in every process)
         from .expiry import approvals_and_notifications_sweep
         from .plans import plan_hold
+        from .questions import question_for_operation, questions_sweep
         from .services import (
             approval_request_for_operation,
             approval_request_for_operations,
@@ -26,4 +27,6 @@ class ApprovalsConfig(AppConfig):
         hooks.provide(hooks.APPROVALS_WITHDRAW, approvals_withdraw)
         hooks.provide(hooks.APPROVALS_WITHDRAW_IDS, approvals_withdraw_ids)
         hooks.provide(hooks.PLAN_HOLD, plan_hold)
+        hooks.provide(hooks.QUESTION_FOR_OPERATION, question_for_operation)
         hooks.add_sweep(approvals_and_notifications_sweep)
+        hooks.add_sweep(questions_sweep)

@@ -228,3 +228,43 @@ class DecisionLink(models.Model):
 
     def __str__(self) -> str:
         return f"link to request {self.request_id}" + (" (used)" if self.used_at else "")
+
+
+class Question(models.Model):
+    """A question an agent asked a person (the built-in tool human.ask). Its task waits parked, without a
+    worker, until someone answers, the question expires or the run moves on; the answer is the receipt of
+    the call's ledger row, so a resumed or retried attempt reads it back and never asks twice."""
+
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        ANSWERED = "answered"
+        EXPIRED = "expired"  # nobody answered in time: what the run's policy says (on_timeout) happens
+        WITHDRAWN = "withdrawn"  # its run moved on (cancelled, compensated) before anyone answered
+
+    class OnTimeout(models.TextChoices):
+        TELL_AGENT = "tell_agent", "The agent is told nobody answered, and goes on without it"
+        FAIL_TASK = "fail_task", "The task fails (the run needs attention)"
+
+    run = models.ForeignKey("runs.Run", on_delete=models.CASCADE, related_name="questions")
+    task = models.ForeignKey("runs.Task", on_delete=models.CASCADE, related_name="+")
+    step = models.PositiveIntegerField(help_text="Journal step of the tool call")
+    operation = models.OneToOneField(
+        "tools.ToolOperation", null=True, blank=True, on_delete=models.SET_NULL, related_name="question"
+    )
+    text = models.TextField()
+    choices = models.JSONField(default=list, blank=True, help_text="Empty: a free-text answer")
+    on_timeout = models.CharField(max_length=16, choices=OnTimeout.choices, default=OnTimeout.TELL_AGENT)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING, db_index=True)
+    answer = models.TextField(blank=True)
+    answered_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    answered_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField(null=True, blank=True, db_index=True)
+
+    class Meta:
+        ordering = ["-id"]
+
+    def __str__(self) -> str:
+        return f"question {self.pk} ({self.status})"

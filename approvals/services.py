@@ -14,9 +14,9 @@ from django.utils import timezone
 
 from core import bus
 from core.errors import Conflict, Forbidden, InvalidInput, NotFound
-from runs.models import Run, Task
+from runs.models import Run
 from runs.saga import run_operations_send
-from runs.services.runs import run_transition, task_set_ready
+from runs.services.runs import run_transition
 from runs.webhooks import webhook_emit
 from tenancy.access import role_of
 from tenancy.audit import audit
@@ -30,7 +30,9 @@ from tools.transitions import OPERATION
 
 from .models import ApprovalPolicy, ApprovalRequest
 from .notify import notifications_add
+from .questions import questions_withdraw
 from .transitions import APPROVAL_REQUEST
+from .wake import parked_task_wake
 
 log = logging.getLogger("warden.approvals")
 
@@ -134,6 +136,7 @@ def approvals_withdraw(*, run: Run, reason: str) -> int:
     pending = ApprovalRequest.objects.filter(run=run, status=ApprovalRequest.Status.PENDING)
     ids = list(pending.values_list("id", flat=True))
     APPROVAL_REQUEST.move_where(pending, ApprovalRequest.Status.WITHDRAWN, decided_at=now, note=reason[:1000])
+    questions_withdraw(run=run, reason=reason, now=now)
     OS = ToolOperation.Status
     why = f"not done: {reason}"[:1000]
     operations_decided(approval_ids=ids, approved=False, reason=why, now=now)
@@ -381,12 +384,7 @@ def _apply_edit(item, edited: dict, *, run: Run, user) -> None:
 
 
 def _wake_parked_task(run: Run, request: ApprovalRequest, reason: str, now) -> None:
-    task = Task.objects.select_for_update().filter(id=request.task_id).first()
-    if task is None or task.status != Task.Status.WAITING_FOR_APPROVAL:
-        return  # still running: it sees the decision when it checks before parking
-    if run.status == Run.Status.WAITING_FOR_APPROVAL:
-        run_transition(run=run, to=Run.Status.RUNNING, reason=reason, now=now)
-    task_set_ready(task=task, now=now)  # sends it; a run paused for a human holds it until resumed
+    parked_task_wake(run, request.task_id, reason, now)
 
 
 def policies_in_force(*, project_id: int, workflow_id: int | None) -> list[dict]:

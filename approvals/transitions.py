@@ -1,8 +1,9 @@
-"""The approval request's state machine (core/machine.py applies it): one decision, then it is closed."""
+"""The approval request's and the question's state machines (core/machine.py applies them): one decision or
+one answer, then it is closed."""
 
 from core.machine import StateMachine
 
-from .models import ApprovalRequest
+from .models import ApprovalRequest, Question
 
 AS = ApprovalRequest.Status
 
@@ -15,3 +16,14 @@ APPROVAL_TRANSITIONS: dict[str, frozenset[str]] = {
 }
 
 APPROVAL_REQUEST = StateMachine("approval request", AS.values, APPROVAL_TRANSITIONS)
+
+QS = Question.Status
+
+QUESTION_TRANSITIONS: dict[str, frozenset[str]] = {
+    QS.PENDING: frozenset({QS.ANSWERED, QS.EXPIRED, QS.WITHDRAWN}),
+    QS.ANSWERED: frozenset(),
+    QS.EXPIRED: frozenset(),
+    QS.WITHDRAWN: frozenset(),
+}
+
+QUESTION = StateMachine("question", QS.values, QUESTION_TRANSITIONS)

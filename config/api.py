@@ -11,6 +11,7 @@ import api.external  # noqa: F401  (its operations join the reads router)
 from api.approvals import router as approvals_router
 from api.inbox import router as inbox_router
 from api.limits import RateLimited, rate_check
+from api.questions import router as questions_router
 from api.reads import router as runs_reads_router
 from api.runs import router as runs_router
 from api.tools import router as tools_router
@@ -122,6 +123,8 @@ class WardenAPI(NinjaAPI):
         "api.external": "runs.api_external",
         "api.tools": "tools.api",
         "api.approvals": "approvals.api",
+        "api.questions": "approvals.api",
+        "api.inbox": "approvals.api",
     }
 
     def get_openapi_operation_id(self, operation) -> str:
@@ -142,6 +145,7 @@ api.add_router("/", runs_reads_router)
 api.add_router("/", tools_router)
 api.add_router("/", approvals_router)
 api.add_router("/", inbox_router)
+api.add_router("/", questions_router)
 
 
 def _error(request, status: int, code: str, message: str, errors: list | None = None):

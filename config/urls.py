@@ -6,6 +6,7 @@ from django.views.generic import RedirectView
 
 from api.otlp import otlp_traces
 from dashboard.views import inbox as inbox_views
+from dashboard.views import questions as questions_views
 from dashboard.views import queue as approvals_views
 
 from .api import api
@@ -50,6 +51,7 @@ urlpatterns = [
     path("inbox/", inbox_views.inbox, name="inbox"),
     path("inbox/counts", inbox_views.counts, name="inbox-counts"),
     path("inbox/breakers/<str:what>/<str:name>/close", inbox_views.breaker_close_view, name="inbox-breaker-close"),
+    path("questions/<int:question_id>/answer", questions_views.answer, name="questions-answer"),
     path("", include("dashboard.urls")),
     path("", RedirectView.as_view(pattern_name="runs:list", permanent=False), name="home"),
 ]

@@ -16,6 +16,8 @@ from django.core.exceptions import ImproperlyConfigured
 APPROVAL_REQUEST_FOR_OPERATION = "approval_request_for_operation"
 # run, operations, kind, title, requested_by_id → one parent request for several operations (a bundle)
 APPROVAL_REQUEST_FOR_OPERATIONS = "approval_request_for_operations"
+# operation, arguments → the Question a human.ask call asks (its intent's transaction): its task parks on it
+QUESTION_FOR_OPERATION = "question_for_operation"
 # run (locked), reason → how many pending requests were withdrawn
 APPROVALS_WITHDRAW = "approvals_withdraw"
 # ids, reason, now → how many of these pending requests were withdrawn (their calls will not be made)

@@ -19,6 +19,7 @@ from runs.selectors import set_aside_by_replan
 from runs.services import run_cancel, task_retry
 from runs.transitions import TransitionNotAllowed
 from tenancy.access import authorize, project_ids
+from tools.human import ASK
 from tools.models import ToolOperation
 from tools.transitions import UNKNOWN_OUTCOME
 
@@ -140,9 +141,11 @@ def _facts(action: str, runs: list[Run]) -> dict[int, tuple[list, list, list]]:
     elif action == "compensate":
         for run_id, key in Task.objects.filter(run_id__in=ids, status=Task.Status.RUNNING).values_list("run_id", "key"):
             facts[run_id][1].append(key)
-        for run_id, op_id in ToolOperation.objects.filter(
+        unknown = ToolOperation.objects.filter(
             run_id__in=ids, status__in=UNKNOWN_OUTCOME, kind=ToolOperation.Kind.ACTION
-        ).values_list("run_id", "id"):
+        )
+        # as compensation_unresolved: a question waiting for its answer changed nothing
+        for run_id, op_id in unknown.exclude(tool=ASK).values_list("run_id", "id"):
             facts[run_id][2].append(op_id)
     return facts
 

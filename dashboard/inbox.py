@@ -7,7 +7,7 @@ by every project) to operators of any project. Nothing here changes anything.
 """
 
 import logging
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from datetime import datetime
 
 from django.db.models import QuerySet
@@ -17,11 +17,17 @@ from django.utils import timezone
 from agents.gateway import BREAKER as MODEL_BREAKER
 from approvals.models import ApprovalRequest
 from approvals.services import decider_refusal
-from runs.models import BlackboardEntry, Run
+from core.errors import Forbidden, NotFound, WardenError
+from runs.models import BlackboardEntry, Run, Task
+from runs.services import task_retry
 from tenancy.access import project_ids
+from tenancy.audit import audit
 from tenancy.models import Project
 from tools.broker import BREAKER as TOOL_BREAKER
+from tools.broker import breaker_reason
 from tools.models import ToolOperation
+
+from .views.questions import pending_questions, question_card
 
 KINDS = {
     "approval": "Approvals to decide",
@@ -45,9 +51,11 @@ class Item:
     url: str
     project: str = ""
     run_id: int | None = None
+    card: dict | None = None  # a question's card context, for the page only
 
     def as_json(self) -> dict:
-        return {**asdict(self), "since": self.since.isoformat() if self.since else None}
+        data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "card"}
+        return {**data, "since": self.since.isoformat() if self.since else None}
 
 
 def _scoped(rows: QuerySet, user, action: str, field: str = "run__project_id") -> QuerySet:
@@ -160,7 +168,20 @@ def _breakers(user, project: Project | None) -> list[Item]:
 
 
 def _questions(user, project: Project | None) -> list[Item]:
-    return []  # filled in when agents can ask (approvals.models.Question)
+    rows = _scoped(pending_questions(user), user, "decide")
+    if project is not None:
+        rows = rows.filter(run__project=project)
+    items = []
+    for q in rows[:LIMIT]:
+        card = question_card(q, user)
+        if card["refusal"]:
+            continue
+        item = Item("question", str(q.id), f"Run {q.run_id} ({q.run.workflow.slug}) asks: {q.text[:120]}",
+                    q.text[:300], q.created_at, f"{reverse('inbox')}?kind=question#question-{q.id}",
+                    q.run.project.slug, q.run_id)  # fmt: skip
+        item.card = card  # answered in place on the inbox page
+        items.append(item)
+    return items
 
 
 _SOURCES = {
@@ -191,9 +212,6 @@ def inbox_counts(user) -> dict[str, int]:
 def breaker_close(*, user, what: str, name: str, request=None) -> None:
     """Close an open breaker by hand (the system behind it is back): audited. A breaker is shared by every
     project, so closing it is for project admins."""
-    from core.errors import Forbidden, NotFound
-    from tenancy.audit import audit
-
     breaker = {"tool": TOOL_BREAKER, "provider": MODEL_BREAKER}.get(what)
     if breaker is None or not breaker.open_for(name):
         raise NotFound(f"no open breaker for the {what} {name}")
@@ -208,11 +226,6 @@ def breaker_close(*, user, what: str, name: str, request=None) -> None:
 
 def _resume_parked(user, what: str, name: str, request) -> None:
     """The tasks the open breaker parked get another attempt, and their runs go on (each retry audited)."""
-    from core.errors import WardenError
-    from runs.models import Task
-    from runs.services import task_retry
-    from tools.broker import breaker_reason
-
     parked = Task.objects.filter(
         status=Task.Status.FAILED,
         failure_class__in=[Task.FailureClass.BREAKER, Task.FailureClass.PROVIDER],

@@ -40,6 +40,7 @@ from dashboard.presence import (
     seq_next,
 )
 from dashboard.views.run_page import mark_forget, run_push
+from runs.models import Run
 
 log = logging.getLogger("warden.events")
 
@@ -195,8 +196,6 @@ def publish(run_id: int) -> None:
 def _inbox_nudge(run_id: int) -> None:
     """Something in the run's project changed: the open navs of its members fetch their counts again.
     The nudge carries nothing but the project's id; the count is read with the reader's own rights."""
-    from runs.models import Run
-
     project_id = Run.objects.filter(id=run_id).values_list("project_id", flat=True).first()
     if project_id is not None:
         publisher.send(inbox_group(project_id), json.dumps({"inbox": project_id}))

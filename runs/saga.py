@@ -23,6 +23,7 @@ from tenancy.audit import audited
 from tools.broker import approval_recheck, arguments_hash, arguments_unseal, operation_execute, reconcile
 from tools.catalog import tool_spec
 from tools.gate import APPROVAL, REFUSE, Origin, gate
+from tools.human import ASK
 from tools.installation import run_key_prefix
 from tools.ledger import operation_record
 from tools.models import ToolOperation
@@ -145,6 +146,7 @@ def compensation_plan(run_id: int) -> dict:
 def compensation_unresolved(run_id: int) -> list[int]:
     """The run's actions whose outcome is unknown: a compensation waits until someone resolves them."""
     unknown = ToolOperation.objects.filter(run_id=run_id, status__in=UNKNOWN_OUTCOME, kind=Kind.ACTION)
+    unknown = unknown.exclude(tool=ASK)  # a question waiting for its answer changed nothing (it is withdrawn)
     return list(unknown.values_list("id", flat=True))
 
 
@@ -164,6 +166,8 @@ def run_compensate_refusal(run: Run, *, running: list[str], unresolved: list[int
 
 
 def operation_resolve_refusal(op: ToolOperation) -> WardenError | None:
+    if op.tool == ASK:
+        return Conflict(f"operation {op.id} is a question to a person: it is answered, not resolved")
     if op.status in (OS.AMBIGUOUS, OS.EXECUTING):
         return None
     return Conflict(f"operation {op.id} is {op.status}; only an ambiguous one can be resolved")
@@ -529,8 +533,12 @@ def settle_stranded(now) -> int:
 
 
 def operation_awaits_decision(operation_id: int) -> bool:
-    status = ToolOperation.objects.filter(id=operation_id).values_list("status", flat=True).first()
-    return status == OS.AWAITING_APPROVAL
+    """Whether the call still waits for a reviewer's decision, or (human.ask) for a person's answer."""
+    row = ToolOperation.objects.filter(id=operation_id).values_list("status", "tool").first()
+    if row is None:
+        return False
+    status, tool = row
+    return status == OS.AWAITING_APPROVAL or (tool == ASK and status == OS.EXECUTING)
 
 
 def redrive_operations(now) -> int:

@@ -21,6 +21,7 @@ class ToolsConfig(AppConfig):
     def ready(self):
         from .registry import tools_load
 
+        builtin = ["tools.human"]  # Warden's own, in every installation
         sandbox = ["tools.sandbox_tools"] if settings.WARDEN["SANDBOX_TOOLS"] else []
         named = list(settings.WARDEN["TOOL_MODULES"])
-        tools_load(sandbox + named + [m for m in discovered_modules() if m not in named])
+        tools_load(builtin + sandbox + named + [m for m in discovered_modules() if m not in named])

@@ -31,6 +31,7 @@ from core.faults import faults
 
 from .catalog import tool_spec
 from .gate import REFUSE, Origin, Verdict, gate, gate_satisfied
+from .human import ASK
 from .installation import run_key_prefix
 from .kit import ArgumentsInvalid, ToolCutOff, ToolFailure, ToolRefused, ToolTimeout, ToolUnavailable, secrets_read
 from .ledger import operation_record
@@ -45,7 +46,8 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 
 
 class TaskParked(Exception):
-    """The call waits for a human decision; the task is parked until the decision arrives."""
+    """The call waits for a human decision (or a person's answer to human.ask); the task is parked until it
+    arrives."""
 
     def __init__(self, operation_id: int, reason: str):
         super().__init__(reason)
@@ -179,6 +181,19 @@ def tool_call(
         allowed_tools=task.allowed_tools,
         repeats=repeats,
     )
+    stopped = _stopped(spec, task, verdict)
+    if stopped is not None:
+        return stopped
+
+    call = _Call(run=run, task=task, step=step, call_number=call_number, spec=spec, args=args, key=key, digest=digest)
+    with faults.around_call(run.input, run_id=run.id, task_key=task.key, call=call_number):
+        return _call_out(call, verdict, propose=propose, fence=fence)
+
+
+def _stopped(spec: ToolSpec, task, verdict: Verdict) -> ToolOutcome | None:
+    """What keeps a call the model asked for from going out: the gate's refusal or the rate limit (told
+    to the model), or an open breaker (the task parks)."""
+    name = spec.name
     if verdict.decision == REFUSE:
         if name not in task.allowed_tools:
             message = f"tool {name!r} is not allowed for this task"
@@ -192,10 +207,7 @@ def tool_call(
     wait = _rate_limited(spec)
     if wait:
         return _refuse("rate_limited", f"{name} is over its rate limit", retry_after=round(wait, 1))
-
-    call = _Call(run=run, task=task, step=step, call_number=call_number, spec=spec, args=args, key=key, digest=digest)
-    with faults.around_call(run.input, run_id=run.id, task_key=task.key, call=call_number):
-        return _call_out(call, verdict, propose=propose, fence=fence)
+    return None
 
 
 def earlier_receipt(*, task_id: int, step: int, digest: str) -> ToolOperation | None:
@@ -222,6 +234,8 @@ def _answer(op: ToolOperation) -> ToolOutcome:
 def _call_out(call: "_Call", verdict: Verdict, *, propose: bool, fence) -> ToolOutcome:
     """A call the gate let through (or parked): a read goes out; a write's intent is written first."""
     spec, args, name = call.spec, call.args, call.spec.name
+    if name == ASK:
+        raise TaskParked(_ask(call, verdict), f"{ASK} waits for a person's answer")
     if not spec.is_write and not verdict.waits:
         return _read(call, verdict)
     status = OS.PROPOSED if propose else OS.AWAITING_APPROVAL if verdict.waits else OS.EXECUTING
@@ -245,6 +259,34 @@ def _call_out(call: "_Call", verdict: Verdict, *, propose: bool, fence) -> ToolO
         raise TaskParked(op.id, f"{name} waits for a reviewer's approval")
     faults.crash("after_intent")
     return _call_and_receipt(op, spec, args, fence=fence)
+
+
+def _ask(call: "_Call", verdict: Verdict) -> int:
+    """human.ask: the call goes to a person. Its intent and the question are written together; the receipt
+    is the answer (or the question's expiry), recorded by the approvals app. A reviewer's approval is not
+    asked for: a person answers it anyway. Returns the intent's id, for the task to park on."""
+    with transaction.atomic():
+        op = _operation_create(
+            call,
+            verdict,
+            status=OS.EXECUTING,
+            status_reason="waits for a person's answer",
+            attempts=1,
+            started_at=timezone.now(),
+        )
+        hooks.call(hooks.QUESTION_FOR_OPERATION, op, arguments=call.args)
+    return op.id
+
+
+def _asked(op: ToolOperation) -> ToolOutcome:
+    """A human.ask call found by key: the answer, still waiting, or what its expiry's policy says."""
+    if op.status == OS.EXECUTING:
+        raise TaskParked(op.id, f"{ASK} waits for a person's answer")
+    if op.status == OS.COMMITTED:
+        return ToolOutcome(result=op.result)
+    if op.status == OS.FAILED:  # the run's policy says an unanswered question fails the task
+        raise StepFailure(f"{ASK}: {op.status_reason}", "policy")
+    return _refuse("unanswered", op.status_reason or "nobody answered the question")
 
 
 @dataclass(frozen=True)
@@ -368,6 +410,8 @@ def _operation_create(call: _Call, verdict: Verdict, **fields) -> ToolOperation:
 
 def _resume_operation(op: ToolOperation, spec: ToolSpec, args: dict, *, fence: tuple[int, int] | None) -> ToolOutcome:
     """The step's call has a ledger row already: a retry, a resumed attempt or a duplicate delivery."""
+    if op.tool == ASK:
+        return _asked(op)
     if op.status in (OS.COMMITTED, OS.COMPENSATING, OS.COMPENSATED, OS.COMPENSATION_FAILED):
         return _answer(op)
     if op.status == OS.PROPOSED or (op.proposed and op.status in (OS.AWAITING_APPROVAL, OS.APPROVED)):

@@ -13,7 +13,7 @@ import time
 from django.conf import settings
 from django.db import transaction
 
-from core.errors import BudgetExceeded
+from core.errors import BudgetExceeded, LeaseLost
 
 from ..models import Run, Task
 from . import sql
@@ -78,8 +78,6 @@ def budget_reserve(lease: Lease, run: Run, task: Task, *, tokens: int, cost: int
 
 
 def _refuse_if_it_cannot_fit(lease: Lease, *, tokens: int, cost: int) -> None:
-    from core.errors import LeaseLost
-
     task = Task.objects.filter(id=lease.task_id).values(*_FIGURES, "fencing_token", "status").first()
     if task is None or task["fencing_token"] != lease.token or task["status"] != _RUNNING:
         raise LeaseLost(f"task {lease.task_id}: token {lease.token} no longer holds the lease")

@@ -280,20 +280,10 @@ def _attempt(lease: Lease):
                     return task_yield(lease)
                 run_usage.check_before_step("run")
                 task_usage.check_before_step("task")
-                request = _model_request(lease, run, task, agent, state, deps)
                 try:
-                    _hold_worst_case(lease, run, task, agent, request)
+                    response, started = _model_call(lease, run, task, agent, state, deps)
                 except BudgetBusy:
                     return task_yield(lease)
-                started = timezone.now()
-                try:
-                    response = model_complete(
-                        provider=agent.provider, script=agent.script, model=agent.model, request=request
-                    )
-                except StepFailure as exc:
-                    budget_release(lease)
-                    _error_span(lease, kind=Span.Kind.MODEL_CALL, name=agent.model, started=started, message=str(exc))
-                    raise
                 if response.final is not None:
                     return _final(lease, run, task, agent, state, response, started)
                 run_usage, task_usage = _journal_model_step(lease, task, state, response, started)
@@ -317,6 +307,21 @@ def _attempt(lease: Lease):
     except Exception as exc:  # a bug must not leave the task leased until the lease expires
         log.exception("task %s attempt %s failed unexpectedly", lease.task_id, lease.attempt)
         return task_fail_or_retry(lease, StepFailure(f"internal error: {exc!r}", "permanent"))
+
+
+def _model_call(lease: Lease, run: Run, task: Task, agent: Agent, state: _LoopState, deps: dict):
+    """The next model call, its worst case held against the budgets first. Returns (response, started);
+    raises BudgetBusy when siblings' holds leave no room for now."""
+    request = _model_request(lease, run, task, agent, state, deps)
+    _hold_worst_case(lease, run, task, agent, request)
+    started = timezone.now()
+    try:
+        response = model_complete(provider=agent.provider, script=agent.script, model=agent.model, request=request)
+    except StepFailure as exc:
+        budget_release(lease)
+        _error_span(lease, kind=Span.Kind.MODEL_CALL, name=agent.model, started=started, message=str(exc))
+        raise
+    return response, started
 
 
 def _hold_worst_case(lease: Lease, run: Run, task: Task, agent: Agent, request: ModelRequest) -> None:

@@ -223,32 +223,9 @@ def task_retry_preview(*, task_id: int, step: int | None = None, repeat=()) -> d
     )
     chosen = {answering[s] for s in repeat if s in answering}
     epoch = task.journal_epoch if plain else task.journal_epoch + 1
-    operations = []
-    for op in ops:
-        spec = tool_spec(op.tool, run.project_id)
-        key = idempotency_key(run_id=run.id, task_key=task.key, step=op.step, epoch=epoch)
-        happened = op.status in HAPPENED
-        answers = not plain and answering.get(op.step) == op.id
-        operations.append(
-            {
-                "id": op.id,
-                "step": op.step,
-                "tool": op.tool,
-                "status": op.status,
-                "tool_class": op.tool_class,
-                "reversibility": op.reversibility,
-                "idempotency_key": op.idempotency_key,
-                "new_key": key,
-                "committed_write": happened and op.tool_class != "read_only",
-                "repeatable": answers,
-                "repeated": op.id in chosen,
-                "reused": answers and op.id not in chosen,
-                "irreversible": op.reversibility == "irreversible",
-                "unresolved": op.status in UNRESOLVED,
-                "has_lookup": spec is not None and spec.lookup is not None,
-                "outcome": _outcome(op, spec, plain=plain, new_key=key, answers=answers, repeat=op.id in chosen),
-            }
-        )
+    operations = [
+        _preview_operation(op, run, task, epoch, plain=plain, answering=answering, chosen=chosen) for op in ops
+    ]
     return {
         "task_id": task.id,
         "task_key": task.key,
@@ -265,6 +242,32 @@ def task_retry_preview(*, task_id: int, step: int | None = None, repeat=()) -> d
         "repeated_effects": [op for op in operations if op["repeated"]],
         "reused_receipts": [op for op in operations if op["reused"]],
         "refusal": "" if refusal is None else str(refusal),
+    }
+
+
+def _preview_operation(op, run, task, epoch: int, *, plain: bool, answering: dict, chosen: set) -> dict:
+    """One ledger operation of the preview: what the retry does with it."""
+    spec = tool_spec(op.tool, run.project_id)
+    key = idempotency_key(run_id=run.id, task_key=task.key, step=op.step, epoch=epoch)
+    happened = op.status in HAPPENED
+    answers = not plain and answering.get(op.step) == op.id
+    return {
+        "id": op.id,
+        "step": op.step,
+        "tool": op.tool,
+        "status": op.status,
+        "tool_class": op.tool_class,
+        "reversibility": op.reversibility,
+        "idempotency_key": op.idempotency_key,
+        "new_key": key,
+        "committed_write": happened and op.tool_class != "read_only",
+        "repeatable": answers,
+        "repeated": op.id in chosen,
+        "reused": answers and op.id not in chosen,
+        "irreversible": op.reversibility == "irreversible",
+        "unresolved": op.status in UNRESOLVED,
+        "has_lookup": spec is not None and spec.lookup is not None,
+        "outcome": _outcome(op, spec, plain=plain, new_key=key, answers=answers, repeat=op.id in chosen),
     }
 
 

@@ -5,7 +5,7 @@ import pytest
 from django.db import connection
 from django.urls import reverse
 
-from approvals.models import ApprovalRequest
+from approvals.models import ApprovalRequest, Question
 from config.api import api as ninja_api
 from runs.models import Artifact, BlackboardEntry, Run
 from runs.services import run_start
@@ -53,6 +53,9 @@ POLICY = {
     ("POST", "/api/v1/allow-rules"): ("decide", "approve"),
     ("POST", "/api/v1/allow-rules/{rule_id}/revoke"): ("decide", "approve"),
     ("GET", "/api/v1/tool-classes"): ("view (filtered)", "read"),
+    ("GET", "/api/v1/questions"): ("view (filtered)", "read"),
+    ("GET", "/api/v1/questions/{question_id}"): ("view", "read"),
+    ("POST", "/api/v1/questions/{question_id}/answer"): ("decide", "approve"),
     ("POST", "/api/v1/tool-classes"): ("administer", "admin"),
 }
 BODIES = {
@@ -71,6 +74,7 @@ BODIES = {
     "/api/v1/approvals/{approval_id}/decision": {"decision": "approve", "note": "ok", "arguments_hash": "{hash}"},
     "/api/v1/allow-rules": {"project": "default", "tool": "tickets.create", "arguments": {"customer_id": "c1"}},
     "/api/v1/tool-classes": {"project": "default", "tool": "crm.note", "tool_class": "read_only"},
+    "/api/v1/questions/{question_id}/answer": {"answer": "yes"},
 }
 ALLOWED = {  # role → actions
     "viewer": {"view"},
@@ -121,6 +125,9 @@ def scene(demo, django_user_model):
     from approvals.models import AllowRule
 
     rule = AllowRule.objects.create(project=home, tool="tickets.create", created_by=people["admin"])
+    question = Question.objects.create(
+        run=run, task=run.tasks.get(key="risk"), step=2, text="Ship?", choices=["yes", "no"]
+    )
     ids = {
         "run_id": run.id,
         "operation_id": op.id,
@@ -128,6 +135,7 @@ def scene(demo, django_user_model):
         "hash": approval.arguments_hash,
         "rule_id": rule.id,
         "task_key": "risk",
+        "question_id": question.id,
     }
     artifact = Artifact.objects.create(run=run, task=run.tasks.get(key="inventory"), key="inventory", content={})
     entry = BlackboardEntry.objects.create(run=run, key="pods", version=1, kind="number", value=4)
@@ -158,7 +166,8 @@ def _state(scene):
     verdicts = list(Artifact.objects.values_list("id", "verification"))
     verdicts += list(BlackboardEntry.objects.values_list("id", "verification"))
     classes = list(ToolClassification.objects.values_list("tool", "tool_class"))
-    return run.status, op.status, approval.status, Run.objects.count(), rules, verdicts, classes
+    questions = list(Question.objects.values_list("id", "status", "answer"))
+    return run.status, op.status, approval.status, Run.objects.count(), rules, verdicts, classes, questions
 
 
 @pytest.mark.parametrize("method,path", sorted(POLICY))
@@ -424,6 +433,7 @@ PAGES = {
     "approvals/new": "member",
     "approvals/<int:request_id>/decide": "decide (POST)",
     "approvals/link/<str:token>": "decide, in the request's project (the link's card; POST decides once)",
+    "questions/<int:question_id>/answer": "decide (POST)",
     "runs/": "member (their projects' runs)",
     "runs/bulk": "operate (POST), per run",
     "runs/start": "start (POST), in the workflow's project",
@@ -550,6 +560,7 @@ def test_every_page_answers_each_role_as_its_row_says(scene, client, who):
         "token": decision_link(scene["approval"]).rsplit("/", 1)[1],
         "what": "tool",
         "name": "crm.read",
+        "question_id": scene["ids"]["question_id"],
     }
     if who != "anonymous":
         client.force_login(scene["people"][who])

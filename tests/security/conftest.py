@@ -16,7 +16,7 @@ from django.contrib.contenttypes.models import ContentType
 from django.urls import URLResolver, get_resolver
 
 from agents.models import Agent, ModelPrice, Workflow
-from approvals.models import AllowRule, ApprovalRequest
+from approvals.models import AllowRule, ApprovalRequest, Question
 from config.api import api as ninja_api
 from runs.evals import demo_suite_load
 from runs.heartbeat import lease_keeper
@@ -114,6 +114,10 @@ def hostile(demo, provider, settings, monkeypatch, django_user_model):  # noqa: 
     admin_user = django_user_model.objects.create_user(username="ada", password="ada-pass-12345")
     membership_grant(user=admin_user, project=home, role="admin")
     AllowRule.objects.create(project=home, tool="tickets.create", arguments={"title": SHORT}, created_by=root)
+    # An agent's question in the corpus's words, with the corpus as a choice (its card escapes both).
+    Question.objects.create(
+        run=runs.answered, task=runs.answered.tasks.first(), step=1, text=JOINED, choices=[SHORT, "no"]
+    )
     tokens = {user.username: api_token_create(user=user, scopes=["read"])[1] for user in (root, admin_user)}
     return SimpleNamespace(runs=runs, root=root, admin=admin_user, tokens=tokens, suite=suite)
 
@@ -185,6 +189,7 @@ def fill(route: str, scene, *, every: bool, admin_rows: int = 1) -> list[str]:
         contexts = [
             {
                 "request_id": list(ApprovalRequest.objects.order_by("id").values_list("id", flat=True)),
+                "question_id": list(Question.objects.order_by("id").values_list("id", flat=True)),
                 "suite_id": [scene.suite.id],
                 # the admin's "view on site" of a row
                 "content_type_id": [ContentType.objects.get_for_model(Run).id],

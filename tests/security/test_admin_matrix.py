@@ -18,7 +18,7 @@ from django.forms.models import model_to_dict
 from django.urls import reverse
 
 from agents.models import Agent, ModelPrice, ModelVersion, Workflow
-from approvals.models import AllowRule, ApprovalPolicy, ApprovalRequest, Decision, DecisionLink, Notification
+from approvals.models import AllowRule, ApprovalPolicy, ApprovalRequest, Decision, DecisionLink, Notification, Question
 from runs.models import (
     Artifact,
     BlackboardEntry,
@@ -124,6 +124,7 @@ TABLE = {
     "approvals.notification": (V, NOBODY, NOBODY, SU),
     "approvals.decisionlink": (V, NOBODY, NOBODY, SU),
     "approvals.allowrule": (V, NOBODY, NOBODY, SU),
+    "approvals.question": (V, NOBODY, NOBODY, SU),
 }
 PRINCIPALS = ["anonymous", "staff", "outsider", "viewer", "operator", "reviewer", "admin", "superuser"]
 
@@ -285,6 +286,7 @@ def scene(demo, people, django_user_model):
         "approvals.notification": Notification.objects.create(request=request, channel="email", kind="new"),
         "approvals.decisionlink": DecisionLink.objects.create(nonce="n" * 32, request=request, arguments_hash="a" * 64),
         "approvals.allowrule": AllowRule.objects.create(project=home, tool="tickets.create", created_by=victim),
+        "approvals.question": Question.objects.create(run=run, task=task, step=1, text="Ship?"),
     }
     return rows
 
