@@ -495,6 +495,7 @@ def test_member_pages_need_a_login_and_show_an_outsider_nothing(scene, client):
 
 
 SOCKETS = {
+    "ws/inbox/": "member: joins the inbox groups of the projects they may view (nudges only, no content)",
     "ws/runs/": "member: joins the list groups of the projects they may view",
     "ws/runs/<int:run_id>/": "view the run",
 }
