@@ -259,7 +259,8 @@ class Browser:
         assert self.console_csp == [], f"{page.url}: CSP errors on the console {self.console_csp}"
         assert self.dialogs == [], f"{page.url}: a dialog opened: {self.dialogs}"
         assert self.errors == [], f"{page.url}: page errors {self.errors}"
-        patterns = [re.compile(p) for p in allowed + [r"/static/.+", r"/favicon\.ico"]]
+        # Every page of a logged-in person fetches the nav's "needs you" count (and opens its socket).
+        patterns = [re.compile(p) for p in allowed + [r"/static/.+", r"/favicon\.ico", r"/inbox/counts"]]
         for method, url, document in self.requests:
             if document != self.document:
                 continue  # sent by the page before this one
@@ -269,7 +270,9 @@ class Browser:
             path = parts.path + (f"?{parts.query}" if parts.query else "")
             assert any(p.fullmatch(path) for p in patterns), f"{page.url}: unexpected request {method} {path}"
         for url in self.sockets:
-            assert re.fullmatch(rf"ws://{re.escape(self.origin)}/ws/runs/(\d+/)?", url), f"unexpected socket {url}"
+            assert re.fullmatch(rf"ws://{re.escape(self.origin)}/ws/(runs/(\d+/)?|inbox/)", url), (
+                f"unexpected socket {url}"
+            )
         for text in texts:
             assert text in found["text"], f"{page.url}: {text!r} is not shown as text"
         self.requests.clear()
@@ -386,6 +389,10 @@ def test_the_xss_corpus_stays_text_on_every_dashboard_page(
     page.page.wait_for_timeout(3500)  # one poll for new cards
     page.open_everything()
     page.check([r"/approvals/", r"/approvals/new(\?.*)?"], texts=[f"Filing {SHORT}", SHORT])
+
+    page.goto("/inbox/")
+    page.open_everything()
+    page.check([r"/inbox/(\?.*)?"], texts=["model call failed: <script>alert(1)</script>"])
 
     page.goto("/insight/")
     page.open_everything()
