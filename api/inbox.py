@@ -4,6 +4,7 @@ from datetime import datetime
 from typing import Literal
 
 from ninja import Field, Query, Router, Schema
+from pydantic import ConfigDict
 
 from core.errors import NotFound
 from dashboard.inbox import KINDS, inbox_counts, inbox_items
@@ -26,6 +27,38 @@ class InboxItemOut(Schema):
 
 
 class InboxOut(Schema):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "counts": {"approval": 1, "question": 0, "operation": 1, "run": 1, "breaker": 0, "blackboard": 0},
+                    "items": [
+                        {
+                            "kind": "approval",
+                            "id": "118",
+                            "title": "Proposed operations, executed together in run 42 (incident-fanout)",
+                            "detail": "Run 42: the supervisor will execute these 5 proposed operations once each",
+                            "since": "2026-12-02T09:14:03Z",
+                            "url": "/approvals/#request-118",
+                            "project": "support",
+                            "run_id": 42,
+                        },
+                        {
+                            "kind": "operation",
+                            "id": "907",
+                            "title": "crm.update in run 41 may or may not have happened",
+                            "detail": "the CRM timed out after the request was sent; it has no status lookup",
+                            "since": "2026-12-02T09:02:40Z",
+                            "url": "/runs/41/operations/907/resolve",
+                            "project": "support",
+                            "run_id": 41,
+                        },
+                    ],
+                }
+            ]
+        }
+    )
+
     counts: dict[Kind, int] = Field(description="Per kind, across every project the person can see")
     items: list[InboxItemOut]
 

@@ -4,6 +4,7 @@ step under the run's row lock; the journal statement that counts the call's real
 in the same write. A call that cannot be held is not made: refused if it would not fit even alone,
 otherwise it waits for its siblings' calls to settle.
 
+A hold is also one step in flight, counted against the run's step budget beside its siblings' holds.
 A hold lives on the task row (tokens_reserved, cost_reserved_micros) and counts only while the task is
 running, so a worker that dies holding one frees it when its task leaves that state.
 """
@@ -24,12 +25,19 @@ _HELD_BY_OTHERS = (
     "(SELECT COALESCE(SUM(o.{column}), 0) FROM runs_task o WHERE o.run_id = r.id AND o.status = %(running)s "
     "AND o.id <> %(task)s)"
 )
+# A hold is also one step in flight: siblings holding one count against the run's step budget.
+_STEPS_HELD = (
+    "(SELECT COUNT(*) FROM runs_task o WHERE o.run_id = r.id AND o.status = %(running)s AND o.id <> %(task)s "
+    "AND o.tokens_reserved > 0)"
+)
 _RESERVE = f"""
 UPDATE runs_task SET tokens_reserved = %(tokens)s, cost_reserved_micros = %(cost)s
 WHERE id = %(task)s AND fencing_token = %(token)s AND status = %(running)s
     AND (max_tokens IS NULL OR tokens_used + %(tokens)s <= max_tokens)
     AND (max_cost_micros IS NULL OR cost_micros + %(cost)s <= max_cost_micros)
+    AND (max_steps IS NULL OR steps_used + 1 <= max_steps)
     AND EXISTS (SELECT 1 FROM runs_run r WHERE r.id = %(run)s
+        AND (r.max_steps IS NULL OR r.steps_used + 1 + {_STEPS_HELD} <= r.max_steps)
         AND (r.max_tokens IS NULL
              OR r.tokens_used + %(tokens)s + {_HELD_BY_OTHERS.format(column="tokens_reserved")} <= r.max_tokens)
         AND (r.max_cost_micros IS NULL
@@ -43,7 +51,15 @@ class BudgetBusy(Exception):
 
 
 def limited(run: Run, task: Task) -> bool:
-    return any(v is not None for v in (run.max_tokens, run.max_cost_micros, task.max_tokens, task.max_cost_micros))
+    budgets = (
+        run.max_tokens,
+        run.max_cost_micros,
+        run.max_steps,
+        task.max_tokens,
+        task.max_cost_micros,
+        task.max_steps,
+    )
+    return any(v is not None for v in budgets)
 
 
 def budget_reserve(lease: Lease, run: Run, task: Task, *, tokens: int, cost: int) -> None:
@@ -83,11 +99,13 @@ def _refuse_if_it_cannot_fit(lease: Lease, *, tokens: int, cost: int) -> None:
         raise LeaseLost(f"task {lease.task_id}: token {lease.token} no longer holds the lease")
     run = Run.objects.filter(id=lease.run_id).values(*_FIGURES).get()
     for scope, figures in (("task", task), ("run", run)):
+        if figures["max_steps"] is not None and figures["steps_used"] >= figures["max_steps"]:
+            raise BudgetExceeded("steps", figures["steps_used"], figures["max_steps"], scope)
         _check(scope, "tokens", figures["tokens_used"], tokens, figures["max_tokens"], str)
         _check(scope, "cost_usd", figures["cost_micros"], cost, figures["max_cost_micros"], _usd)
 
 
-_FIGURES = ("tokens_used", "max_tokens", "cost_micros", "max_cost_micros")
+_FIGURES = ("tokens_used", "max_tokens", "cost_micros", "max_cost_micros", "steps_used", "max_steps")
 
 
 def _usd(micros: int) -> str:

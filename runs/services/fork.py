@@ -250,19 +250,21 @@ def _fork_tasks(fork: Run, plan: _Plan, *, now) -> dict[int, Task]:
     rows = []
     for src in plan.tasks:
         fate = plan.fate(src)
-        task = Task(run=fork, **{name: getattr(src, name) for name in _TASK_FIELDS})
+        kept = fate in ("completed", "stays")
+        waiting = 0 if kept else len([d for d in src.depends_on if d not in completed])
+        # A new row's first status, as tasks_create gives one: the source's for a task kept as it stands.
+        first = src.status if kept else Task.Status.PENDING if waiting else Task.Status.READY
+        task = Task(run=fork, status=first, **{name: getattr(src, name) for name in _TASK_FIELDS})
         task.journal_epoch = src.journal_epoch + 1 if fate in ("forked", "starts_over") else src.journal_epoch
-        if fate in ("completed", "stays"):
-            task.status, task.attempts = src.status, src.attempts
+        if kept:
+            task.attempts = src.attempts
             task.started_at, task.finished_at = src.started_at, src.finished_at
             task.status_reason = f"inherited from run {plan.run.id}"
         else:
-            waiting = len([d for d in src.depends_on if d not in completed])
             # A task with a journal to replay is claimed as a later attempt (a first claim starts blank).
             task.attempts = 0 if fate == "starts_over" else src.attempts
             task.max_attempts = max(src.max_attempts, task.attempts + 1)
             task.pending_deps = waiting
-            task.status = Task.Status.PENDING if waiting else Task.Status.READY
             task.ready_at = None if waiting else now
             task.started_at = src.started_at if task.attempts else None
         rows.append(task)
