@@ -23,7 +23,7 @@ from core import bus
 from core.errors import Conflict, Forbidden, InvalidInput, NotFound
 from runs.models import Run, Task
 from tenancy.access import ACTIONS, role_of
-from tenancy.audit import audit
+from tenancy.audit import audit, audit_denied
 from tools.human import ANSWER_LIMIT, ASK, answer_result
 from tools.models import ToolOperation
 from tools.transitions import OPERATION
@@ -132,15 +132,8 @@ def question_answer(*, question_id: int, user, answer: str, request=None) -> Que
             )
             parked_task_wake(run, question.task_id, f"question {question.id} answered by {user}", now)
     except (Conflict, Forbidden, InvalidInput) as refusal:  # recorded outside the rolled-back transaction
-        audit(
-            actor=user,
-            action="answer",
-            outcome="denied",
-            run=Run.objects.get(id=run_id),
-            target=target,
-            request=request,
-            detail={"why": str(refusal)},
-        )
+        audit_denied(actor=user, action="answer", run=Run.objects.get(id=run_id), target=target, request=request,
+                     refusal=refusal)  # fmt: skip
         raise
     log.info("question %s of run %s answered", question_id, run_id)
     question.refresh_from_db()

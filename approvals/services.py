@@ -19,7 +19,7 @@ from runs.saga import run_operations_send
 from runs.services.runs import run_transition
 from runs.webhooks import webhook_emit
 from tenancy.access import role_of
-from tenancy.audit import audit
+from tenancy.audit import audit, audit_denied
 from tools.broker import arguments_hash, operations_decided
 from tools.catalog import tool_spec
 from tools.gate import Origin, Verdict, gate, strictest
@@ -200,15 +200,8 @@ def approval_decide(
                 },
             )
     except (Conflict, Forbidden, InvalidInput) as refusal:  # recorded outside the rolled-back transaction
-        audit(
-            actor=user,
-            action="decide",
-            outcome="denied",
-            run=Run.objects.get(id=run_id),
-            target=target,
-            request=request,
-            detail={"why": str(refusal)},
-        )
+        audit_denied(actor=user, action="decide", run=Run.objects.get(id=run_id), target=target, request=request,
+                     refusal=refusal)  # fmt: skip
         raise
     approval.refresh_from_db()
     return approval

@@ -141,21 +141,31 @@ class RunConsumer(_Consumer):
         await self.send(text_data=json.dumps({"seq": seq, "beat" if beat else "hello": True}))
 
 
-class RunListConsumer(_Consumer):
-    """The runs list: one group per project the user may see, each with its own sequence."""
+class _ProjectsConsumer(_Consumer):
+    """A socket that joins one group per project the user may see (``group_of``), and follows their
+    memberships at each re-check."""
+
+    group_of = staticmethod(presence.list_group)
 
     async def allowed(self, user) -> bool:
         self.projects = await database_sync_to_async(_visible_projects)(user)
         if hasattr(self, "beat"):  # a re-check: follow the memberships as they are now
             wanted = set(self.data_groups())
-            for group in [g for g in self.groups_joined if g.startswith("runs-") and g not in wanted]:
+            kind = self.group_of(0).removesuffix("0")  # "runs-", "inbox-": this socket's groups, not user-<id>
+            for group in [g for g in self.groups_joined if g.startswith(kind) and g not in wanted]:
                 await self.leave(group)
             for group in wanted - set(self.groups_joined):
                 await self.join(group)
         return True
 
     def data_groups(self) -> list[str]:
-        return [presence.list_group(p) for p in self.projects]
+        return [self.group_of(p) for p in self.projects]
+
+
+class RunListConsumer(_ProjectsConsumer):
+    """The runs list: one group per project the user may see, each with its own sequence."""
+
+    group_of = staticmethod(presence.list_group)
 
     async def hello(self, beat: bool = False):
         def current():
@@ -166,22 +176,11 @@ class RunListConsumer(_Consumer):
         await self.send(text_data=json.dumps({"seqs": seqs, "beat" if beat else "hello": True}))
 
 
-class InboxConsumer(_Consumer):
+class InboxConsumer(_ProjectsConsumer):
     """Every page's nav: a nudge when something changes in one of the user's projects, after which the
     page fetches the user's count again (what the user may act on is decided there, not here)."""
 
-    async def allowed(self, user) -> bool:
-        self.projects = await database_sync_to_async(_visible_projects)(user)
-        if hasattr(self, "beat"):  # a re-check: follow the memberships as they are now
-            wanted = set(self.data_groups())
-            for group in [g for g in self.groups_joined if g.startswith("inbox-") and g not in wanted]:
-                await self.leave(group)
-            for group in wanted - set(self.groups_joined):
-                await self.join(group)
-        return True
-
-    def data_groups(self) -> list[str]:
-        return [presence.inbox_group(p) for p in self.projects]
+    group_of = staticmethod(presence.inbox_group)
 
     async def hello(self, beat: bool = False):
         await database_sync_to_async(presence.watching)(presence.INBOX_PRESENCE)

@@ -58,90 +58,80 @@ class Item:
         return {**data, "since": self.since.isoformat() if self.since else None}
 
 
-def _scoped(rows: QuerySet, user, action: str, field: str = "run__project_id") -> QuerySet:
+def _rows(rows: QuerySet, user, action: str, project: Project | None, *, field: str = "run__project") -> QuerySet:
+    """``rows`` of the projects where ``user`` may ``action`` (and of ``project`` alone, when one is chosen)."""
     allowed = project_ids(user, action)
-    return rows if allowed is None else rows.filter(**{f"{field}__in": allowed})
+    rows = rows if allowed is None else rows.filter(**{f"{field}_id__in": allowed})
+    return rows if project is None else rows.filter(**{field: project})
+
+
+def _item(kind: str, row, run: Run, title: str, detail: str, since, url: str) -> Item:
+    return Item(kind, str(row.id), title, detail, since, url, run.project.slug, run.id)
 
 
 def _approvals(user, project: Project | None) -> list[Item]:
-    rows = _scoped(ApprovalRequest.objects.filter(status="pending", parent=None), user, "decide")
-    if project is not None:
-        rows = rows.filter(run__project=project)
+    rows = _rows(ApprovalRequest.objects.filter(status="pending", parent=None), user, "decide", project)
     rows = rows.select_related("run__project", "run__workflow", "policy").order_by("requested_at", "id")
-    items = []
-    for r in rows[:LIMIT]:
-        if decider_refusal(r, run=r.run, user=user):
-            continue  # theirs to see on the queue, with the reason, but not waiting for them
-        items.append(
-            Item(
-                "approval",
-                str(r.id),
-                f"{r.get_kind_display()} in run {r.run_id} ({r.run.workflow.slug})",
-                r.summary[:200],
-                r.requested_at,
-                f"{reverse('approvals-queue')}#request-{r.id}",
-                r.run.project.slug,
-                r.run_id,
-            )  # fmt: skip
-        )
-    return items
+    return [
+        _item(
+            "approval",
+            r,
+            r.run,
+            f"{r.get_kind_display()} in run {r.run_id} ({r.run.workflow.slug})",
+            r.summary[:200],
+            r.requested_at,
+            f"{reverse('approvals-queue')}#request-{r.id}",
+        )  # fmt: skip
+        for r in rows[:LIMIT]
+        # one who may not decide it sees it on the queue, with the reason, but it does not wait for them
+        if not decider_refusal(r, run=r.run, user=user)
+    ]
 
 
 def _operations(user, project: Project | None) -> list[Item]:
-    rows = _scoped(ToolOperation.objects.filter(status=ToolOperation.Status.AMBIGUOUS), user, "operate")
-    if project is not None:
-        rows = rows.filter(run__project=project)
+    rows = _rows(ToolOperation.objects.filter(status=ToolOperation.Status.AMBIGUOUS), user, "operate", project)
     return [
-        Item(
+        _item(
             "operation",
-            str(op.id),
+            op,
+            op.run,
             f"{op.tool} in run {op.run_id} may or may not have happened",
             op.status_reason[:300] or op.idempotency_key,
             op.ended_at or op.started_at or op.created_at,
             reverse("runs:operation-resolve", args=[op.run_id, op.id]),
-            op.run.project.slug,
-            op.run_id,
         )  # fmt: skip
         for op in rows.select_related("run__project").order_by("id")[:LIMIT]
     ]
 
 
 def _runs(user, project: Project | None) -> list[Item]:
-    rows = _scoped(Run.objects.filter(status=Run.Status.NEEDS_ATTENTION), user, "operate", field="project_id")
-    if project is not None:
-        rows = rows.filter(project=project)
+    rows = _rows(Run.objects.filter(status=Run.Status.NEEDS_ATTENTION), user, "operate", project, field="project")
     return [
-        Item(
+        _item(
             "run",
-            str(run.id),
+            run,
+            run,
             f"Run {run.id} ({run.workflow.slug}) needs attention",
             run.status_reason[:300],
             run.started_at or run.created_at,
             reverse("runs:detail", args=[run.id]),
-            run.project.slug,
-            run.id,
         )  # fmt: skip
         for run in rows.select_related("project", "workflow").order_by("id")[:LIMIT]
     ]
 
 
 def _blackboard(user, project: Project | None) -> list[Item]:
-    rows = BlackboardEntry.objects.filter(verification=BlackboardEntry.Verification.UNVERIFIED).exclude(
-        run__status__in=Run.TERMINAL
-    )
-    rows = _scoped(rows, user, "operate")
-    if project is not None:
-        rows = rows.filter(run__project=project)
+    unverified = BlackboardEntry.objects.filter(verification=BlackboardEntry.Verification.UNVERIFIED)
+    rows = _rows(unverified.exclude(run__status__in=Run.TERMINAL), user, "operate", project)
     return [
-        Item(
+        _item(
             "blackboard",
-            str(e.id),
+            e,
+            e.run,
             f"{e.key} v{e.version} in run {e.run_id} is unverified",
             str(e.value)[:200],
             e.created_at,
             reverse("runs:blackboard-decide", args=[e.run_id, e.id]),
-            e.run.project.slug,
-            e.run_id,
         )  # fmt: skip
         for e in rows.select_related("run__project").order_by("created_at", "id")[:LIMIT]
     ]
@@ -168,17 +158,14 @@ def _breakers(user, project: Project | None) -> list[Item]:
 
 
 def _questions(user, project: Project | None) -> list[Item]:
-    rows = _scoped(pending_questions(user), user, "decide")
-    if project is not None:
-        rows = rows.filter(run__project=project)
+    rows = _rows(pending_questions(user), user, "decide", project)
     items = []
     for q in rows[:LIMIT]:
         card = question_card(q, user)
         if card["refusal"]:
             continue
-        item = Item("question", str(q.id), f"Run {q.run_id} ({q.run.workflow.slug}) asks: {q.text[:120]}",
-                    q.text[:300], q.created_at, f"{reverse('inbox')}?kind=question#question-{q.id}",
-                    q.run.project.slug, q.run_id)  # fmt: skip
+        item = _item("question", q, q.run, f"Run {q.run_id} ({q.run.workflow.slug}) asks: {q.text[:120]}",
+                     q.text[:300], q.created_at, f"{reverse('inbox')}?kind=question#question-{q.id}")  # fmt: skip
         item.card = card  # answered in place on the inbox page
         items.append(item)
     return items

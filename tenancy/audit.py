@@ -70,6 +70,13 @@ def audit(
     return event
 
 
+def audit_denied(*, actor, action: str, target: str, request, refusal: Exception, run=None) -> AuditEvent:
+    """A person's refused attempt (a decision, an answer), recorded after the refusal rolled back its
+    transaction, so that the row stays."""
+    return audit(actor=actor, action=action, outcome="denied", run=run, target=target, request=request,
+                 detail={"why": str(refusal)})  # fmt: skip
+
+
 # A service's refusals: recorded as denied, after its transaction rolled back (so that the row stays).
 REFUSALS = (Conflict, TransitionNotAllowed)
 
