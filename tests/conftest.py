@@ -87,6 +87,10 @@ def pytest_collection_modifyitems(config, items):
             )
         if "embedded" in item.keywords and not (SQLITE and not settings.REDIS_URL):
             item.add_marker(pytest.mark.skip(reason="embedded mode only (SQLite, in-memory broker)"))
+        if "anymode" in item.keywords and SCALED:
+            # Reads the source or builds a package: the same in both modes, so ./warden test's embedded
+            # half (which always runs) runs it once.
+            item.add_marker(pytest.mark.skip(reason="mode-independent: run in the embedded half"))
 
 
 def pytest_sessionfinish(session, exitstatus):

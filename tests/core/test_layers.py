@@ -9,9 +9,13 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
+
 from config.api import api
 
 ROOT = Path(__file__).resolve().parents[2]
+# Reads the source only: the same in both modes, so it runs in the embedded half only (tests/conftest.py).
+pytestmark = pytest.mark.anymode
 APPS = ("core", "tenancy", "runs", "agents", "tools", "approvals", "dashboard", "api", "config")
 
 

@@ -6,7 +6,11 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
+# Builds the wheel from the source: the same in both modes, so it runs in the embedded half only.
+pytestmark = pytest.mark.anymode
 
 
 def test_pip_builds_an_installable_typed_wheel(tmp_path):
