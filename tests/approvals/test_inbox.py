@@ -6,7 +6,7 @@ import pytest
 from django.test import Client
 
 from approvals.models import ApprovalRequest
-from runs.models import Run
+from runs.models import Run, Task
 from runs.services import run_start
 from tenancy.access import default_project, membership_grant
 from tenancy.models import AuditEvent, Project
@@ -58,6 +58,10 @@ def test_each_person_sees_what_waits_for_them_and_nothing_else(cast, worker):
     _settled(proposed.id, Run.Status.WAITING_FOR_APPROVAL)
     _settled(failed.id, Run.Status.NEEDS_ATTENTION)
     _settled(unknown.id, Run.Status.NEEDS_ATTENTION)
+    # The other workers of a run needing attention finish their work (a crm.read that succeeds would
+    # close the breaker this test opens).
+    wait_for(lambda: not Task.objects.filter(status__in=["running", "retry_wait"]).exists(), timeout=60,
+             message="every worker to finish")  # fmt: skip
     for _ in range(2):
         BREAKER.record("crm.read", ok=False)
     approval = ApprovalRequest.objects.get(run=proposed, parent=None)

@@ -206,7 +206,8 @@ def test_a_task_left_parked_after_its_answer_is_woken_by_the_sweeper(demo_tx, wo
     assert api(client, people["rita"], "post", f"/questions/{question.id}/answer", {"answer": "no"}).status_code == 200
     assert Task.objects.get(id=question.task_id).status == Task.Status.WAITING_FOR_APPROVAL
     monkeypatch.undo()
-    assert questions_sweep(timezone.now())["parked_tasks_woken"] == 1
+    # This pass, or the worker's own sweeper if it comes first: without one the task would stay parked.
+    questions_sweep(timezone.now())
     assert finished(run).status == Run.Status.COMPLETED, run.status_reason
     assert Artifact.objects.get(run=run).content == {"summary": "no"}
     assert questions_sweep(timezone.now())["parked_tasks_woken"] == 0
