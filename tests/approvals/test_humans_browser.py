@@ -1,6 +1,7 @@
 """The human side in a real browser (Playwright + Debian's Chromium) against real server processes: the
 two-login demo a newcomer follows (one starts a propose-mode drill, the other approves it from the inbox,
-whose count in the nav rises without a reload), and a plan held for approval before any worker starts.
+whose count in the nav rises without a reload), a plan held for approval before any worker starts, and an
+agent's question answered from the inbox.
 Pages are captured for docs/screenshots/."""
 
 import re
@@ -107,3 +108,31 @@ def test_a_reviewer_approves_a_plan_before_any_worker_starts(transactional_db, p
     card.locator("button.approve").click()
     reviewer.wait_for_selector(f"#request-{plan.id} >> text=Approved by reviewer", timeout=15_000)
     wait_for(lambda: Run.objects.get(id=run.id).status == Run.Status.COMPLETED, timeout=90, message="the run")
+
+
+def test_an_agent_asks_and_the_reviewer_answers_from_the_inbox(transactional_db, processes, browser):  # noqa: F811
+    from approvals.models import Question
+    from runs.models import Artifact
+
+    logins = _demo_logins()
+    warden = Warden(processes)
+    demo = warden.login(browser, "demo", logins["demo"])
+    demo.goto(f"{warden.url}/runs/start")
+    demo.select_option("select[name=workflow]", "ask-a-human")
+    demo.click("button.primary")
+    demo.wait_for_url(re.compile(r"/runs/\d+/$"))
+    run = Run.objects.get(id=int(demo.url.rstrip("/").rsplit("/", 1)[1]))
+    question = wait_for(lambda: Question.objects.filter(run=run, status="pending").first(), timeout=60,
+                        message="the agent's question")  # fmt: skip
+    assert not run.tasks.filter(status="running").exists()  # parked: no worker holds it
+
+    reviewer = warden.login(browser, "reviewer", logins["reviewer"])
+    reviewer.goto(f"{warden.url}/inbox/?kind=question")
+    card = reviewer.locator(f"#question-{question.id}")
+    card.wait_for()
+    assert "Which release window should the checkout deployment use?" in card.inner_text()
+    reviewer.screenshot(path=SCREENSHOTS / "question.png", full_page=True)
+    card.locator("button", has_text="tomorrow morning").click()
+    reviewer.wait_for_selector(f"#question-{question.id} >> text=Answered by reviewer", timeout=15_000)
+    wait_for(lambda: Run.objects.get(id=run.id).status == Run.Status.COMPLETED, timeout=60, message="the run")
+    assert Artifact.objects.get(run=run).content == {"summary": "Release window chosen by a person: tomorrow morning"}
