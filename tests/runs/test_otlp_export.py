@@ -85,7 +85,8 @@ def exported_all(collector, run) -> bool:
 def test_every_span_of_a_run_goes_to_the_collector_once_with_the_genai_conventions(demo_tx, worker, collector):
     run = finished(run_start(workflow="deploy-review"))
     assert run.status == Run.Status.COMPLETED
-    wait_for(lambda: exported_all(collector, run), message="the run's spans at the collector")
+    # Generous: under the CI's load a pass can wait behind the worker's own export of the same spans.
+    wait_for(lambda: exported_all(collector, run), timeout=90, message="the run's spans at the collector")
     ids = sorted(int.from_bytes(s.span_id, "big") for _, s in collector.spans)
     assert ids == sorted(Span.objects.filter(run=run).values_list("id", flat=True))  # each once, none missing
     assert {s.trace_id.hex() for _, s in collector.spans} == {otlp.trace_id(run.id)}
