@@ -124,7 +124,8 @@ def test_an_agent_asks_and_the_reviewer_answers_from_the_inbox(transactional_db,
     run = Run.objects.get(id=int(demo.url.rstrip("/").rsplit("/", 1)[1]))
     question = wait_for(lambda: Question.objects.filter(run=run, status="pending").first(), timeout=60,
                         message="the agent's question")  # fmt: skip
-    assert not run.tasks.filter(status="running").exists()  # parked: no worker holds it
+    # The question is committed with its intent; the task parks (gives its worker back) just after.
+    wait_for(lambda: not run.tasks.filter(status="running").exists(), timeout=30, message="the task to park")
 
     reviewer = warden.login(browser, "reviewer", logins["reviewer"])
     reviewer.goto(f"{warden.url}/inbox/?kind=question")
