@@ -1,16 +1,21 @@
-"""All of Warden's benchmarks in one command, and one table of their figures.
+"""All of Warden's benchmarks in one command, one table of their figures, Warden beside its peers, and
+the goals.
 
-    .venv/bin/python bench/run.py [--quick] [--only engine,approvals,dashboard] [--json]
+    .venv/bin/python bench/run.py [--quick] [--only engine,peers,approvals,dashboard,embedded,peers-sqlite] [--json]
 
-Runs bench/engine.py, bench/approval_resume.py and bench/live_push.py one after the other, each in its own
-process with its own database (warden_bench_run_engine, warden_bench_run_appr, warden_bench_run_dash:
-dropped and recreated, dropped at the end) and its own queue namespace on Redis db 13. Each benchmark
-starts and stops its own workers (and the dashboard its ASGI server). Their output is shown as it comes,
-prefixed with their name; each ends with one JSON line of its figures (--json), read here into one table:
-figure | value | reference measured in the same run | ratio | goal.
+Runs, one after the other and each in its own process: bench/engine.py (PostgreSQL + Redis, real
+workers), bench/peers.py (the same workloads on DBOS, LangGraph + PostgresSaver and a naive two-commit
+journal, on the same PostgreSQL), bench/approval_resume.py, bench/live_push.py, bench/embedded.py (the
+engine on SQLite in one process) and bench/peers.py --backend sqlite. Each PostgreSQL benchmark has its
+own database (warden_bench_run_*: dropped and recreated, dropped at the end) and queue namespace on Redis
+db 13, and starts and stops its own workers (the dashboard its ASGI server). Their output is shown as it
+comes, prefixed with their name; each ends with one JSON line of its figures (--json), read here into the
+tables: figure | value | reference measured in the same run | ratio | goal, then steps/s side by side
+with the peers, then each goal (P1–P9, E1–E3: docs/benchmarks.md) met or not.
 
 Only 127.0.0.1 is contacted: PostgreSQL and Redis must listen there. --quick runs small versions of
-everything, a smoke check of a few minutes; without it, the figures of docs/benchmarks.md.
+everything, a smoke check of a few minutes; without it, the figures of docs/benchmarks.md. The peers are
+the optional `bench` extra (`pip install -e ".[bench]"`); without it their rows say "not installed".
 """
 
 import argparse
@@ -28,15 +33,25 @@ from urllib.parse import urlparse
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
-BENCHES = ("engine", "approvals", "dashboard")
+BENCHES = ("engine", "peers", "approvals", "dashboard", "embedded", "peers-sqlite")
 # Not bench/approval_resume.py: a script of that name would shadow the approvals app on sys.path.
-SCRIPTS = {"engine": "engine.py", "approvals": "approval_resume.py", "dashboard": "live_push.py"}
+SCRIPTS = {
+    "engine": "engine.py",
+    "peers": "peers.py",
+    "approvals": "approval_resume.py",
+    "dashboard": "live_push.py",
+    "embedded": "embedded.py",
+    "peers-sqlite": "peers.py",
+}
 DATABASES = {
     "engine": "warden_bench_run_engine",
     "approvals": "warden_bench_run_appr",
     "dashboard": "warden_bench_run_dash",
+    "peers": "warden_bench_run_peers",
 }
 NAMESPACES = {"engine": "warden-bench", "approvals": "warden-bench-appr", "dashboard": "warden-bench-dash"}
+# Measured on SQLite in this process's children only: no database, no Redis keys to clean up after them.
+LOCAL = {"embedded", "peers-sqlite"}
 # Whatever the calling shell says, the benchmarks get their addresses from here only.
 SCRUBBED = (
     "DATABASE_URL",
@@ -54,12 +69,18 @@ class Interrupted(Exception):
 
 
 def command(name: str, args) -> tuple[list[str], dict]:
-    db = f"{args.postgres.rstrip('/')}/{DATABASES[name]}"
+    db = f"{args.postgres.rstrip('/')}/{DATABASES.get(name, '')}"
     cmd = [sys.executable, str(HERE / SCRIPTS[name]), "--json"] + (["--quick"] if args.quick else [])
     env = {k: v for k, v in os.environ.items() if k not in SCRUBBED}
     env["PYTHONUNBUFFERED"] = "1"
     if name == "engine":
         env.update(DATABASE_URL=db, REDIS_URL=args.redis_url)
+    elif name == "peers":
+        cmd += ["--database-url", db]
+    elif name == "peers-sqlite":
+        cmd += ["--backend", "sqlite"]
+    elif name in LOCAL:
+        pass
     else:
         cmd += ["--database-url", db, "--redis-url", args.redis_url]
     return cmd, env
@@ -112,7 +133,11 @@ def cleanup(name: str, args, pid: int) -> None:
     from live_push import best_effort
 
     reap_leftovers()
+    if name not in DATABASES:
+        return
     best_effort(f"drop the database {DATABASES[name]}", drop_database, args.postgres, DATABASES[name])
+    if name not in NAMESPACES:
+        return
     namespace = f"{NAMESPACES[name]}-{pid}"
     best_effort(f"forget the Redis keys of {namespace}", forget_namespace, args.redis_url, namespace)
 
@@ -202,6 +227,129 @@ def table(results: dict, codes: dict) -> list[tuple]:
     return rows
 
 
+def _fig(results: dict, bench: str, *path):
+    """A figure from a benchmark's JSON, or None when the benchmark did not run or lacks it."""
+    found = (results.get(bench) or {}).get("figures")
+    for key in path:
+        if not isinstance(found, dict):
+            return None
+        found = found.get(key)
+    return found
+
+
+def _rate(results: dict, bench: str, peer: str, workload: str):
+    return _fig(results, bench, peer, workload, "steps_per_s")
+
+
+def versus(results: dict) -> list[tuple]:
+    """Warden beside DBOS, LangGraph and the naive journal, workload by workload, with the ratios."""
+    rows = []
+    for mode, warden, peers in (("PostgreSQL", "engine", "peers"), ("SQLite (embedded)", "embedded", "peers-sqlite")):
+        for n, workload, label in ((1, "long", "one run of many steps"), (2, "many", "many runs of 10 steps")):
+            mine = _fig(results, warden, f"steps_per_s_{n}")
+            if mine is None:
+                continue
+            cells = [f"{mode}: ({n}) {label}", f"{mine:,.0f}"]
+            for peer in ("dbos", "langgraph", "journal"):
+                theirs = _rate(results, peers, peer, workload)
+                status = _fig(results, peers, peer, "status")
+                if theirs:
+                    cells.append(f"{theirs:,.0f} ({mine / theirs:.2f}×)")
+                else:
+                    cells.append(status or "not measured")
+            rows.append(tuple(cells))
+    return rows
+
+
+def _ratio(results, warden, n, peers, peer, workload):
+    mine, theirs = _fig(results, warden, f"steps_per_s_{n}"), _rate(results, peers, peer, workload)
+    return mine / theirs if mine and theirs else None
+
+
+# (goal, what, how the value reads, the value from the results, met?)
+GOALS = (
+    ("P1", "(1) ÷ DBOS ≥ 5×", lambda r: _ratio(r, "engine", 1, "peers", "dbos", "long"), lambda v: v >= 5),
+    ("P1", "(1) ÷ LangGraph ≥ 3×", lambda r: _ratio(r, "engine", 1, "peers", "langgraph", "long"), lambda v: v >= 3),
+    ("P2", "(2) ÷ DBOS ≥ 4×", lambda r: _ratio(r, "engine", 2, "peers", "dbos", "many"), lambda v: v >= 4),
+    ("P2", "(2) ÷ LangGraph ≥ 2.5×",
+     lambda r: _ratio(r, "engine", 2, "peers", "langgraph", "many"), lambda v: v >= 2.5),
+    ("P2", "(2) ÷ naive journal ≥ 0.7×",
+     lambda r: _ratio(r, "engine", 2, "peers", "journal", "many"), lambda v: v >= 0.7),
+    ("P3", "hop p50 ≤ 2 ms", lambda r: _fig(r, "engine", "hop_p50_ms"), lambda v: v <= 2),
+    ("P4", "worker CPU per step (1) ≤ 0.25 ms", lambda r: _fig(r, "engine", "cpu_ms_per_step_1"), lambda v: v <= 0.25),
+    ("P4", "worker CPU per step (2) ≤ 0.35 ms", lambda r: _fig(r, "engine", "cpu_ms_per_step_2"), lambda v: v <= 0.35),
+    (
+        "P5",
+        "push p50 ≤ 1.3× bare group_send",
+        lambda r: _quotient(_fig(r, "dashboard", "push_p50_ms"), _fig(r, "dashboard", "bare_group_send_p50_ms")),
+        lambda v: v <= 1.3,
+    ),
+    (
+        "P5",
+        "push p99 ≤ 1.2× bare group_send",
+        lambda r: _quotient(_fig(r, "dashboard", "push_p99_ms"), _fig(r, "dashboard", "bare_group_send_p99_ms")),
+        lambda v: v <= 1.2,
+    ),
+    ("P5", "pushes lost = 0", lambda r: _fig(r, "dashboard", "pushes_lost"), lambda v: v == 0),
+    (
+        "P6",
+        "steps/s with 50 viewers ≥ 0.9× without",
+        lambda r: _quotient(_fig(r, "dashboard", "steps_per_s_watched"), _fig(r, "dashboard", "steps_per_s_unwatched")),
+        lambda v: v >= 0.9,
+    ),
+    ("P7", "run page (10,000 tasks) ≤ 600 ms", lambda r: _fig(r, "dashboard", "run_page_ms"), lambda v: v <= 600),
+    (
+        "P8",
+        "runs list (1,000,000 runs), slowest page ≤ 50 ms",
+        lambda r: _slowest_list(r),
+        lambda v: v <= 50,
+    ),
+    ("P9", "approval → resume p50 ≤ 10 ms", lambda r: _fig(r, "approvals", "resume_p50_ms"), lambda v: v <= 10),
+    ("E1", "embedded (1) ÷ DBOS on SQLite ≥ 5×", lambda r: _ratio(r, "embedded", 1, "peers-sqlite", "dbos", "long"),
+     lambda v: v >= 5),
+    ("E1", "embedded (1) ÷ LangGraph on SQLite ≥ 2×",
+     lambda r: _ratio(r, "embedded", 1, "peers-sqlite", "langgraph", "long"), lambda v: v >= 2),
+    ("E1", "embedded (1) ÷ naive SQLite journal ≥ 1×",
+     lambda r: _ratio(r, "embedded", 1, "peers-sqlite", "journal", "long"), lambda v: v >= 1),
+    ("E2", "embedded (2) ÷ DBOS on SQLite ≥ 2×", lambda r: _ratio(r, "embedded", 2, "peers-sqlite", "dbos", "many"),
+     lambda v: v >= 2),
+    ("E2", "embedded (2) ÷ LangGraph on SQLite ≥ 1×",
+     lambda r: _ratio(r, "embedded", 2, "peers-sqlite", "langgraph", "many"), lambda v: v >= 1),
+    ("E2", "embedded (2) ÷ naive SQLite journal ≥ 0.5×",
+     lambda r: _ratio(r, "embedded", 2, "peers-sqlite", "journal", "many"), lambda v: v >= 0.5),
+    ("E3", "embedded hop p50 ≤ 2 ms", lambda r: _fig(r, "embedded", "hop_p50_ms"), lambda v: v <= 2),
+)  # fmt: skip
+
+
+def _quotient(a, b):
+    return a / b if a is not None and b else None
+
+
+def _slowest_list(results: dict):
+    found = (results.get("dashboard") or {}).get("figures") or {}
+    pages = [v for k, v in found.items() if k.startswith("runs_list_ms")]
+    return max(pages) if pages else None
+
+
+def goals(results: dict) -> list[tuple]:
+    rows = []
+    for goal, what, value, met in GOALS:
+        found = value(results)
+        if found is None:
+            rows.append((goal, what, "not measured", "—"))
+            continue
+        shown = f"{found:.2f}" if isinstance(found, float) else str(found)
+        rows.append((goal, what, shown, "met" if met(found) else "NOT MET"))
+    return rows
+
+
+def print_table(header: tuple, rows: list[tuple]) -> None:
+    widths = [max(len(r[i]) for r in rows + [header]) for i in range(len(header))]
+    print()
+    for row in [header, tuple("-" * w for w in widths), *rows]:
+        print(" | ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small versions of everything: a smoke check")
@@ -236,12 +384,13 @@ def main() -> None:
         print("\n[run] interrupted: the benchmark was stopped and its database dropped", flush=True)
         sys.exit(130)
 
-    rows = table(results, codes)
-    header = ("figure", "value", "reference", "ratio", "goal")
-    widths = [max(len(r[i]) for r in rows + [header]) for i in range(5)]
-    print()
-    for row in [header, tuple("-" * w for w in widths), *rows]:
-        print(" | ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    print_table(("figure", "value", "reference", "ratio", "goal"), table(results, codes))
+    side = versus(results)
+    if side:
+        print("\nsteps/s side by side (Warden ÷ peer in brackets):")
+        print_table(("workload", "Warden", "DBOS", "LangGraph + its saver", "naive journal, 2 commits/step"), side)
+    print("\ngoals:")
+    print_table(("goal", "what", "measured", ""), goals(results))
     print()
     for name, found in results.items():
         for note in (found or {}).get("notes", []):
