@@ -8,8 +8,9 @@ same database server, and on a naive journal as the floor any durable engine sho
              DBOS.start_workflow and waits for their results (DBOS runs them on its own thread pool).
   langgraph  LangGraph with its PostgresSaver (SqliteSaver on SQLite), durability="sync": a one-node
              graph looped N times; (2) 100 threads of 10 steps, four invoked at a time.
-  journal    raw psycopg (sqlite3 on SQLite): per step one INSERT into a journal and one UPDATE of the
-             run's row, each its own commit; (2) on four threads, each with its own connection.
+  journal    raw psycopg (sqlite3 on SQLite): a run is one INSERT, then per step one INSERT into a journal
+             and one UPDATE of the run's row, each its own commit; (2) on four threads, each with its
+             own connection.
 
     .venv/bin/python bench/peers.py --database-url postgres://postgres@127.0.0.1:5432/warden_bench_peers \
         [--backend postgres|sqlite] [--only dbos,langgraph,journal] [--quick] [--json]
@@ -170,6 +171,7 @@ def _journal_connect(url: str):
 
 
 def _journal_run(conn, p: str, run_id: int, steps: int) -> None:
+    conn.execute(f"INSERT INTO runs (id) VALUES ({p})", (run_id,))  # the run's start: a commit too
     for i in range(steps):
         # Journal the step's result, then move the run on: two commits, as a durable engine must.
         conn.execute(f"INSERT INTO journal (run_id, step, output) VALUES ({p}, {p}, {p})", (run_id, i, '{"ok":1}'))
@@ -214,8 +216,6 @@ def journal_measure(url: str, workload: str, size: tuple[int, int], repeat: int)
         runs, steps = size
         ids = list(range(next_id, next_id + runs))
         next_id += runs
-        for run_id in ids:
-            conn.execute(f"INSERT INTO runs (id) VALUES ({run_id})")
         if workload == "long":
             clock = Measured()
             _journal_run(conn, p, ids[0], steps)

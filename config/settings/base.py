@@ -151,7 +151,7 @@ if os.environ.get("WARDEN_CHAOS_DUPLICATE_DELIVERY") == "1":  # fault drills onl
     _dramatiq_middleware.append("runs.middleware.DuplicateDelivery")
 if REDIS_URL:
     DRAMATIQ_BROKER = {
-        "BROKER": "dramatiq.brokers.redis.RedisBroker",
+        "BROKER": "core.queue.WakingRedisBroker",  # idle workers woken by new work (core/queue.py)
         # Timeouts: a Redis that stops answering must not hang a request or a worker (the outbox keeps
         # what could not be sent).
         "OPTIONS": {

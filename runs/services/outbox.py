@@ -9,7 +9,7 @@ import logging
 import dramatiq
 from django.db import transaction
 
-from core import bus
+from core import bus, sql
 
 from ..models import Outbox
 
@@ -37,5 +37,7 @@ def outbox_deliver(*, rows) -> int:
             continue
         sent.append(row.id)
     if sent:
-        Outbox.objects.filter(id__in=sent).delete()
+        # One statement in autocommit (the ORM's delete wraps itself in a transaction: three round trips).
+        where, params = sql.in_list("id", sent)
+        sql.execute(f"DELETE FROM runs_outbox WHERE {where}", params)
     return len(sent)
