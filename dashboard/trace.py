@@ -37,6 +37,9 @@ SPAN_FIELDS = (
 )
 CONTAINERS = ("run", "task", "attempt")
 FULL_TREE_MAX = 400  # spans: a run this small is drawn whole and open
+# Tasks a page draws at once (tree and timeline); a larger run's tree loads the next ones on demand,
+# so a run of 10,000 tasks costs its page what one of 300 does.
+TASKS_DRAWN = 300
 EAGER_SUBTREE_MAX = 150  # below a lazily loaded node, children this small come along
 
 KIND_LABELS = {
@@ -75,6 +78,7 @@ class Node:
     sub_cost: int = 0
     sub_count: int = 1
     sub_errors: int = 0
+    more: str = ""  # a "load the next tasks" item after the children drawn (a large run's root)
 
     @property
     def tokens(self) -> int:
@@ -129,12 +133,14 @@ def tree_build(rows: list[dict], op_flags: dict | None = None) -> tuple[list[Nod
     return roots, nodes
 
 
-def task_totals(run_id: int) -> dict[int, tuple[int, int, int, int]]:
-    """Per task: tokens, cost, spans and failed spans of its whole subtree, summed by the database (a
-    large run's page loads only its run, task and attempt spans)."""
+def task_totals(run_id: int, task_ids: list[int] | None = None) -> dict[int, tuple[int, int, int, int]]:
+    """Per task (of ``task_ids``, or all): tokens, cost, spans and failed spans of its whole subtree,
+    summed by the database (a large run's page loads only its run, task and attempt spans)."""
+    spans = Span.objects.filter(run_id=run_id, task_id__isnull=False)
+    if task_ids is not None:
+        spans = spans.filter(task_id__in=task_ids)
     rows = (
-        Span.objects.filter(run_id=run_id, task_id__isnull=False)
-        .values("task_id")
+        spans.values("task_id")
         .annotate(
             tokens=Sum("tokens_in") + Sum("tokens_out"),
             cost=Sum("cost_micros"),
@@ -246,6 +252,16 @@ def _lazy(run_id: int, node: Node) -> str:
     )
 
 
+def more_tasks_html(run_id: int, root_id: int, *, after: int, remaining: int) -> str:
+    """The item that loads a large run's next tasks in place of itself (scrolled into view, or clicked)."""
+    url = _url_pattern("runs:span-children", run_id).format(root_id) + f"?after={int(after)}"
+    shown = min(remaining, TASKS_DRAWN)
+    return (
+        f'<li class="lazy more-tasks"><a href="{url}" hx-get="{url}" hx-trigger="click, intersect once" '
+        f'hx-target="closest li" hx-swap="outerHTML">load the next {shown} of {remaining} more tasks</a></li>'
+    )
+
+
 def _body(run_id: int, node: Node) -> str:
     if node.kind not in ("model_call", "tool_call", "plan", "recovery", "compensation"):
         return ""
@@ -265,7 +281,7 @@ def node_html(node: Node, run_id: int, now, *, mode: str, keep: set[int] | None 
     children = [c for c in node.children if keep is None or c.id in keep]
     is_open = mode == "full" and node.kind in ("run", "task", "attempt")
     if mode == "shallow":
-        kids = "".join(node_html(c, run_id, now, mode="closed") for c in children)
+        kids = "".join(node_html(c, run_id, now, mode="closed") for c in children) + node.more
     elif mode == "closed" or (mode == "lazy" and node.sub_count - 1 > EAGER_SUBTREE_MAX):
         kids = _lazy(run_id, node) if children or node.sub_count > 1 else ""
     else:

@@ -628,3 +628,35 @@ def test_a_push_carries_the_same_subtree_totals_as_a_fresh_page(db, operator, cl
     for span in (attempt, task_span, root):
         assert totals(pushed, span) == totals(page, span), span.kind
     assert "1 failed" in totals(pushed, attempt)
+
+
+def test_a_run_of_many_tasks_draws_the_first_ones_and_loads_the_next_on_demand(
+    db, operator, client, monkeypatch
+):  # fmt: skip
+    import dashboard.trace
+    import dashboard.views.run_page as run_page
+
+    for module in (dashboard.trace, run_page):
+        monkeypatch.setattr(module, "TASKS_DRAWN", 5)  # as a run of 10,000 against the real 300
+        monkeypatch.setattr(module, "FULL_TREE_MAX", 20)
+    monkeypatch.setattr(run_page, "OPS_SHOWN", 2)
+    run = build_run(12)
+    Task.objects.filter(run=run).update(depends_on=[])  # side by side: the critical path is the last task
+    tasks = list(Task.objects.filter(run=run).order_by("id"))
+    client.force_login(operator)
+    page = client.get(reverse("runs:detail", args=[run.id])).content.decode()
+
+    drawn = [t.key for t in tasks if f">task {t.key}<" in page]
+    assert drawn == [t.key for t in tasks[:5]]
+    assert "load the next 5 of 7 more tasks" in page
+    assert "Drawn: 6 of 12 tasks" in text(page)  # the first five and the critical path's one
+    assert "The newest 2 of 4 operations" in text(page)
+
+    more = reverse("runs:span-children", args=[run.id, Span.objects.get(run=run, kind=K.RUN).id])
+    second = client.get(f"{more}?after={tasks[4].id}", HTTP_HX_REQUEST="true").content.decode()
+    assert [t.key for t in tasks if f">task {t.key}<" in second] == [t.key for t in tasks[5:10]]
+    assert "load the next 2 of 2 more tasks" in second
+    last = client.get(f"{more}?after={tasks[9].id}", HTTP_HX_REQUEST="true").content.decode()
+    assert [t.key for t in tasks if f">task {t.key}<" in last] == [t.key for t in tasks[10:]]
+    assert "more tasks" not in last
+    assert client.get(f"{more}?after=x", HTTP_HX_REQUEST="true").status_code == 400
