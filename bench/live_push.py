@@ -1087,6 +1087,9 @@ def main():
             ("first page", "/runs/"),
             ("status=failed", "/runs/?status=failed"),
             ("deep keyset page", f"/runs/?after={first_id + 75}"),
+            ("workflow filter", "/runs/?workflow=incident-fanout"),
+            ("search, a common word", "/runs/?q=Triage"),
+            ("search, one run's goal", f"/runs/?q=incident+{total // 2}"),
         ):
             ms, queries, size = timed_get(client, path, args.samples)
             figures[f"runs_list_ms ({label})"] = ms

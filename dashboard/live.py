@@ -54,6 +54,11 @@ class Publisher:
     # time from the worker threads, however fast a watched run moves.
     DUTY = 3.0
     DUTY_CAP = 0.25
+    # After a pass that found nobody watching, wait at least this long: a busy worker's unwatched runs
+    # then cost a presence lookup 20 times a second, not once per step. A viewer who arrives meanwhile
+    # gets the change at the next pass (late by this much at most, never lost: the run stays pending
+    # only until that pass, which reads presence again).
+    IDLE_PASS_SECONDS = 0.05
 
     def __init__(self):
         self._cv = threading.Condition()
@@ -114,21 +119,22 @@ class Publisher:
                     continue
                 batch, self._pending, self._busy = list(self._pending), {}, True
                 users, self._users = list(self._users), {}
-            started = time.monotonic()
+            started, watched = time.monotonic(), bool(users)
             try:
                 close_old_connections()
                 for user_id in users:
                     self.send(f"user-{user_id}", "", kind="access.changed")
                 for run_id in batch:
-                    if run_id:
-                        publish(run_id)
+                    if run_id and publish(run_id):
+                        watched = True
             except Exception:  # a failed push is a gap the browsers recover from
                 log.exception("publishing changes of runs %s failed", batch)
             finally:
                 with self._cv:
                     self._busy = False
                     self._cv.notify_all()
-            time.sleep(min((time.monotonic() - started) * self.DUTY, self.DUTY_CAP))
+            pause = min((time.monotonic() - started) * self.DUTY, self.DUTY_CAP)
+            time.sleep(pause if watched else max(pause, self.IDLE_PASS_SECONDS))
 
     def send(self, group: str, text: str, kind: str = "push") -> None:
         """Called from the publisher thread only (it owns the event loop used for channels-redis)."""
@@ -166,13 +172,14 @@ def _forget_mark(run_id: int) -> None:
             _forgotten.clear()
 
 
-def publish(run_id: int) -> None:
-    """Render what changed in the run and send it to whoever watches. Runs in the publisher thread."""
+def publish(run_id: int) -> bool:
+    """Render what changed in the run and send it to whoever watches; False when nobody does. Runs in
+    the publisher thread."""
     present = cache.get_many([run_presence(run_id), LIST_PRESENCE, INBOX_PRESENCE])
     if run_presence(run_id) not in present:
         _forget_mark(run_id)
     if not present:
-        return
+        return False
     if INBOX_PRESENCE in present:
         _inbox_nudge(run_id)
     # One publisher at a time per run, across processes: render, number, send. So numbers follow the
@@ -188,9 +195,10 @@ def publish(run_id: int) -> None:
             try:
                 project_id, html = run_row_html(run_id)
             except NotFound:
-                return
+                return True
             seq = seq_next(list_seq_name(project_id))
             publisher.send(list_group(project_id), json.dumps({"project": project_id, "seq": seq, "html": html}))
+    return True
 
 
 def _inbox_nudge(run_id: int) -> None:
