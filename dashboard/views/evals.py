@@ -14,7 +14,6 @@ from dashboard.insight import fmt_duration, fmt_usd
 from runs.evals import comparison, eval_start
 from runs.models import EvalSuite
 from tenancy.access import visible_rows
-from tenancy.audit import audit
 
 from .common import authorized
 
@@ -90,14 +89,7 @@ def eval_run(request, suite_id: int):
         return redirect("runs:eval-suite", suite_id=suite.id)
     version, baseline = form.cleaned_data["version"], form.cleaned_data["baseline"]
     try:
-        eval_run = eval_start(suite=suite, version=version, user=request.user, baseline=baseline)
+        eval_start(suite=suite, version=version, user=request.user, baseline=baseline, via="page")
     except WardenError as exc:  # a case that cannot start (its workflow changed): nothing started
         return HttpResponseBadRequest(f"the evaluation could not start: {exc}")
-    audit(
-        actor=request.user,
-        action="evaluate",
-        target=f"evaluation suite {suite.slug} ({eval_run.label})",
-        project_id=suite.project_id,
-        request=request,
-    )
     return redirect("runs:eval-suite", suite_id=suite.id)
