@@ -17,16 +17,18 @@ from .judge import eval_grade
 from .suites import (
     annotation_create,
     baseline_for,
+    eval_case_create,
     eval_case_from_run,
     eval_judge_run,
     eval_start,
     eval_start_for_change,
+    expected_checks,
     regressions,
     version_saved,
 )
 
 __all__ = [
-    "Column", "STRICT_VERIFIER", "annotation_create", "baseline_for", "check_failures", "checks_refusal", "comparison",
-    "demo_suite_load", "eval_case_from_run", "eval_grade", "eval_judge_run", "eval_start", "eval_start_for_change",
-    "history", "regressions", "version_saved",
+    "Column", "STRICT_VERIFIER", "annotation_create", "baseline_for", "check_failures", "checks_refusal",
+    "comparison", "demo_suite_load", "eval_case_create", "eval_case_from_run", "eval_grade", "eval_judge_run",
+    "eval_start", "eval_start_for_change", "expected_checks", "history", "regressions", "version_saved",
 ]  # fmt: skip

@@ -73,6 +73,9 @@ class Column:
 def comparison(suite: EvalSuite, *, last: int = 4) -> tuple[list[EvalCase], list[Column]]:
     """The suite's cases and its latest evaluation runs (oldest first), each settled and summed up."""
     eval_runs = list(suite.eval_runs.select_related("version").order_by("-id")[:last])[::-1]
+    if not any(eval_run.baseline for eval_run in eval_runs):  # the single-agent baseline stays a column
+        base = suite.eval_runs.select_related("version").filter(baseline=True).order_by("-id").first()
+        eval_runs = ([base] if base else []) + eval_runs
     return list(suite.cases.select_related("workflow")), columns_of(eval_runs)
 
 

@@ -153,6 +153,28 @@ def eval_case_from_run(
     return case
 
 
+def eval_case_create(*, suite: EvalSuite, name: str, workflow: str, baseline_workflow: str = "", goal: str = "",
+                     input: dict | None = None, checks: list, user=None, via: str = "api") -> EvalCase:  # fmt: skip
+    """A new case of the suite: a workflow (by slug), its goal and input, and the checks its outcome must meet."""
+    found = {slug: Workflow.objects.filter(slug=slug).first() for slug in (workflow, baseline_workflow) if slug}
+    errors = checks_refusal(checks) + [
+        {"field": field, "message": f"no workflow {slug}"}
+        for field, slug in (("workflow", workflow), ("baseline_workflow", baseline_workflow))
+        if slug and found[slug] is None
+    ]
+    if not name.strip():
+        errors.append({"field": "name", "message": "a case needs a name"})
+    if errors:
+        raise InvalidInput("the case cannot be added: " + "; ".join(e["message"] for e in errors), errors)
+    with transaction.atomic():
+        case = EvalCase.objects.create(suite=suite, name=name.strip()[:200], workflow=found[workflow], goal=goal,
+                                       baseline_workflow=found.get(baseline_workflow), input=input or {},
+                                       checks=checks)  # fmt: skip
+        audit(actor=user, action="eval_case_add", target=f"evaluation suite {suite.slug}: {case.name}",
+              project_id=suite.project_id, via=via)  # fmt: skip
+    return case
+
+
 def expected_checks(run: Run) -> list[dict]:
     """What the run did, as checks a replay must meet: its status, and each well-scored artifact's content."""
     checks: list[dict] = [{"status": run.status}]
