@@ -19,7 +19,7 @@ from runs.evals import (
     regressions,
 )
 from runs.models import Annotation, EvalCase, EvalRun, EvalSuite
-from runs.schemas import BodyIn, PathId
+from runs.schemas import BodyIn, PathId, Whole
 from tenancy.access import authorize, authorize_token, visible_rows
 
 from .runs import run_for
@@ -99,12 +99,12 @@ class EvalCaseIn(BodyIn):
     goal: str = Field(default="", max_length=4000)
     input: dict[str, Any] = Field(default_factory=dict)
     checks: list[Any] | None = Field(default=None, description="Default with from_run: the outcome it had")
-    from_run: int | None = Field(default=None, ge=1, description="Replay this run (its workflow, goal and input)")
+    from_run: Whole(ge=1) | None = Field(default=None, description="Replay this run (its workflow, goal and input)")
 
 
 class AnnotationIn(BodyIn):
     target: Literal["run", "task", "span", "artifact"] = "run"
-    target_id: int | None = Field(default=None, ge=1, description="The task's, span's or artifact's id")
+    target_id: Whole(ge=1) | None = Field(default=None, description="The task's, span's or artifact's id")
     score: float | None = Field(default=None, ge=0, le=1, description="0 (bad) to 1 (good)")
     comment: str = Field(default="", max_length=4000)
 

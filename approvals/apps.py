@@ -43,4 +43,4 @@ class ApprovalsConfig(AppConfig):
                 name = instance.name
                 transaction.on_commit(lambda: eval_start_for_change(kind="policy", name=name, version="(saved)"))
 
-        post_save.connect(policy_saved, sender=ApprovalPolicy, dispatch_uid="approvals.evals.policy")
+        post_save.connect(policy_saved, sender=ApprovalPolicy, dispatch_uid="approvals.evals.policy", weak=False)

@@ -126,6 +126,7 @@ class WardenAPI(NinjaAPI):
         "api.approvals": "approvals.api",
         "api.questions": "approvals.api",
         "api.inbox": "approvals.api",
+        "api.evals": "runs.api_evals",
     }
 
     def get_openapi_operation_id(self, operation) -> str:

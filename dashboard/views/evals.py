@@ -15,7 +15,7 @@ from dashboard import charts
 from dashboard.insight import fmt_duration, fmt_usd
 from runs.evals import annotation_create, comparison, eval_case_from_run, eval_start, history
 from runs.evals.compare import FIGURES
-from runs.models import EvalSuite
+from runs.models import Artifact, EvalSuite, Task
 from tenancy.access import role_of, visible_rows
 
 from .common import authorized, run_for_view
@@ -136,8 +136,11 @@ def reviews_context(request, run) -> dict:
         "may_annotate": role_of(request.user, run.project_id) in ("reviewer", "admin"),
         "suites": list(suites),
         "targets": [("run", f"the run {run.id}")]
-        + [(f"task:{t.id}", f"task {t.key}") for t in run.tasks.only("id", "key")]
-        + [(f"artifact:{a.id}", f"artifact {a.key} v{a.version}") for a in run.artifacts.only("id", "key", "version")],
+        + [(f"task:{id}", f"task {key}") for id, key in Task.objects.filter(run_id=run.id).values_list("id", "key")]
+        + [
+            (f"artifact:{id}", f"artifact {key} v{version}")
+            for id, key, version in Artifact.objects.filter(run_id=run.id).values_list("id", "key", "version")
+        ],
     }
 
 

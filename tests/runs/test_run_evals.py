@@ -71,3 +71,34 @@ def test_run_evals_refuses_an_unknown_suite_version_or_baseline(suite):
             call_command("run_evals", *args)
         assert refused.value.returncode == 2
     assert not Run.objects.exists() and not EvalRun.objects.exists()
+
+
+def test_a_new_version_of_an_agent_workflow_or_policy_runs_the_suites_that_name_it(
+    demo, django_capture_on_commit_callbacks
+):
+    from approvals.models import ApprovalPolicy
+    from runs.evals import demo_suite_load
+
+    suite = demo_suite_load()
+    suite.rerun_on = ["agent:verifier-agent", "workflow:deploy-review", "policy:deploys need a reviewer"]
+    suite.save(update_fields=["rerun_on"])
+    verifier = Agent.objects.get(slug="verifier-agent")
+    with django_capture_on_commit_callbacks(execute=True):
+        verifier.save()  # nothing changed: no new version, no pass
+        Agent.objects.filter(slug="risk-agent").update(name="Risk")  # not named by the suite
+        Agent.objects.get(slug="risk-agent").save()
+    assert not EvalRun.objects.exists()
+    with django_capture_on_commit_callbacks(execute=True):
+        verifier.instructions = "Be stricter."
+        verifier.save()
+        workflow = Workflow.objects.get(slug="deploy-review")
+        workflow.default_goal = "Assess it again"
+        workflow.save()
+        ApprovalPolicy.objects.create(name="deploys need a reviewer", tool="deployments.read")
+    triggers = list(EvalRun.objects.order_by("id").values_list("trigger", flat=True))
+    assert triggers == [
+        f"new version: agent verifier-agent v{verifier.versions.first().number}",
+        f"new version: workflow deploy-review v{workflow.versions.first().number}",
+        "new version: policy deploys need a reviewer (saved)",
+    ]
+    assert Run.objects.count() == 9  # three cases each
