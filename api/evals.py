@@ -15,12 +15,14 @@ from runs.evals import (
     eval_case_create,
     eval_case_from_run,
     eval_start,
+    eval_suite_create,
     history,
     regressions,
 )
 from runs.models import Annotation, EvalCase, EvalRun, EvalSuite
 from runs.schemas import BodyIn, PathId, Whole
 from tenancy.access import authorize, authorize_token, visible_rows
+from tenancy.models import Project
 
 from .runs import run_for
 
@@ -46,6 +48,14 @@ class EvalSuiteOut(Schema):
     project: str
     rerun_on: list[str] = Field(description='Runs again on a new version of these: "agent:<slug>", "workflow:<slug>"…')
     cases: list[EvalCaseOut]
+
+
+class EvalSuiteIn(BodyIn):
+    slug: str = Field(min_length=1, max_length=64, pattern=r"^[-a-zA-Z0-9_]+$")
+    name: str = Field(min_length=1, max_length=200)
+    project: str = Field(min_length=1, max_length=64, description="The project's slug: its runs and its people")
+    description: str = Field(default="", max_length=4000)
+    rerun_on: list[str] = Field(default_factory=list, max_length=50)
 
 
 class EvalStartIn(BodyIn):
@@ -186,6 +196,18 @@ def list_suites(request):
     authorize_token(request.auth, "read", what="evaluation suites", request=request)
     suites = visible_rows(_suites(), request.auth.user)
     return [_suite_out(suite) for suite in suites]
+
+
+@router.post("/eval-suites", response={201: EvalSuiteOut}, summary="Create an evaluation suite (project admins)")
+def create_suite(request, payload: EvalSuiteIn):
+    project = Project.objects.filter(slug=payload.project).first()
+    if project is None:
+        raise NotFound(f"project {payload.project} does not exist")
+    what = f"project {project.slug}"
+    authorize(request.auth.user, project.id, "administer", what=what, token=request.auth, request=request)
+    suite = eval_suite_create(project=project, slug=payload.slug, name=payload.name, description=payload.description,
+                              rerun_on=payload.rerun_on, user=request.auth.user, via="api")  # fmt: skip
+    return Status(201, _suite_out(_suites().get(id=suite.id)))
 
 
 @router.get("/eval-suites/{suite_id}", response=EvalSuiteOut, summary="A suite and its cases")

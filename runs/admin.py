@@ -16,7 +16,7 @@ from tenancy.audit import audit
 from tenancy.models import AuditEvent
 from tools.models import SealedArguments, ToolOperation
 
-from .evals import checks_refusal
+from .evals import checks_refusal, rerun_on_refusal
 from .models import (
     Annotation,
     Artifact,
@@ -436,10 +436,24 @@ class EvalCaseInline(ScopedInline, admin.StackedInline):
     fields = ["name", "workflow", "baseline_workflow", "goal", "input", "checks"]
 
 
+class EvalSuiteForm(forms.ModelForm):
+    class Meta:
+        model = EvalSuite
+        fields = ["slug", "name", "description", "project", "rerun_on"]
+
+    def clean_rerun_on(self):
+        rerun_on = self.cleaned_data["rerun_on"]
+        errors = rerun_on_refusal(rerun_on)
+        if errors:
+            raise forms.ValidationError([error["message"] for error in errors])
+        return rerun_on
+
+
 @admin.register(EvalSuite)
 class EvalSuiteAdmin(ScopedAdmin):
     """Suites are a project's configuration: its admins write them (and their cases)."""
 
+    form = EvalSuiteForm
     project_path = "project"
     change_action = add_action = delete_action = "administer"
     list_display = ["slug", "name", "project", "rerun_on"]

@@ -22,13 +22,16 @@ from .suites import (
     eval_judge_run,
     eval_start,
     eval_start_for_change,
+    eval_suite_create,
     expected_checks,
     regressions,
+    rerun_on_refusal,
     version_saved,
 )
 
 __all__ = [
     "Column", "STRICT_VERIFIER", "annotation_create", "baseline_for", "check_failures", "checks_refusal",
     "comparison", "demo_suite_load", "eval_case_create", "eval_case_from_run", "eval_grade", "eval_judge_run",
-    "eval_start", "eval_start_for_change", "expected_checks", "history", "regressions", "version_saved",
+    "eval_start", "eval_start_for_change", "eval_suite_create", "expected_checks", "history", "regressions",
+    "rerun_on_refusal", "version_saved",
 ]  # fmt: skip

@@ -153,6 +153,33 @@ def eval_case_from_run(
     return case
 
 
+RERUN_KINDS = ("agent", "workflow", "policy")
+
+
+def rerun_on_refusal(rerun_on) -> list[dict]:
+    """Why a suite's ``rerun_on`` cannot be stored ("agent:<slug>", "workflow:<slug>", "policy:<name>")."""
+    if not isinstance(rerun_on, list) or not all(isinstance(item, str) for item in rerun_on):
+        return [{"field": "rerun_on", "message": "a list of strings"}]
+    wrong = [item for item in rerun_on if item.partition(":")[0] not in RERUN_KINDS or not item.partition(":")[2]]
+    return [{"field": "rerun_on", "message": f"{item!r} is not agent:<slug>, workflow:<slug> or policy:<name>"}
+            for item in wrong]  # fmt: skip
+
+
+def eval_suite_create(*, project, slug: str, name: str, description: str = "", rerun_on: list | None = None,
+                      user=None, via: str = "api") -> EvalSuite:  # fmt: skip
+    """A new, empty suite of the project (cases are added apart)."""
+    errors = rerun_on_refusal(rerun_on or [])
+    if EvalSuite.objects.filter(slug=slug).exists():
+        errors.append({"field": "slug", "message": f"suite {slug} exists already"})
+    if errors:
+        raise InvalidInput("the suite cannot be created: " + "; ".join(e["message"] for e in errors), errors)
+    with transaction.atomic():
+        suite = EvalSuite.objects.create(project=project, slug=slug, name=name, description=description,
+                                         rerun_on=rerun_on or [])  # fmt: skip
+        audit(actor=user, action="eval_suite_create", target=f"evaluation suite {slug}", project_id=project.id, via=via)
+    return suite
+
+
 def eval_case_create(*, suite: EvalSuite, name: str, workflow: str, baseline_workflow: str = "", goal: str = "",
                      input: dict | None = None, checks: list, user=None, via: str = "api") -> EvalCase:  # fmt: skip
     """A new case of the suite: a workflow (by slug), its goal and input, and the checks its outcome must meet."""

@@ -8,7 +8,7 @@ from django.urls import reverse
 from approvals.models import ApprovalRequest, Question
 from config.api import api as ninja_api
 from runs.evals import demo_suite_load
-from runs.models import Annotation, Artifact, BlackboardEntry, EvalCase, EvalRun, Run
+from runs.models import Annotation, Artifact, BlackboardEntry, EvalCase, EvalRun, EvalSuite, Run
 from runs.services import run_start
 from tenancy.access import default_project, membership_grant
 from tenancy.models import AuditEvent, Membership, Project
@@ -59,6 +59,7 @@ POLICY = {
     ("POST", "/api/v1/questions/{question_id}/answer"): ("decide", "approve"),
     ("POST", "/api/v1/tool-classes"): ("administer", "admin"),
     ("GET", "/api/v1/eval-suites"): ("view (filtered)", "read"),
+    ("POST", "/api/v1/eval-suites"): ("administer", "admin"),
     ("GET", "/api/v1/eval-suites/{suite_id}"): ("view", "read"),
     ("GET", "/api/v1/eval-suites/{suite_id}/comparison"): ("view", "read"),
     ("POST", "/api/v1/eval-suites/{suite_id}/runs"): ("start", "run"),
@@ -90,6 +91,7 @@ BODIES = {
         "checks": [{"status": "failed"}],
     },
     "/api/v1/runs/{run_id}/annotations": {"score": 0.5},
+    "/api/v1/eval-suites": {"slug": "new-suite", "name": "New", "project": "default"},
 }
 ALLOWED = {  # role → actions
     "viewer": {"view"},
@@ -185,7 +187,7 @@ def _state(scene):
     verdicts += list(BlackboardEntry.objects.values_list("id", "verification"))
     classes = list(ToolClassification.objects.values_list("tool", "tool_class"))
     questions = list(Question.objects.values_list("id", "status", "answer"))
-    evals = EvalCase.objects.count(), EvalRun.objects.count(), Annotation.objects.count()
+    evals = EvalSuite.objects.count(), EvalCase.objects.count(), EvalRun.objects.count(), Annotation.objects.count()
     return run.status, op.status, approval.status, Run.objects.count(), rules, verdicts, classes, questions, evals
 
 
@@ -205,6 +207,7 @@ def test_the_authorization_matrix(scene, client, method, path, who):
         ("POST", "/api/v1/runs"),
         ("POST", "/api/v1/allow-rules"),
         ("POST", "/api/v1/tool-classes"),
+        ("POST", "/api/v1/eval-suites"),
     }
     if who == "anonymous":
         expected = 401
@@ -566,7 +569,7 @@ def test_every_page_answers_each_role_as_its_row_says(scene, client, who):
     without the row's action gets 403, and the others get the page. A POST row's GET is at most a form
     (what its POST needs is checked by the tests of each action)."""
     from approvals.links import decision_link
-    from runs.models import EvalSuite, Span
+    from runs.models import Span
 
     run = scene["run"]
     suite = EvalSuite.objects.create(slug="s", name="s", project=run.project)

@@ -8,7 +8,7 @@ import pytest
 
 from agents.models import ModelVersion
 from runs.evals import demo_suite_load
-from runs.models import Annotation, EvalCase, EvalRun, Run
+from runs.models import Annotation, EvalCase, EvalRun, EvalSuite, Run
 from runs.services import run_start
 from tenancy.access import default_project, membership_grant
 from tenancy.models import AuditEvent
@@ -69,12 +69,27 @@ def test_bad_input_is_refused_and_writes_nothing(suite, operator, client):
              {"name": "x", "workflow": "deploy-review", "checks": [{"artifact": "verify", "schema": {"type": 5}}]}),
         call(client, token, f"/api/v1/eval-suites/{suite.id}/cases", {"name": "x", "workflow": "nope", "checks": []}),
     ]  # fmt: skip
-    assert [r.status_code for r in refused] == [422] * 4
+    suites, token = (
+        "/api/v1/eval-suites",
+        api_token_create(user=operator, scopes=["read", "admin"])[1],
+    )  # suites: admins
+    refused.append(
+        call(client, token, suites, {"slug": "n", "name": "n", "project": "default", "rerun_on": ["model:x"]})
+    )
+    refused.append(call(client, token, suites, {"slug": suite.slug, "name": "n", "project": "default"}))
+    assert [r.status_code for r in refused] == [422] * 6
+    assert refused[4].json()["errors"] == [
+        {"field": "rerun_on", "message": "'model:x' is not agent:<slug>, workflow:<slug> or policy:<name>"}
+    ]
+
     assert refused[0].json()["errors"] == [{"field": "model_version", "message": "no model version nope"}]
     assert (
         refused[2].json()["errors"][0]["field"] == "checks[0]" and "not a JSON Schema" in refused[2].json()["message"]
     )
     assert (EvalRun.objects.count(), EvalCase.objects.count(), Run.objects.count()) == before
+    assert list(EvalSuite.objects.values_list("slug", flat=True)) == [suite.slug]
+    made = call(client, token, suites, {"slug": "mine", "name": "Mine", "project": "default", "rerun_on": ["agent:a"]})
+    assert made.status_code == 201 and made.json()["rerun_on"] == ["agent:a"] and made.json()["cases"] == []
 
 
 def test_a_reviewer_annotates_a_run_and_an_operator_makes_it_a_case(suite, operator, client, django_user_model):
