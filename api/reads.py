@@ -451,24 +451,24 @@ FIGURES_EXAMPLE = {
 }
 
 
-class UsagePeriodOut(Schema):
+class CostPeriodOut(Schema):
     tokens: int
     cost_usd: float
 
 
-class UsageGroupOut(Schema):
+class CostGroupOut(Schema):
     name: str = Field(description="The agent's slug, or the model that answered")
     calls: int
     tokens: int
     cost_usd: float
-    per_period: list[UsagePeriodOut] = Field(description="One per period of ``periods``, in order")
+    per_period: list[CostPeriodOut] = Field(description="One per period of ``periods``, in order")
 
 
-class UsageOut(Schema):
+class CostOverTimeOut(Schema):
     grain: str
     periods: list[date] = Field(description="The first day of each period (a week starts on Monday)")
-    by_agent: list[UsageGroupOut]
-    by_model: list[UsageGroupOut]
+    by_agent: list[CostGroupOut]
+    by_model: list[CostGroupOut]
 
 
 class InsightOut(Schema):
@@ -520,7 +520,7 @@ class InsightOut(Schema):
     by_project: list[FiguresOut]
     top_failing_tools: list[tuple[str, int]]
     top_failing_agents: list[tuple[str, int]]
-    usage: UsageOut | None = Field(None, description="Cost and tokens per agent and per model, per day or week")
+    usage: CostOverTimeOut | None = Field(None, description="Cost and tokens per agent and per model, per day or week")
 
 
 def _usage_group(row, periods) -> dict:
