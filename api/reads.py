@@ -2,8 +2,8 @@
 conventions), artifacts, audit events, workflows and agents, insight figures. Everything is limited
 to the caller's projects and needs the token's ``read`` scope."""
 
-from datetime import datetime
-from typing import Any
+from datetime import date, datetime
+from typing import Any, Literal
 
 from django.db.models import Q
 from ninja import Field, Query, Router, Schema
@@ -424,6 +424,7 @@ class FiguresOut(Schema):
     success_rate: float | None
     cost_usd: float
     cost_per_successful_run_usd: float | None
+    failed_runs_cost_usd: float = Field(0, description="What the finished runs that did not complete cost")
     steps_p50: float | None
     steps_p95: float | None
     duration_p50_seconds: float | None
@@ -440,6 +441,7 @@ FIGURES_EXAMPLE = {
     "success_rate": 0.8,
     "cost_usd": 0.412,
     "cost_per_successful_run_usd": 0.0515,
+    "failed_runs_cost_usd": 0.0312,
     "steps_p50": 9.0,
     "steps_p95": 38.0,
     "duration_p50_seconds": 41.2,
@@ -447,6 +449,26 @@ FIGURES_EXAMPLE = {
     "approval_wait_p50_seconds": 95.0,
     "approval_wait_p95_seconds": 1320.0,
 }
+
+
+class CostPeriodOut(Schema):
+    tokens: int
+    cost_usd: float
+
+
+class CostGroupOut(Schema):
+    name: str = Field(description="The agent's slug, or the model that answered")
+    calls: int
+    tokens: int
+    cost_usd: float
+    per_period: list[CostPeriodOut] = Field(description="One per period of ``periods``, in order")
+
+
+class CostOverTimeOut(Schema):
+    grain: str
+    periods: list[date] = Field(description="The first day of each period (a week starts on Monday)")
+    by_agent: list[CostGroupOut]
+    by_model: list[CostGroupOut]
 
 
 class InsightOut(Schema):
@@ -498,6 +520,22 @@ class InsightOut(Schema):
     by_project: list[FiguresOut]
     top_failing_tools: list[tuple[str, int]]
     top_failing_agents: list[tuple[str, int]]
+    usage: CostOverTimeOut | None = Field(None, description="Cost and tokens per agent and per model, per day or week")
+
+
+def _usage_group(row, periods) -> dict:
+    return {
+        "name": row.label, "calls": row.calls, "tokens": row.tokens, "cost_usd": row.cost_micros / 1_000_000,
+        "per_period": [{"tokens": t, "cost_usd": c / 1_000_000} for t, c in row.series(periods)],
+    }  # fmt: skip
+
+
+def _usage_out(usage) -> dict:
+    return {
+        "grain": usage.grain, "periods": usage.periods,
+        "by_agent": [_usage_group(r, usage.periods) for r in usage.by_agent],
+        "by_model": [_usage_group(r, usage.periods) for r in usage.by_model],
+    }  # fmt: skip
 
 
 def _figures(f: Figures) -> dict:
@@ -509,6 +547,7 @@ def _figures(f: Figures) -> dict:
         "success_rate": f.success_rate,
         "cost_usd": f.cost_micros / 1_000_000,
         "cost_per_successful_run_usd": None if f.cost_per_success is None else f.cost_per_success / 1_000_000,
+        "failed_runs_cost_usd": f.failed_cost_micros / 1_000_000,
         "steps_p50": f.steps_p50,
         "steps_p95": f.steps_p95,
         "duration_p50_seconds": f.duration_p50,
@@ -524,6 +563,7 @@ def get_insight(
     days: QueryWhole(ge=1, le=366) = Query(default=30),  # noqa: B008
     workflow: str | None = Query(default=None, max_length=64),  # noqa: B008
     project: str | None = Query(default=None, max_length=64),  # noqa: B008
+    grain: Literal["day", "week"] = Query(default="day"),  # noqa: B008
 ):
     authorize_token(request.auth, "read", what="the insight figures", request=request)
     visible = project_ids(request.auth.user, "view")
@@ -537,8 +577,10 @@ def get_insight(
         days=days,
         workflow_id=workflow_id,
         project_id=project_id,
+        grain=grain,
     )
     return {
+        "usage": _usage_out(data.usage),
         "days": data.days,
         "since": data.since,
         "total": _figures(data.total),

@@ -30,3 +30,17 @@ class ApprovalsConfig(AppConfig):
         hooks.provide(hooks.QUESTION_FOR_OPERATION, question_for_operation)
         hooks.add_sweep(approvals_and_notifications_sweep)
         hooks.add_sweep(questions_sweep)
+        from django.db import transaction
+        from django.db.models.signals import post_save
+
+        from runs.evals import eval_start_for_change
+
+        from .models import ApprovalPolicy
+
+        def policy_saved(sender, instance, raw=False, **kwargs):
+            # A policy has no numbered versions: each save is a new one, and the suites naming it run.
+            if not raw:
+                name = instance.name
+                transaction.on_commit(lambda: eval_start_for_change(kind="policy", name=name, version="(saved)"))
+
+        post_save.connect(policy_saved, sender=ApprovalPolicy, dispatch_uid="approvals.evals.policy", weak=False)

@@ -9,6 +9,7 @@ from ninja.security import HttpBearer
 
 import api.external  # noqa: F401  (its operations join the reads router)
 from api.approvals import router as approvals_router
+from api.evals import router as evals_router
 from api.inbox import router as inbox_router
 from api.limits import RateLimited, rate_check
 from api.questions import router as questions_router
@@ -125,6 +126,7 @@ class WardenAPI(NinjaAPI):
         "api.approvals": "approvals.api",
         "api.questions": "approvals.api",
         "api.inbox": "approvals.api",
+        "api.evals": "runs.api_evals",
     }
 
     def get_openapi_operation_id(self, operation) -> str:
@@ -146,6 +148,7 @@ api.add_router("/", tools_router)
 api.add_router("/", approvals_router)
 api.add_router("/", inbox_router)
 api.add_router("/", questions_router)
+api.add_router("/", evals_router)
 
 
 def _error(request, status: int, code: str, message: str, errors: list | None = None):

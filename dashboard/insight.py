@@ -7,7 +7,9 @@ Definitions (the page repeats them):
 - A run is *finished* when it is completed, failed, cancelled, compensated, or needs attention (stopped
   until someone acts: not a success). *Success rate* = completed ÷ finished.
 - *Cost per successful run* = the cost of every run of the period (failures included) ÷ completed runs;
-  *mean cost of a successful run* = what the completed runs cost ÷ completed runs.
+  *mean cost of a successful run* = what the completed runs cost ÷ completed runs; *cost of failed runs* =
+  what the finished runs that did not complete cost (their mean: ÷ those runs).
+- *Cost and tokens by agent and by model*: the model calls of the period's runs, per day or ISO week.
 - *Duration*: started → finished, of runs that reached a terminal status (completed, failed, cancelled,
   compensated; a run needing attention has not finished).
 - *Steps per run*: the steps (model responses and tool results journaled) of every run of the period.
@@ -38,6 +40,7 @@ from tenancy.models import Project
 from tools.models import ToolOperation
 
 from .charts import Bin
+from .usage import Usage, usage_compute
 
 PERIODS = (7, 30, 90)
 DEFAULT_DAYS = 30
@@ -112,6 +115,7 @@ class Figures:
     completed: int = 0
     cost_micros: int = 0
     completed_cost_micros: int = 0
+    failed_cost_micros: int = 0  # finished runs that did not complete
     failed_operations: int = 0
     failed_tasks: int = 0
     pending_approvals: int = 0
@@ -131,6 +135,11 @@ class Figures:
     @property
     def mean_success_cost(self) -> float | None:
         return self.completed_cost_micros / self.completed if self.completed else None
+
+    @property
+    def mean_failed_cost(self) -> float | None:
+        failed = self.finished - self.completed
+        return self.failed_cost_micros / failed if failed else None
 
     @property
     def steps_p50(self):
@@ -169,6 +178,12 @@ class Figures:
     def mean_success_cost_text(self):
         return fmt_usd(self.mean_success_cost)
 
+    def failed_cost_text(self):
+        return fmt_usd(self.failed_cost_micros)
+
+    def mean_failed_cost_text(self):
+        return fmt_usd(self.mean_failed_cost)
+
     def steps_text(self):
         return f"{fmt_number(self.steps_p50)} / {fmt_number(self.steps_p95)}"
 
@@ -202,6 +217,7 @@ class Insight:
     approvals: dict[str, int]  # top-level requests by status
     top_tools: list[tuple[str, int]]
     top_agents: list[tuple[str, int]]
+    usage: Usage  # cost and tokens per agent and per model, per day or week (dashboard/usage.py)
 
 
 def insight_choices(*, visible: list[int] | None) -> tuple[list[Project], list[Workflow]]:
@@ -271,10 +287,11 @@ def insight_compute(
     workflow_id: int | None = None,
     project_id: int | None = None,
     now: dt.datetime | None = None,
+    grain: str = "day",
 ) -> Insight:
     """The figures of the runs created in the last ``days`` days in the ``visible`` projects (None: all),
     optionally of one workflow and one project. ``projects`` and ``workflows`` name the groups (from
-    ``insight_choices``). Five queries."""
+    ``insight_choices``). Six queries."""
     since = period_start(days, now)
     scope = {"visible": visible, "since": since, "workflow_id": workflow_id, "project_id": project_id}
     runs = Run.objects.filter(_runs_q("", **scope)).order_by()
@@ -310,6 +327,7 @@ def insight_compute(
         approvals={s: approvals.get(s, 0) for s in ApprovalRequest.Status.values},
         top_tools=_top(tools),
         top_agents=_top(agents),
+        usage=usage_compute(runs_q=in_scope, since=since, today=today, grain=grain),
     )
 
 
@@ -325,6 +343,7 @@ def _count_runs(runs, groups: _Groups) -> None:
             completed=Count("id", filter=completed),
             cost=Sum("cost_micros"),
             completed_cost=Sum("cost_micros", filter=completed),
+            failed_cost=Sum("cost_micros", filter=Q(status__in=FINISHED) & ~completed),
         )
     ):
         for g in groups.of(row["day"], row["workflow_id"], row["project_id"]):
@@ -333,6 +352,7 @@ def _count_runs(runs, groups: _Groups) -> None:
             g.completed += row["completed"]
             g.cost_micros += row["cost"] or 0
             g.completed_cost_micros += row["completed_cost"] or 0
+            g.failed_cost_micros += row["failed_cost"] or 0
 
 
 def _per_run(runs, groups: _Groups) -> list[tuple]:

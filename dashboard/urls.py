@@ -30,6 +30,8 @@ urlpatterns = [
         name="blackboard-decide",
     ),
     path("insight/", insight.insight, name="insight"),
+    path("runs/<int:run_id>/annotate", evals.run_annotate, name="annotate"),
+    path("runs/<int:run_id>/eval-case", evals.run_to_case, name="eval-case"),
     path("evals/", evals.eval_list, name="evals"),
     path("evals/<int:suite_id>/", evals.eval_suite, name="eval-suite"),
     path("evals/<int:suite_id>/run", evals.eval_run, name="eval-run"),

@@ -4,6 +4,7 @@ the database decides what, if anything, is left to do. Retries belong to the eng
 import dramatiq
 from django.conf import settings
 
+from .evals import eval_grade
 from .saga import run_operations as operations_run
 from .services.execution import task_execute
 from .webhooks import webhook_deliver
@@ -27,3 +28,9 @@ def deliver_webhook(delivery_id: int) -> None:
 def run_operations(run_id: int) -> None:
     """The supervisor's executor of a run's proposals and compensations (runs/saga.py)."""
     operations_run(run_id)
+
+
+@dramatiq.actor(actor_name="grade_eval_result", queue_name="warden", max_retries=0, time_limit=TIME_LIMIT_MS)
+def grade_eval_result(result_id: int) -> None:
+    """An evaluation case's judge checks: a model grades its run's artifact (runs/evals/judge.py)."""
+    eval_grade(result_id)

@@ -16,7 +16,9 @@ from tenancy.audit import audit
 from tenancy.models import AuditEvent
 from tools.models import SealedArguments, ToolOperation
 
+from .evals import checks_refusal, rerun_on_refusal
 from .models import (
+    Annotation,
     Artifact,
     BlackboardEntry,
     EvalCase,
@@ -412,19 +414,49 @@ class WebhookDeliveryAdmin(SuperuserReadOnlyAdmin):
         self.message_user(request, f"{queryset.count()} queued again", messages.SUCCESS)
 
 
+class EvalCaseForm(forms.ModelForm):
+    """Checks are validated as the API validates them: a bad one is refused here, not found failing later."""
+
+    class Meta:
+        model = EvalCase
+        fields = ["name", "workflow", "baseline_workflow", "goal", "input", "checks"]
+
+    def clean_checks(self):
+        checks = self.cleaned_data["checks"]
+        errors = checks_refusal(checks)
+        if errors:
+            raise forms.ValidationError([error["message"] for error in errors])
+        return checks
+
+
 class EvalCaseInline(ScopedInline, admin.StackedInline):
     model = EvalCase
+    form = EvalCaseForm
     extra = 0
-    fields = ["name", "workflow", "goal", "input", "checks"]
+    fields = ["name", "workflow", "baseline_workflow", "goal", "input", "checks"]
+
+
+class EvalSuiteForm(forms.ModelForm):
+    class Meta:
+        model = EvalSuite
+        fields = ["slug", "name", "description", "project", "rerun_on"]
+
+    def clean_rerun_on(self):
+        rerun_on = self.cleaned_data["rerun_on"]
+        errors = rerun_on_refusal(rerun_on)
+        if errors:
+            raise forms.ValidationError([error["message"] for error in errors])
+        return rerun_on
 
 
 @admin.register(EvalSuite)
 class EvalSuiteAdmin(ScopedAdmin):
     """Suites are a project's configuration: its admins write them (and their cases)."""
 
+    form = EvalSuiteForm
     project_path = "project"
     change_action = add_action = delete_action = "administer"
-    list_display = ["slug", "name", "project"]
+    list_display = ["slug", "name", "project", "rerun_on"]
     list_filter = ["project"]
     search_fields = ["slug", "name", "description"]
     inlines = [EvalCaseInline]
@@ -434,22 +466,32 @@ class EvalSuiteAdmin(ScopedAdmin):
 class EvalCaseAdmin(ScopedAdmin):
     project_path = "suite__project"
     change_action = add_action = delete_action = "administer"
-    list_display = ["name", "suite", "workflow"]
+    form = EvalCaseForm
+    list_display = ["name", "suite", "workflow", "from_run"]
     list_filter = ["suite"]
 
 
 @admin.register(EvalRun)
 class EvalRunAdmin(RunData):
     project_path = "suite__project"
-    list_display = ["id", "suite", "version", "started_by", "created_at"]
+    list_display = ["id", "suite", "version", "baseline", "trigger", "started_by", "created_at"]
     list_filter = ["suite"]
 
 
 @admin.register(EvalResult)
 class EvalResultAdmin(RunData):
     project_path = "run__project"
-    list_display = ["eval_run", "case", "run", "passed"]
+    list_display = ["eval_run", "case", "run", "passed", "judge_cost_micros"]
     list_filter = ["passed"]
+
+
+@admin.register(Annotation)
+class AnnotationAdmin(RunData):
+    """Reviewers' scores and comments: written from the run page or the API (annotation_create), kept."""
+
+    list_display = ["run", "target", "target_id", "score", "author", "created_at"]
+    list_filter = ["target"]
+    search_fields = ["=run__id", "comment"]
 
 
 @admin.register(BlackboardEntry)

@@ -24,3 +24,12 @@ class RunsConfig(AppConfig):
         hooks.add_sweep(otlp_export_sweep)  # a no-op unless OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT is set
         hooks.provide(hooks.WEBHOOK_EMIT, webhook_emit)  # the broker's operation.ambiguous
         hooks.provide(hooks.FAULT_FIRE_ONCE, fault_fire_once)  # drill faults (core/faults.py)
+        from django.db.models.signals import post_save
+
+        from agents.models import AgentVersion, WorkflowVersion
+
+        from .evals import version_saved
+
+        # A new version of an agent or a workflow runs the suites that name it (docs/evaluations.md).
+        post_save.connect(version_saved, sender=AgentVersion, dispatch_uid="runs.evals.agent_version")
+        post_save.connect(version_saved, sender=WorkflowVersion, dispatch_uid="runs.evals.workflow_version")

@@ -437,6 +437,12 @@ class EvalSuite(models.Model):
     name = models.CharField(max_length=200)
     description = models.TextField(blank=True)
     project = models.ForeignKey("tenancy.Project", on_delete=models.PROTECT, related_name="eval_suites")
+    rerun_on = models.JSONField(
+        default=list,
+        blank=True,
+        help_text='Run the suite again when a new version of one of these is saved: ["agent:verifier-agent", '
+        '"workflow:deploy-review", "policy:refunds over $100"]',
+    )
 
     class Meta:
         ordering = ["slug"]
@@ -463,7 +469,19 @@ class EvalCase(models.Model):
         default=list,
         blank=True,
         help_text='[{"status": "completed"}, {"artifact": "verify", "contains": "APPROVE"}, {"max_cost_usd": 0.01}, '
-        '{"max_steps": 20}]',
+        '{"max_steps": 20}, {"artifact": "verify", "schema": {…}}, {"artifact": "risk", "path": "score", "equals": 3}, '
+        '{"artifact": "risk", "path": "score", "approx": 0.3, "tolerance": 0.05}, {"tool_called": "crm.read"}, '
+        '{"tool_not_called": "email.send"}, {"no_unapproved_irreversible": true}, '
+        '{"judge": {"agent": "judge-agent", "artifact": "verify", "rubric": "…", "min_score": 0.7}} '
+        "(docs/evaluations.md)",
+    )
+    from_run = models.ForeignKey(
+        Run,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        help_text="The annotated run it came from",
     )
 
     class Meta:
@@ -480,6 +498,9 @@ class EvalRun(models.Model):
     version = models.ForeignKey("agents.ModelVersion", null=True, blank=True, on_delete=models.PROTECT)
     baseline = models.BooleanField(default=False, help_text="The cases ran on their single-agent baseline workflows")
     started_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    trigger = models.CharField(
+        max_length=200, blank=True, help_text="What started it: the page, the API, run_evals, or a new version"
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -495,12 +516,46 @@ class EvalResult(models.Model):
     eval_run = models.ForeignKey(EvalRun, on_delete=models.CASCADE, related_name="results")
     case = models.ForeignKey(EvalCase, on_delete=models.CASCADE, related_name="+")
     run = models.ForeignKey(Run, on_delete=models.PROTECT, related_name="+")
-    passed = models.BooleanField(null=True, help_text="Empty until the run has finished")
+    passed = models.BooleanField(null=True, help_text="Empty until the run has finished and its judges have graded")
     failures = models.JSONField(default=list, blank=True)
+    # The judge checks' grades: [{"artifact", "score", "reasoning", "cost_micros", "model", "passed"}]. Model
+    # output, so data only: escaped wherever it is shown.
+    grades = models.JSONField(default=list, blank=True)
+    judge_cost_micros = models.BigIntegerField(default=0, help_text="What the judges' model calls cost")
 
     class Meta:
         ordering = ["eval_run", "case"]
         constraints = [models.UniqueConstraint(fields=["eval_run", "case"], name="one_result_per_case")]
+
+
+class Annotation(models.Model):
+    """A reviewer's score or comment on a run, or on one of its tasks, spans or artifacts (runs/evals/)."""
+
+    class Target(models.TextChoices):
+        RUN = "run"
+        TASK = "task"
+        SPAN = "span"
+        ARTIFACT = "artifact"
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="annotations")
+    target = models.CharField(max_length=16, choices=Target.choices, default=Target.RUN)
+    target_id = models.BigIntegerField(null=True, blank=True, help_text="The task, span or artifact; empty: the run")
+    score = models.FloatField(null=True, blank=True, help_text="0 (bad) to 1 (good)")
+    comment = models.TextField(blank=True)
+    author = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["run", "id"]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(score__isnull=True) | models.Q(score__gte=0, score__lte=1),
+                name="annotation_score_0_1",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.target} {self.target_id or self.run_id} of run {self.run_id}"
 
 
 class BlackboardEntry(models.Model):

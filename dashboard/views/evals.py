@@ -6,17 +6,21 @@ from django import forms
 from django.contrib.auth.decorators import login_required
 from django.http import HttpResponseBadRequest
 from django.shortcuts import redirect, render
+from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
 from agents.models import ModelVersion
-from core.errors import WardenError
+from core.errors import InvalidInput, WardenError
+from dashboard import charts
 from dashboard.insight import fmt_duration, fmt_usd
-from runs.evals import comparison, eval_start
-from runs.models import EvalSuite
-from tenancy.access import visible_rows
-from tenancy.audit import audit
+from runs.evals import annotation_create, comparison, eval_case_from_run, eval_start, history
+from runs.evals.compare import FIGURES
+from runs.models import Artifact, EvalSuite, Task
+from tenancy.access import role_of, visible_rows
 
-from .common import authorized
+from .common import authorized, run_for_view
+
+HISTORY = 10  # the passes each chart shows
 
 
 class EvalStartForm(forms.Form):
@@ -60,6 +64,7 @@ def eval_suite(request, suite_id: int):
                 "cost": fmt_usd(column.mean(column.cost_micros)) if column.judged else "—",
                 "steps": f"{column.mean(column.steps):.1f}" if column.judged else "—",
                 "duration": fmt_duration(column.mean(column.seconds)) if column.judged else "—",
+                "score": "—" if column.mean_score is None else f"{column.mean_score:.2f}",
                 "against": against
                 and {
                     "cost": _times(against["cost"]),
@@ -71,6 +76,7 @@ def eval_suite(request, suite_id: int):
         )
     context = {
         "suite": suite,
+        "charts": _history_charts(suite),
         "rows": rows,
         "summary": summary,
         "base": base,
@@ -90,14 +96,81 @@ def eval_run(request, suite_id: int):
         return redirect("runs:eval-suite", suite_id=suite.id)
     version, baseline = form.cleaned_data["version"], form.cleaned_data["baseline"]
     try:
-        eval_run = eval_start(suite=suite, version=version, user=request.user, baseline=baseline)
+        eval_start(suite=suite, version=version, user=request.user, baseline=baseline, via="page")
     except WardenError as exc:  # a case that cannot start (its workflow changed): nothing started
         return HttpResponseBadRequest(f"the evaluation could not start: {exc}")
-    audit(
-        actor=request.user,
-        action="evaluate",
-        target=f"evaluation suite {suite.slug} ({eval_run.label})",
-        project_id=suite.project_id,
-        request=request,
-    )
+    return redirect("runs:eval-suite", suite_id=suite.id)
+
+
+def _history_charts(suite: EvalSuite) -> list:
+    """One bar chart per figure across the suite's last passes (oldest first)."""
+    figures = history(suite, last=HISTORY)
+    labels = [label.split(" ", 1)[0] for label in figures["labels"]]  # "#12": the full label is in the table
+    units = {"success": 100, "judge_score": 1}
+    return [
+        charts.bar_chart(
+            list(zip(labels, figures["series"][name], strict=True)),
+            chart_id=f"chart-eval-{name.replace('_', '-')}",
+            title=f"{title}, last {len(labels)} passes",
+            x_label="evaluation run",
+            y_label=title,
+            fmt=lambda v: f"{v:.4g}",
+            top=units.get(name),
+            empty_text="Not run yet",
+        )
+        for name, title in FIGURES
+    ]
+
+
+class AnnotationForm(forms.Form):
+    target = forms.CharField(max_length=40)  # "run", "task:<id>", "artifact:<id>" or "span:<id>"
+    score = forms.FloatField(required=False, min_value=0, max_value=1)
+    comment = forms.CharField(required=False, max_length=4000, widget=forms.Textarea(attrs={"rows": 2}))
+
+
+def reviews_context(request, run) -> dict:
+    """The run page's reviews panel: its annotations, and the suites it could become a case of."""
+    suites = visible_rows(EvalSuite.objects.filter(project_id=run.project_id), request.user, action="operate")
+    return {
+        "annotations": list(run.annotations.select_related("author")),
+        "may_annotate": role_of(request.user, run.project_id) in ("reviewer", "admin"),
+        "suites": list(suites),
+        "targets": [("run", f"the run {run.id}")]
+        + [(f"task:{id}", f"task {key}") for id, key in Task.objects.filter(run_id=run.id).values_list("id", "key")]
+        + [
+            (f"artifact:{id}", f"artifact {key} v{version}")
+            for id, key, version in Artifact.objects.filter(run_id=run.id).values_list("id", "key", "version")
+        ],
+    }
+
+
+@login_required
+@require_POST
+def run_annotate(request, run_id: int):
+    run = run_for_view(request, run_id, "decide")
+    form = AnnotationForm(request.POST)
+    target, _, target_id = request.POST.get("target", "run").partition(":")
+    try:
+        if not form.is_valid():
+            raise InvalidInput("; ".join(f"{k}: {' '.join(v)}" for k, v in form.errors.items()))
+        annotation_create(run=run, target=target, target_id=int(target_id) if target_id.isdigit() else None,
+                          score=form.cleaned_data["score"], comment=form.cleaned_data["comment"] or "",
+                          user=request.user, via="page")  # fmt: skip
+    except InvalidInput as exc:
+        return HttpResponseBadRequest(f"the annotation was not recorded: {exc}")
+    return redirect(reverse("runs:detail", args=[run.id]) + "#reviews")
+
+
+@login_required
+@require_POST
+def run_to_case(request, run_id: int):
+    """Add the run to a suite as a new case expecting its outcome (the reviewers' scores say which artifacts)."""
+    run = run_for_view(request, run_id)
+    suite_id = request.POST.get("suite", "")
+    suite = _suite(request, int(suite_id) if suite_id.isdigit() else 0, "operate")
+    name = request.POST.get("name", "").strip() or f"as run {run.id} ended"
+    try:
+        eval_case_from_run(suite=suite, run=run, name=name, user=request.user, via="page")
+    except InvalidInput as exc:
+        return HttpResponseBadRequest(f"the case was not added: {exc}")
     return redirect("runs:eval-suite", suite_id=suite.id)

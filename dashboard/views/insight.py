@@ -18,6 +18,9 @@ class InsightFilters(forms.Form):
     )
     workflow = forms.ChoiceField(label="Workflow", required=False)
     project = forms.ChoiceField(label="Project", required=False)
+    grain = forms.ChoiceField(
+        label="Cost over time", required=False, choices=[("day", "per day"), ("week", "per week")]
+    )
 
     def __init__(self, *args, projects, workflows, **kwargs):
         super().__init__(*args, **kwargs)
@@ -32,7 +35,7 @@ def insight(request):
     projects, workflows = insight_choices(visible=visible)
     asked = InsightFilters(request.GET, projects=projects, workflows=workflows)
     asked.is_valid()  # a value not understood (or not visible to this user) is ignored, and said so
-    chosen = {"days": DEFAULT_DAYS, "workflow": "", "project": ""}
+    chosen = {"days": DEFAULT_DAYS, "workflow": "", "project": "", "grain": "day"}
     chosen.update({k: v for k, v in asked.cleaned_data.items() if v not in (None, "")})
     data = insight_compute(
         visible=visible,
@@ -41,12 +44,15 @@ def insight(request):
         days=chosen["days"],
         workflow_id=next((w.id for w in workflows if w.slug == chosen["workflow"]), None),
         project_id=next((p.id for p in projects if p.slug == chosen["project"]), None),
+        grain=chosen["grain"],
     )
     context = {
         "filters": InsightFilters(initial=chosen, projects=projects, workflows=workflows),
         "filter_errors": asked.errors,
         "insight": data,
         "charts": _charts(data),
+        "usage_agents": _usage_rows(data.usage.by_agent, data.usage.periods),
+        "usage_models": _usage_rows(data.usage.by_model, data.usage.periods),
     }
     return render(request, "runs/insight.html", context)
 
@@ -56,7 +62,30 @@ def _percent(value: float) -> str:
 
 
 def _charts(data: Insight) -> dict:
-    return {**_per_day(data), **_distributions(data), **_rankings(data)}
+    return {**_per_day(data), **_distributions(data), **_rankings(data), **_usage(data)}
+
+
+def _usage_rows(rows, periods) -> list[dict]:
+    return [
+        {"label": r.label, "calls": r.calls, "tokens": r.tokens, "cost_text": fmt_usd(r.cost_micros),
+         "shown": [(tokens, cost, fmt_usd(cost)) for tokens, cost in r.series(periods)]}
+        for r in rows
+    ]  # fmt: skip
+
+
+def _usage(data: Insight) -> dict:
+    return {
+        f"usage_{name}": charts.horizontal_bars(
+            [(r.label, r.cost_micros) for r in rows],
+            chart_id=f"chart-cost-by-{name[:-1]}",
+            title=f"Cost by {name[:-1]}",
+            x_label="cost of model calls (USD)",
+            fmt=fmt_usd,
+            integer=False,
+            empty_text="No model call in this period",
+        )
+        for name, rows in (("agents", data.usage.by_agent), ("models", data.usage.by_model))
+    }
 
 
 def _per_day(data: Insight) -> dict:

@@ -52,6 +52,7 @@ from tools.gate import Verdict
 from tools.models import ToolOperation
 
 from .common import run_for_view
+from .evals import reviews_context
 
 PREVIEW_CHARS = 4000
 ARTIFACTS_SHOWN = 100  # the newest; the admin lists them all
@@ -414,7 +415,7 @@ def run_detail(request, run_id: int):
     # Announce the viewer before reading: a change committed from now on is pushed to this page.
     presence.watching(presence.run_presence(run.id))
     q, only = _params(request)
-    return render(request, TEMPLATE, run_context(run, q=q, only=only))
+    return render(request, TEMPLATE, {**run_context(run, q=q, only=only), **reviews_context(request, run)})
 
 
 @login_required

@@ -7,7 +7,8 @@ from django.urls import reverse
 
 from approvals.models import ApprovalRequest, Question
 from config.api import api as ninja_api
-from runs.models import Artifact, BlackboardEntry, Run
+from runs.evals import demo_suite_load
+from runs.models import Annotation, Artifact, BlackboardEntry, EvalCase, EvalRun, EvalSuite, Run
 from runs.services import run_start
 from tenancy.access import default_project, membership_grant
 from tenancy.models import AuditEvent, Membership, Project
@@ -57,6 +58,15 @@ POLICY = {
     ("GET", "/api/v1/questions/{question_id}"): ("view", "read"),
     ("POST", "/api/v1/questions/{question_id}/answer"): ("decide", "approve"),
     ("POST", "/api/v1/tool-classes"): ("administer", "admin"),
+    ("GET", "/api/v1/eval-suites"): ("view (filtered)", "read"),
+    ("POST", "/api/v1/eval-suites"): ("administer", "admin"),
+    ("GET", "/api/v1/eval-suites/{suite_id}"): ("view", "read"),
+    ("GET", "/api/v1/eval-suites/{suite_id}/comparison"): ("view", "read"),
+    ("POST", "/api/v1/eval-suites/{suite_id}/runs"): ("start", "run"),
+    ("POST", "/api/v1/eval-suites/{suite_id}/cases"): ("operate", "operate"),
+    ("GET", "/api/v1/eval-runs/{eval_run_id}"): ("view", "read"),
+    ("GET", "/api/v1/runs/{run_id}/annotations"): ("view", "read"),
+    ("POST", "/api/v1/runs/{run_id}/annotations"): ("decide", "approve"),
 }
 BODIES = {
     "/api/v1/runs": {"workflow": "deploy-review"},
@@ -75,6 +85,13 @@ BODIES = {
     "/api/v1/allow-rules": {"project": "default", "tool": "tickets.create", "arguments": {"customer_id": "c1"}},
     "/api/v1/tool-classes": {"project": "default", "tool": "crm.note", "tool_class": "read_only"},
     "/api/v1/questions/{question_id}/answer": {"answer": "yes"},
+    "/api/v1/eval-suites/{suite_id}/cases": {
+        "name": "x",
+        "workflow": "deploy-review",
+        "checks": [{"status": "failed"}],
+    },
+    "/api/v1/runs/{run_id}/annotations": {"score": 0.5},
+    "/api/v1/eval-suites": {"slug": "new-suite", "name": "New", "project": "default"},
 }
 ALLOWED = {  # role → actions
     "viewer": {"view"},
@@ -128,7 +145,10 @@ def scene(demo, django_user_model):
     question = Question.objects.create(
         run=run, task=run.tasks.get(key="risk"), step=2, text="Ship?", choices=["yes", "no"]
     )
+    suite = demo_suite_load()
     ids = {
+        "suite_id": suite.id,
+        "eval_run_id": EvalRun.objects.create(suite=suite).id,
         "run_id": run.id,
         "operation_id": op.id,
         "approval_id": approval.id,
@@ -167,7 +187,8 @@ def _state(scene):
     verdicts += list(BlackboardEntry.objects.values_list("id", "verification"))
     classes = list(ToolClassification.objects.values_list("tool", "tool_class"))
     questions = list(Question.objects.values_list("id", "status", "answer"))
-    return run.status, op.status, approval.status, Run.objects.count(), rules, verdicts, classes, questions
+    evals = EvalSuite.objects.count(), EvalCase.objects.count(), EvalRun.objects.count(), Annotation.objects.count()
+    return run.status, op.status, approval.status, Run.objects.count(), rules, verdicts, classes, questions, evals
 
 
 @pytest.mark.parametrize("method,path", sorted(POLICY))
@@ -186,6 +207,7 @@ def test_the_authorization_matrix(scene, client, method, path, who):
         ("POST", "/api/v1/runs"),
         ("POST", "/api/v1/allow-rules"),
         ("POST", "/api/v1/tool-classes"),
+        ("POST", "/api/v1/eval-suites"),
     }
     if who == "anonymous":
         expected = 401
@@ -450,6 +472,8 @@ PAGES = {
     "runs/<int:run_id>/fork": "operate",
     "runs/<int:run_id>/operations/<int:operation_id>/resolve": "operate",
     "runs/<int:run_id>/blackboard/<int:entry_id>/decide": "operate",
+    "runs/<int:run_id>/annotate": "decide (POST)",
+    "runs/<int:run_id>/eval-case": "operate (POST), in the run's and the suite's project",
     "insight/": "member (their projects' figures)",
     "evals/": "member (their projects' suites)",
     "evals/<int:suite_id>/": "view, in the suite's project",
@@ -545,7 +569,7 @@ def test_every_page_answers_each_role_as_its_row_says(scene, client, who):
     without the row's action gets 403, and the others get the page. A POST row's GET is at most a form
     (what its POST needs is checked by the tests of each action)."""
     from approvals.links import decision_link
-    from runs.models import EvalSuite, Span
+    from runs.models import Span
 
     run = scene["run"]
     suite = EvalSuite.objects.create(slug="s", name="s", project=run.project)

@@ -20,7 +20,7 @@ from approvals.models import AllowRule, ApprovalRequest, Question
 from config.api import api as ninja_api
 from runs.evals import demo_suite_load
 from runs.heartbeat import lease_keeper
-from runs.models import EvalCase, EvalSuite, Run, WebhookEndpoint
+from runs.models import Annotation, EvalCase, EvalResult, EvalRun, EvalSuite, Run, WebhookEndpoint
 from runs.services import run_start
 from tenancy.access import default_project, membership_grant
 from tenancy.tokens import api_token_create
@@ -110,6 +110,14 @@ def hostile(demo, provider, settings, monkeypatch, django_user_model):  # noqa: 
     suite = demo_suite_load()
     EvalCase.objects.create(suite=suite, name=SHORT, workflow=xss, goal=JOINED, input=run_input())
     EvalSuite.objects.filter(id=suite.id).update(description=JOINED)
+    # A pass whose judge answered with the corpus, and a reviewer's comment in its words: model output and
+    # people's words shown on the comparison, the run page and the API, escaped.
+    eval_run = EvalRun.objects.create(suite=suite, trigger=SHORT)
+    grade = {"agent": SHORT, "artifact": SHORT, "score": 0.5, "reasoning": JOINED, "passed": True, "cost_micros": 1,
+             "model": SHORT}  # fmt: skip
+    case = suite.cases.get(name=SHORT)
+    EvalResult.objects.create(eval_run=eval_run, case=case, run=runs.answered, passed=True, grades=[grade])
+    Annotation.objects.create(run=runs.answered, comment=JOINED, score=0.5)
     root = django_user_model.objects.create_superuser(username="root", password="root-pass-123", email="r@x.y")
     admin_user = django_user_model.objects.create_user(username="ada", password="ada-pass-12345")
     membership_grant(user=admin_user, project=home, role="admin")
@@ -191,6 +199,7 @@ def fill(route: str, scene, *, every: bool, admin_rows: int = 1) -> list[str]:
                 "request_id": list(ApprovalRequest.objects.order_by("id").values_list("id", flat=True)),
                 "question_id": list(Question.objects.order_by("id").values_list("id", flat=True)),
                 "suite_id": [scene.suite.id],
+                "eval_run_id": list(scene.suite.eval_runs.values_list("id", flat=True)),
                 # the admin's "view on site" of a row
                 "content_type_id": [ContentType.objects.get_for_model(Run).id],
                 "object_id": [run.id],

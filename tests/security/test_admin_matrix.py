@@ -20,6 +20,7 @@ from django.urls import reverse
 from agents.models import Agent, ModelPrice, ModelVersion, Workflow
 from approvals.models import AllowRule, ApprovalPolicy, ApprovalRequest, Decision, DecisionLink, Notification, Question
 from runs.models import (
+    Annotation,
     Artifact,
     BlackboardEntry,
     EvalCase,
@@ -93,6 +94,7 @@ TABLE = {
     "runs.evalcase": (V, ADM, ADM, ADM),
     "runs.evalrun": (V, NOBODY, NOBODY, SU),
     "runs.evalresult": (V, NOBODY, NOBODY, SU),
+    "runs.annotation": (V, NOBODY, NOBODY, SU),
     "runs.blackboardentry": (V, NOBODY, NOBODY, SU),
     "agents.agent": (MEMBER, SU, SU, SU),
     "agents.modelprice": (MEMBER, SU, SU, SU),
@@ -239,6 +241,7 @@ def scene(demo, people, django_user_model):
         "runs.evalcase": case,
         "runs.evalrun": eval_run,
         "runs.evalresult": EvalResult.objects.create(eval_run=eval_run, case=case, run=run),
+        "runs.annotation": Annotation.objects.create(run=run, score=0.5, comment="ok"),
         "runs.blackboardentry": BlackboardEntry.objects.create(run=run, key="pods", version=1, kind="number", value=4),
         "agents.agent": Agent.objects.get(slug="inventory-agent"),
         "agents.modelprice": ModelPrice.objects.create(
