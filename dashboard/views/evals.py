@@ -13,6 +13,7 @@ from agents.models import ModelVersion
 from core.errors import InvalidInput, WardenError
 from dashboard import charts
 from dashboard.insight import fmt_duration, fmt_usd
+from dashboard.trace import TASKS_DRAWN
 from runs.evals import annotation_create, comparison, eval_case_from_run, eval_start, history
 from runs.evals.compare import FIGURES
 from runs.models import Artifact, EvalSuite, Task
@@ -131,15 +132,17 @@ class AnnotationForm(forms.Form):
 def reviews_context(request, run) -> dict:
     """The run page's reviews panel: its annotations, and the suites it could become a case of."""
     suites = visible_rows(EvalSuite.objects.filter(project_id=run.project_id), request.user, action="operate")
+    tasks, artifacts = Task.objects.filter(run_id=run.id).order_by("id"), Artifact.objects.filter(run_id=run.id)
     return {
         "annotations": list(run.annotations.select_related("author")),
         "may_annotate": role_of(request.user, run.project_id) in ("reviewer", "admin"),
         "suites": list(suites),
+        # As many as the page draws (a run may have 10,000 tasks); the API annotates any of them.
         "targets": [("run", f"the run {run.id}")]
-        + [(f"task:{id}", f"task {key}") for id, key in Task.objects.filter(run_id=run.id).values_list("id", "key")]
+        + [(f"task:{id}", f"task {key}") for id, key in tasks.values_list("id", "key")[:TASKS_DRAWN]]
         + [
             (f"artifact:{id}", f"artifact {key} v{version}")
-            for id, key, version in Artifact.objects.filter(run_id=run.id).values_list("id", "key", "version")
+            for id, key, version in artifacts.order_by("-id").values_list("id", "key", "version")[:TASKS_DRAWN]
         ],
     }
 
