@@ -116,12 +116,14 @@ def readiness() -> dict[str, str]:
 
 # --- who may scrape -------------------------------------------------------------------------------------
 def metrics_allowed(request) -> bool:
+    return metrics_allowed_for(authorization=request.headers.get("Authorization", ""), address=client_address(request))
+
+
+def metrics_allowed_for(*, authorization: str, address: str | None) -> bool:
     """The bearer token of WARDEN_METRICS_TOKEN, or a client address in WARDEN_METRICS_ALLOW."""
     token = settings.WARDEN["METRICS_TOKEN"]
-    given = request.headers.get("Authorization", "")
-    if token and given.startswith("Bearer ") and _same(given.removeprefix("Bearer "), token):
+    if token and authorization.startswith("Bearer ") and _same(authorization.removeprefix("Bearer "), token):
         return True
-    address = client_address(request)
     try:
         ip = ipaddress.ip_address(address or "")
     except ValueError:

@@ -257,3 +257,19 @@ def test_doctor_says_what_is_wrong_and_how_to_fix_it(transactional_db, settings,
     assert exited.value.code == 1
     assert "WARDEN_DRILL_FAULTS" in out and "no worker" in out.lower()
     assert SQLITE or "redis" in out.lower()
+
+
+def test_a_worker_only_host_serves_its_own_metrics_to_allowed_scrapers(settings):
+    from core import metrics
+    from dashboard.management.commands.serve_metrics import metrics_app
+
+    metrics.STEPS.labels("model_call", "ok").inc(0)  # this process's file has the series
+    answers = []
+
+    def call(address):
+        body = metrics_app({"PATH_INFO": "/metrics", "REMOTE_ADDR": address}, lambda s, h: answers.append(s))
+        return answers[-1], b"".join(body).decode()
+
+    status, body = call("127.0.0.1")
+    assert status == "200 OK" and "warden_steps_total" in body
+    assert call("192.0.2.7")[0] == "403 Forbidden"
