@@ -273,3 +273,23 @@ def test_a_worker_only_host_serves_its_own_metrics_to_allowed_scrapers(settings)
     status, body = call("127.0.0.1")
     assert status == "200 OK" and "warden_steps_total" in body
     assert call("192.0.2.7")[0] == "403 Forbidden"
+
+
+def test_the_alert_rules_and_the_dashboard_use_only_metrics_warden_exposes(db):
+    """docs/warden-alerts.yml and docs/grafana-warden.json name no metric that does not exist."""
+    from pathlib import Path
+
+    from prometheus_client import Counter, Histogram
+
+    from core import metrics
+
+    exposed = {family.name for family in ops.StateCollector().collect()}
+    for thing in vars(metrics).values():
+        if isinstance(thing, Counter):
+            exposed.add(f"{thing._name}_total")
+        elif isinstance(thing, Histogram):
+            exposed |= {f"{thing._name}_{suffix}" for suffix in ("bucket", "sum", "count")}
+    docs = Path(__file__).resolve().parents[2] / "docs"
+    for name in ("warden-alerts.yml", "grafana-warden.json"):
+        used = set(re.findall(r"\bwarden_[a-z_]+", (docs / name).read_text()))
+        assert used and used <= exposed, (name, used - exposed)
