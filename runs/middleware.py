@@ -26,7 +26,9 @@ class RecoverySweeperMiddleware(Middleware):
         metrics.process_exited()
 
     def before_process_message(self, broker, message):
-        waited = time.time() - message.message_timestamp / 1000
+        # From when it was due: a delayed message (a retry's backoff) waits on purpose until its eta.
+        due = max(message.message_timestamp, message.options.get("eta") or 0) / 1000
+        waited = time.time() - due
         metrics.HOP_SECONDS.labels(metrics.bounded(message.actor_name)).observe(max(0.0, waited))
 
     def after_process_message(self, broker, message, *, result=None, exception=None):

@@ -128,6 +128,9 @@ if DATABASE_URL:
         # Lets the engine's hot-path statements be prepared once per connection (runs/services/sql.py);
         # planning them costs more than running them. Behind PgBouncer use session pooling.
         DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = 5
+        # A database host that does not answer (not one that refuses) must not hang a request, a readiness
+        # probe or a worker for libpq's default of forever.
+        DATABASES["default"]["OPTIONS"].setdefault("connect_timeout", 5)
 else:
     DATABASES = {
         "default": {

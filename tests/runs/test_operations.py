@@ -187,6 +187,7 @@ def test_metrics_count_the_steps_of_real_worker_processes(demo_tx, operator, cli
     assert grew("warden_runs_finished_total", '{status="completed"}') == 2
     assert _samples(text, "warden_runs")['{status="running"}'] == 0
     assert _samples(text, "warden_workers")['{state="live"}'] >= 1
+    assert _samples(text, "warden_queue_messages")['{queue="warden"}'] >= 0  # the broker's own queue, read
     assert not re.search(r'run(_id)?="', text)  # no run ids among the labels
     if not SCALED:
         served = wait_for(lambda: _safe(f"http://127.0.0.1:{port}/metrics"), timeout=30, message="the server")
@@ -229,23 +230,32 @@ def test_a_worker_that_stopped_stamping_is_shown_gone_with_the_tasks_it_held(dem
 
 
 # --- logs and the doctor --------------------------------------------------------------------------------
-def test_json_logs_carry_the_ids_of_what_they_are_about(capsys):
-    import logging
+LOG_SNIPPET = """
+import logging, django
+django.setup()
+from core.logs import log_context
+with log_context(run=7, task=12, attempt=2):
+    logging.getLogger("warden.engine").warning("step %s journaled", 3)
+"""
 
-    from core.logs import ContextFilter, JsonFormatter, log_context
 
-    handler = logging.StreamHandler()
-    handler.setFormatter(JsonFormatter())
-    handler.addFilter(ContextFilter())
-    logger = logging.getLogger("warden.test-json")
-    logger.addHandler(handler)
-    try:
-        with log_context(run=7, task=12, attempt=2):
-            logger.warning("step %s journaled", 3)
-    finally:
-        logger.removeHandler(handler)
-    line = json.loads(capsys.readouterr().err.strip().splitlines()[-1])
-    assert line["message"] == "step 3 journaled" and (line["run"], line["task"], line["attempt"]) == (7, 12, 2)
+@pytest.mark.parametrize("form", ["json", "plain"])
+def test_log_lines_carry_the_ids_of_what_they_are_about(form):
+    """As the settings configure the console: WARDEN_LOG_FORMAT=json writes one JSON object a line."""
+    import os
+    import sys
+
+    from tests.conftest import ROOT
+
+    env = dict(os.environ, DJANGO_SETTINGS_MODULE="config.settings.test", WARDEN_LOG_FORMAT=form)
+    done = subprocess.run([sys.executable, "-c", LOG_SNIPPET], cwd=ROOT, env=env, capture_output=True, text=True)
+    (line,) = [line for line in done.stderr.splitlines() if "journaled" in line]
+    if form == "json":
+        entry = json.loads(line)
+        assert entry["message"] == "step 3 journaled" and entry["level"] == "WARNING"
+        assert (entry["run"], entry["task"], entry["attempt"]) == (7, 12, 2)
+    else:
+        assert line.endswith("step 3 journaled run=7 task=12 attempt=2")
 
 
 def test_doctor_says_what_is_wrong_and_how_to_fix_it(transactional_db, settings, capsys):
