@@ -20,7 +20,7 @@ import redis
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.conf import settings
-from django.db import connection
+from django.db import DatabaseError, connection
 from django.db.migrations.loader import MigrationLoader
 from django.db.models import Count, Min
 from django.utils import timezone
@@ -166,9 +166,16 @@ class StateCollector:
 
     def collect(self):
         now = timezone.now()
-        yield from self._runs_and_backlogs(now)
+        try:  # whole or not at all: the families are built before any is yielded
+            from_database = [*self._runs_and_backlogs(now), *self._workers(now)]
+        except DatabaseError as exc:  # the processes' counters still go out: they matter most then
+            log.warning("metrics: database figures unavailable: %s", type(exc).__name__)
+            connection.close()
+            from_database = []
+        yield GaugeMetricFamily("warden_database_figures", "1 when this scrape could read the database's figures",
+                                value=1 if from_database else 0)  # fmt: skip
+        yield from from_database
         yield from self._queues()
-        yield from self._workers(now)
         breakers = GaugeMetricFamily("warden_breaker_open", "1 while a breaker is open", labels=["kind", "name"])
         for kind, breaker in (("tool", TOOL_BREAKER), ("provider", MODEL_BREAKER)):
             for name, _left in breaker.open_now():
