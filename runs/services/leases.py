@@ -238,7 +238,7 @@ def task_reserve(*, run_id: int, task_id: int, owner: str):
 
 def record_lease_expiry(*, task: Task, now) -> None:
     """The trace's record that a worker lost this task's lease. Call with the task locked."""
-    metrics.LEASE_EXPIRIES.inc()
+    transaction.on_commit(metrics.LEASE_EXPIRIES.inc)  # counted once the recovery is
     Task.objects.filter(id=task.id).update(recoveries=task.recoveries + 1)
     bus.run_changed(task.run_id)
     task.recoveries += 1
