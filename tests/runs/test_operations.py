@@ -178,10 +178,16 @@ def test_metrics_count_the_steps_of_real_worker_processes(demo_tx, operator, cli
         worker = processes.server(port=port)
     runs = [run_start(workflow="deploy-review") for _ in range(2)]
     wait_for(lambda: all(Run.objects.get(id=r.id).is_terminal for r in runs), timeout=90, message="the runs")
-    text = scrape()
 
-    def grew(name, labels):
-        return _samples(text, name).get(labels, 0) - _samples(before, name).get(labels, 0)
+    def grew(name, labels, text=None):
+        return _samples(text or scraped, name).get(labels, 0) - _samples(before, name).get(labels, 0)
+
+    def finishes_counted():
+        text = scrape()
+        return text if grew("warden_runs_finished_total", '{status="completed"}', text) >= 2 else None
+
+    # A run's finish is counted by its worker just after the commit the test saw: scrape until it shows.
+    scraped = text = wait_for(finishes_counted, timeout=30, message="the runs' finish counted")
 
     model_steps = grew("warden_steps_total", '{kind="model_call",outcome="ok"}')
     assert model_steps >= 2 * 3 and grew("warden_steps_total", '{kind="tool_call",outcome="ok"}') >= 2
