@@ -16,6 +16,7 @@ from api.questions import router as questions_router
 from api.reads import router as runs_reads_router
 from api.runs import router as runs_router
 from api.tools import router as tools_router
+from api.workers import router as workers_router
 from core.errors import Conflict, Forbidden, InvalidInput, NotFound
 from runs.transitions import TransitionNotAllowed
 from tenancy.tokens import api_token_authenticate
@@ -127,6 +128,7 @@ class WardenAPI(NinjaAPI):
         "api.questions": "approvals.api",
         "api.inbox": "approvals.api",
         "api.evals": "runs.api_evals",
+        "api.workers": "runs.api",  # the engine's worker registry (new: no older name to keep)
     }
 
     def get_openapi_operation_id(self, operation) -> str:
@@ -149,6 +151,7 @@ api.add_router("/", approvals_router)
 api.add_router("/", inbox_router)
 api.add_router("/", questions_router)
 api.add_router("/", evals_router)
+api.add_router("/", workers_router)
 
 
 def _error(request, status: int, code: str, message: str, errors: list | None = None):

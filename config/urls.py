@@ -6,6 +6,7 @@ from django.views.generic import RedirectView
 
 from api.otlp import otlp_traces
 from dashboard.views import inbox as inbox_views
+from dashboard.views import ops as ops_views
 from dashboard.views import questions as questions_views
 from dashboard.views import queue as approvals_views
 
@@ -37,6 +38,11 @@ urlpatterns = [
     ),
     path("admin/", admin.site.urls),
     path("favicon.ico", Favicon.as_view()),
+    # Operating Warden (docs/operations.md): probes for load balancers, Prometheus, the workers page
+    path("healthz", ops_views.healthz, name="healthz"),
+    path("readyz", ops_views.readyz, name="readyz"),
+    path("metrics", ops_views.metrics, name="metrics"),
+    path("workers/", ops_views.workers, name="workers"),
     # OTLP/HTTP trace export (api/otlp.py): the standard path, and under the API for an exporter whose
     # OTEL_EXPORTER_OTLP_ENDPOINT is https://warden.example/api/v1/otlp
     path("v1/traces", otlp_traces, name="otlp-traces"),

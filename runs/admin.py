@@ -37,6 +37,7 @@ from .models import (
     Task,
     WebhookDelivery,
     WebhookEndpoint,
+    WorkerProcess,
 )
 from .saga import compensation_plan, operation_resolve, run_compensate
 from .services import run_cancel, run_resume, run_start, task_retry
@@ -309,6 +310,15 @@ class QuarantinedResultAdmin(RunData):
 class OutboxAdmin(SuperuserReadOnlyAdmin):
     list_display = ["id", "actor", "kwargs", "delay_ms", "created_at"]
     search_fields = ["actor"]
+
+
+@admin.register(WorkerProcess)
+class WorkerProcessAdmin(SuperuserReadOnlyAdmin):
+    """The worker registry (runs/workers.py); operators see it live at /workers/. A superuser may delete
+    the row of a process that will not come back (the sweepers delete them after a day anyway)."""
+
+    list_display = ["name", "kind", "threads", "started_at", "beat_at", "swept_at", "stopped_at"]
+    search_fields = ["name", "host"]
 
 
 @admin.register(OtlpExportCursor)

@@ -9,7 +9,7 @@ class RunsConfig(AppConfig):
 
     def ready(self):
         # Every process that sends messages (server, workers, tests) needs the actors registered.
-        from . import actors  # noqa: F401
+        from . import actors, checks  # noqa: F401  (checks: Warden's system checks register on import)
         from .fault_log import fault_fire_once
         from .saga import ledger_sweep, operation_awaits_decision, proposals_bundle_if_any, proposals_drop
         from .webhooks import webhook_emit

@@ -621,3 +621,29 @@ class OtlpExportCursor(models.Model):
 
     def __str__(self) -> str:
         return f"exported through span {self.last_span_id}, and what closed until {self.since}"
+
+
+class WorkerProcess(models.Model):
+    """A process that runs attempts and the recovery sweeper (a ``rundramatiq`` worker, or the embedded
+    server), stamped by its sweeper (runs/workers.py). Its tasks are those whose ``lease_owner`` starts
+    with ``name`` (host:pid). Not stamped for a lease's time: gone."""
+
+    class Kind(models.TextChoices):
+        WORKER = "worker"
+        EMBEDDED = "embedded"
+
+    name = models.CharField(max_length=128, unique=True)
+    host = models.CharField(max_length=100)
+    pid = models.PositiveIntegerField()
+    kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.WORKER)
+    threads = models.PositiveIntegerField(default=0)
+    started_at = models.DateTimeField()
+    beat_at = models.DateTimeField(db_index=True)
+    swept_at = models.DateTimeField(null=True, blank=True)
+    stopped_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["host", "pid"]
+
+    def __str__(self) -> str:
+        return self.name

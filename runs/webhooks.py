@@ -23,7 +23,7 @@ from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
-from core import outbound
+from core import metrics, outbound
 from core.errors import InvalidInput
 from tenancy.audit import audit
 
@@ -84,6 +84,18 @@ def _backoff(attempts: int) -> float:
     return min(cap, base * 2 ** max(0, attempts - 1))
 
 
+def _signed_headers(delivery: WebhookDelivery, body: bytes) -> dict:
+    timestamp = str(int(time.time()))
+    return {
+        "Content-Type": "application/json",
+        "User-Agent": "Warden-Webhooks/1",
+        "Warden-Event": delivery.event,
+        "Warden-Delivery": str(delivery.id),
+        "Warden-Signature": f"t={timestamp},v1={signature(delivery.endpoint.secret, timestamp, body)}",
+        **outbound.standard_webhook_headers(delivery.endpoint.secret, f"msg_delivery_{delivery.id}", body),
+    }
+
+
 def webhook_deliver(*, delivery_id: int) -> bool:
     """Post one delivery if it is due and nobody else is posting it. True when it was delivered now."""
     now = timezone.now()
@@ -101,28 +113,25 @@ def webhook_deliver(*, delivery_id: int) -> bool:
         return False
     attempts = delivery.attempts + 1
     body = json.dumps({"id": delivery.id, **delivery.payload}).encode()
-    timestamp = str(int(time.time()))
-    headers = {
-        "Content-Type": "application/json",
-        "User-Agent": "Warden-Webhooks/1",
-        "Warden-Event": delivery.event,
-        "Warden-Delivery": str(delivery.id),
-        "Warden-Signature": f"t={timestamp},v1={signature(delivery.endpoint.secret, timestamp, body)}",
-        **outbound.standard_webhook_headers(delivery.endpoint.secret, f"msg_delivery_{delivery.id}", body),
-    }
+    headers = _signed_headers(delivery, body)
     code, error = None, ""
     try:
         code = outbound.post(delivery.endpoint.url, body, headers, timeout=settings.WARDEN["WEBHOOK_TIMEOUT_SECONDS"])
         error = "" if 200 <= code < 300 else f"answered {code}"
     except outbound.OutboundRefused as exc:  # no retry can change where it leads
         log.warning("webhook %s refused: %s", delivery.id, exc)
+        metrics.WEBHOOKS.labels("refused").inc()
         WebhookDelivery.objects.filter(id=delivery.id).update(
             status=WebhookDelivery.Status.FAILED, last_error=f"refused: {exc}"[:2000]
         )
         return False
     except OSError as exc:
         error = repr(exc)[:2000]
-    if code is not None and 200 <= code < 300:
+    delivered = code is not None and 200 <= code < 300
+    metrics.WEBHOOKS.labels(
+        "delivered" if delivered else ("failed" if attempts >= settings.WARDEN["WEBHOOK_MAX_ATTEMPTS"] else "retry")
+    ).inc()
+    if delivered:
         WebhookDelivery.objects.filter(id=delivery.id).update(
             status=WebhookDelivery.Status.DELIVERED, delivered_at=timezone.now(), last_status_code=code, last_error=""
         )

@@ -94,6 +94,10 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_sessionfinish(session, exitstatus):
+    import shutil
+
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR", "").startswith(str(settings.VAR_DIR)):  # this session's
+        shutil.rmtree(os.environ["PROMETHEUS_MULTIPROC_DIR"], ignore_errors=True)
     if settings.REDIS_URL:
         import redis
 

@@ -28,6 +28,7 @@ from core import bus, hooks, sql
 from core.circuit import Breaker, rate_wait
 from core.errors import LeaseLost, StepFailure, TransientFailure
 from core.faults import faults
+from core.logs import log_context
 
 from .catalog import tool_spec
 from .gate import REFUSE, Origin, Verdict, gate, gate_satisfied
@@ -526,7 +527,8 @@ def _call_and_receipt(op: ToolOperation, spec: ToolSpec, args: dict, *, fence=No
         return _refuse("rejected", f"{op.tool} was not done: {why}")
     _fenced(fence)
     try:
-        result = _external(spec, args, key=op.idempotency_key, fault=faults.system)
+        with log_context(operation=op.id):
+            result = _external(spec, args, key=op.idempotency_key, fault=faults.system)
     except (ToolTimeout, ToolUnavailable) as exc:
         if spec.is_write and isinstance(exc, ToolTimeout):
             return _timed_out(op, spec, exc)

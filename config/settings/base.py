@@ -36,6 +36,12 @@ def _secret_key() -> str:
 
 
 SECRET_KEY = _secret_key()
+
+# prometheus_client's multiprocess mode (core/metrics.py): each process writes its counters to files here
+# and GET /metrics adds up those of every process on the host. Read when prometheus_client is first
+# imported, so set before any app loads. Empty it when the host's processes start (docs/operations.md).
+os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", str(VAR_DIR / "prometheus"))
+Path(os.environ["PROMETHEUS_MULTIPROC_DIR"]).mkdir(parents=True, exist_ok=True)
 DEBUG = os.environ.get("DJANGO_DEBUG", "0") == "1"
 ALLOWED_HOSTS = os.environ.get("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost").split(",")
 
@@ -62,6 +68,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "core.logs.RequestIdMiddleware",  # first: every later line of the request carries its id
     "django.middleware.security.SecurityMiddleware",
     "csp.middleware.CSPMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -121,6 +128,9 @@ if DATABASE_URL:
         # Lets the engine's hot-path statements be prepared once per connection (runs/services/sql.py);
         # planning them costs more than running them. Behind PgBouncer use session pooling.
         DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = 5
+        # A database host that does not answer (not one that refuses) must not hang a request, a readiness
+        # probe or a worker for libpq's default of forever.
+        DATABASES["default"]["OPTIONS"].setdefault("connect_timeout", 5)
 else:
     DATABASES = {
         "default": {
@@ -307,6 +317,16 @@ WARDEN = {
     # (0: kept for good); the sweeper looks for such runs once per interval.
     "RETENTION_DAYS": int(os.environ.get("WARDEN_RETENTION_DAYS", 30)),
     "RETENTION_INTERVAL_SECONDS": _env_float("WARDEN_RETENTION_INTERVAL_SECONDS", 3600),
+    # Set by config/settings/production.py: what `manage.py check --deploy` and `manage.py doctor` hold to.
+    "PRODUCTION": False,
+    # GET /metrics (docs/operations.md): a scraper presents this bearer token, or comes from one of these
+    # networks (the client address as the audit log reads it, behind WARDEN_TRUSTED_PROXY_COUNT proxies).
+    "METRICS_TOKEN": os.environ.get("WARDEN_METRICS_TOKEN", ""),
+    "METRICS_ALLOW": [
+        n.strip() for n in os.environ.get("WARDEN_METRICS_ALLOW", "127.0.0.1/32,::1/128").split(",") if n.strip()
+    ],
+    # A worker process whose registry row was not stamped for this long is shown as gone (workers page).
+    "WORKER_GONE_SECONDS": _env_float("WARDEN_WORKER_GONE_SECONDS", 0),  # 0: the lease
 }
 
 # Refused rather than clamped: every process (server, workers, commands) reads these, and a client that
@@ -355,11 +375,24 @@ STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = VAR_DIR / "staticfiles"
 
+# WARDEN_LOG_FORMAT=json: one JSON object a line, with the run, task, attempt, operation and request ids
+# the line was written under as fields (core/logs.py); plain lines otherwise.
+LOG_FORMAT = os.environ.get("WARDEN_LOG_FORMAT", "plain")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "filters": {"context": {"()": "core.logs.ContextFilter"}},
+    "formatters": {
+        "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s%(context)s"},
+        "json": {"()": "core.logs.JsonFormatter"},
+    },
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "formatter": "json" if LOG_FORMAT == "json" else "plain",
+            "filters": ["context"],
+        }
+    },
     "loggers": {
         "warden": {"handlers": ["console"], "level": os.environ.get("WARDEN_LOG_LEVEL", "INFO")},
         "dramatiq": {"handlers": ["console"], "level": "WARNING"},

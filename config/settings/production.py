@@ -27,6 +27,7 @@ def _env_flag(name: str, default: bool) -> bool:
 
 
 DEBUG = False
+WARDEN["PRODUCTION"] = True  # drill faults and sandbox tools must stay off (runs/checks.py, manage.py doctor)
 ALLOWED_HOSTS = [host.strip() for host in ALLOWED_HOSTS if host.strip()]
 # Origins (scheme and host) whose form posts are accepted besides the site's own, e.g. when the proxy
 # presents the site under another name: "https://warden.example.com,https://ops.example.com".

@@ -8,6 +8,12 @@ os.environ.setdefault("WARDEN_VAR_DIR", str(__import__("pathlib").Path(__file__)
 # Each test session has its own queues, which the worker processes it starts inherit.
 os.environ.setdefault("WARDEN_QUEUE_NAMESPACE", f"warden-test-{os.getpid()}")
 
+# Each session's own metrics files (core/metrics.py), shared with the worker processes it starts and
+# removed when it ends (tests/conftest.py).
+os.environ.setdefault(
+    "PROMETHEUS_MULTIPROC_DIR", os.path.join(os.environ["WARDEN_VAR_DIR"], f"prometheus-{os.getpid()}")
+)
+
 from .base import *  # noqa: E402,F401,F403
 from .base import BASE_DIR, DATABASES, VAR_DIR, WARDEN  # noqa: E402
 

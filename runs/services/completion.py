@@ -11,7 +11,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from core import bus, hooks
+from core import bus, hooks, metrics
 from core.errors import BudgetExceeded, LeaseLost, StepFailure, TransientFailure
 from core.faults import faults
 
@@ -67,6 +67,7 @@ def quarantine(lease: Lease, task: Task, *, step: int | None, body, response=Non
         body=body,
         worker=lease.owner,
     )
+    metrics.QUARANTINED.labels(reason).inc()
     log.warning("quarantined step %s of task %s (token %s): %s", step, lease.task_id, lease.token, reason)
 
 

@@ -19,9 +19,10 @@ from agents.conversation import fit, turns
 from agents.gateway import ModelRequest, ModelResponse, model_complete, worst_case
 from agents.models import Agent, ModelVersion
 from agents.prompts import build_prompt
-from core import bus
+from core import bus, metrics
 from core.errors import BudgetExceeded, InvalidInput, LeaseLost, StepFailure, TransientFailure
 from core.faults import crash_now, faults
+from core.logs import log_context
 from tools.broker import TaskParked, tool_call, tool_call_for_journal
 
 from ..blackboard import MEMORY_TOOLS, knowledge, memory_tool_call
@@ -54,7 +55,8 @@ def task_execute(*, run_id: int, task_id: int, owner: str | None = None) -> None
         current = lease
         lease_keeper.hold(current.task_id, current.token)
         try:
-            lease = _attempt(current)
+            with log_context(run=current.run_id, task=current.task_id, attempt=current.attempt):
+                lease = _attempt(current)
         except LeaseLost:
             lease = None
         finally:
@@ -320,8 +322,30 @@ def _model_call(lease: Lease, run: Run, task: Task, agent: Agent, state: _LoopSt
     except StepFailure as exc:
         budget_release(lease)
         _error_span(lease, kind=Span.Kind.MODEL_CALL, name=agent.model, started=started, message=str(exc))
+        _model_call_counted(agent.provider, "error", started)
         raise
+    _model_call_counted(response.provider or agent.provider, "cached" if response.cached else "ok", started, response)
     return response, started
+
+
+def _model_call_counted(provider: str, outcome: str, started, response: ModelResponse | None = None) -> None:
+    """The call happened (its tokens are spent) whether or not its step is journaled later."""
+    provider = metrics.bounded(provider)
+    metrics.STEPS.labels(Span.Kind.MODEL_CALL, "ok" if response is not None else "error").inc()
+    metrics.STEP_SECONDS.labels(Span.Kind.MODEL_CALL).observe((timezone.now() - started).total_seconds())
+    metrics.MODEL_CALLS.labels(provider, outcome).inc()
+    if response is not None:
+        metrics.TOKENS.labels(provider, "in").inc(response.tokens_in)
+        metrics.TOKENS.labels(provider, "out").inc(response.tokens_out)
+        metrics.COST.labels(provider).inc(response.cost_micros / 1_000_000)
+
+
+def _tool_call_counted(name: str, body: dict | None, started) -> None:
+    error = (body or {"error": {}}).get("error")
+    tool = "unknown" if error and error.get("code") == "unknown_tool" else metrics.bounded(name)
+    metrics.STEPS.labels(Span.Kind.TOOL_CALL, "error" if body is None else "ok").inc()
+    metrics.STEP_SECONDS.labels(Span.Kind.TOOL_CALL).observe((timezone.now() - started).total_seconds())
+    metrics.TOOL_CALLS.labels(tool, "ok" if error is None else metrics.bounded(error.get("code") or "error")).inc()
 
 
 def _hold_worst_case(lease: Lease, run: Run, task: Task, agent: Agent, request: ModelRequest) -> None:
@@ -473,6 +497,7 @@ def _tool_step(lease: Lease, run: Run, task: Task, state: _LoopState):
             # decided before we could park: ask the broker again, it finds the decision
         except StepFailure as exc:
             _error_span(lease, kind=Span.Kind.TOOL_CALL, name=str(call.get("name")), started=started, message=str(exc))
+            _tool_call_counted(str(call.get("name")), None, started)
             raise
     body = outcome.body
     if call.get("id"):  # the provider's id pairs the result with its call in the conversation
@@ -488,6 +513,7 @@ def _tool_step(lease: Lease, run: Run, task: Task, state: _LoopState):
         state=state,
         tool_call=True,
     )
+    _tool_call_counted(str(call.get("name")), outcome.body, started)
     faults.crash_point(run.input, run_id=run.id, task_key=task.key, call=call_number, point="after_advance")
     return usage
 

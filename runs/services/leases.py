@@ -14,7 +14,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from core import bus
+from core import bus, metrics
 from core.errors import BudgetExceeded
 from core.faults import faults
 
@@ -238,6 +238,7 @@ def task_reserve(*, run_id: int, task_id: int, owner: str):
 
 def record_lease_expiry(*, task: Task, now) -> None:
     """The trace's record that a worker lost this task's lease. Call with the task locked."""
+    transaction.on_commit(metrics.LEASE_EXPIRIES.inc)  # counted once the recovery is
     Task.objects.filter(id=task.id).update(recoveries=task.recoveries + 1)
     bus.run_changed(task.run_id)
     task.recoveries += 1

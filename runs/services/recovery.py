@@ -8,6 +8,7 @@ Every change is a compare-and-set or happens under a row lock, so several sweepe
 
 import logging
 import threading
+import time
 
 import dramatiq
 from django.conf import settings
@@ -15,10 +16,11 @@ from django.db import close_old_connections, connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from core import bus, hooks
+from core import bus, hooks, metrics
 
 from ..models import Outbox, Run, Span, Task
 from ..transitions import TASK
+from ..workers import registration
 from .completion import fail_task
 from .leases import record_lease_expiry
 from .outbox import outbox_add, outbox_deliver
@@ -214,10 +216,12 @@ class RecoverySweeper:
     def __init__(self):
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.threads = 0  # the worker threads of this process, for its registry row
 
-    def start(self) -> None:
+    def start(self, *, threads: int = 0) -> None:
         if self._thread is not None and self._thread.is_alive():
             return
+        self.threads = threads
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, args=(self._stop,), name="warden-sweeper", daemon=True)
         self._thread.start()
@@ -226,13 +230,27 @@ class RecoverySweeper:
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=10)
+            try:
+                registration.stopped()
+            except Exception:  # the database is away: the row goes stale, read as gone
+                log.warning("could not mark this worker stopped in the registry")
         self._thread = None
 
     def _loop(self, stop: threading.Event) -> None:
+        registered = False
         while not stop.wait(settings.WARDEN["SWEEP_INTERVAL_SECONDS"]):
             close_old_connections()
             try:
+                if not registered:
+                    registration.started(threads=self.threads)
+                    registered = True
+                started = time.monotonic()
                 done = sweep_once()
+                metrics.SWEEP_SECONDS.observe(time.monotonic() - started)
+                for action, count in done.items():
+                    if count:
+                        metrics.SWEEP_ACTIONS.labels(action).inc(count)
+                registration.swept()
                 if any(done.values()):
                     log.info("recovery sweep: %s", done)
             except Exception:

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 from agents.models import Agent, AgentVersion, ModelVersion, Workflow
 from agents.planning import plan_validate, pydantic_errors
 from agents.versions import agent_version, version_ref, workflow_version
-from core import bus, hooks
+from core import bus, hooks, metrics
 from core.errors import InvalidInput
 from tenancy.access import default_project
 from tenancy.audit import audit, audited
@@ -35,6 +35,7 @@ def run_transition(*, run: Run, to: str, reason: str = "", now=None) -> Run:
     changes = {"status": to, "status_reason": reason}
     if to in Run.TERMINAL:
         run.finished_at = changes["finished_at"] = now
+        transaction.on_commit(metrics.RUNS_FINISHED.labels(to).inc)
         sql.execute(
             "UPDATE runs_span SET ended_at = %s, status = %s WHERE run_id = %s AND kind = %s AND ended_at IS NULL",
             [sql.ts(now), Span.Status.OK if to == Run.Status.COMPLETED else Span.Status.ERROR, run.id, Span.Kind.RUN],

@@ -67,6 +67,8 @@ POLICY = {
     ("GET", "/api/v1/eval-runs/{eval_run_id}"): ("view", "read"),
     ("GET", "/api/v1/runs/{run_id}/annotations"): ("view", "read"),
     ("POST", "/api/v1/runs/{run_id}/annotations"): ("decide", "approve"),
+    # Worker processes are shared by every project: an operator of any project sees them (tasks only of theirs).
+    ("GET", "/api/v1/workers"): ("operate, in any project", "read"),
 }
 BODIES = {
     "/api/v1/runs": {"workflow": "deploy-review"},
@@ -196,6 +198,8 @@ def _state(scene):
 def test_the_authorization_matrix(scene, client, method, path, who):
     """Each role against each operation: allowed, 401, 403 or 404, and a refusal changes nothing."""
     action, scope = POLICY[(method, path)]
+    any_project = action.endswith(", in any project")  # the outsider operates their own project
+    action = action.split(",")[0]
     token = None
     if who != "anonymous":
         scopes = ["read", "run", "operate", "approve", "admin"]
@@ -213,6 +217,8 @@ def test_the_authorization_matrix(scene, client, method, path, who):
         expected = 401
     elif who == "outsider" and project_scoped:
         expected = 404  # another project's objects do not exist for them
+    elif who == "outsider" and any_project:
+        expected = None
     elif action in ("view", "start", "operate", "decide", "administer") and action not in ALLOWED.get(who, set()):
         expected = 403
     else:
@@ -478,6 +484,12 @@ PAGES = {
     "evals/": "member (their projects' suites)",
     "evals/<int:suite_id>/": "view, in the suite's project",
     "evals/<int:suite_id>/run": "start (POST), in the suite's project",
+    # Operating Warden (tests/runs/test_operations.py): probes for load balancers, Prometheus' scrape (its
+    # token or an allowed address; the test client's 127.0.0.1 is allowed by default), the workers.
+    "healthz": "public",
+    "readyz": "public",
+    "metrics": "public (its token or an allowed address)",
+    "workers/": "operate, in any project (workers are shared by all; tasks shown only of their projects)",
 }
 
 

@@ -38,6 +38,7 @@ from runs.models import (
     Span,
     WebhookDelivery,
     WebhookEndpoint,
+    WorkerProcess,
 )
 from runs.services import run_start
 from tenancy.access import default_project, membership_grant
@@ -86,6 +87,7 @@ TABLE = {
     "runs.faultfiring": (V, NOBODY, NOBODY, SU),
     "runs.otlptrace": (V, NOBODY, NOBODY, SU),
     "runs.otlpexportcursor": (SU, NOBODY, NOBODY, SU),
+    "runs.workerprocess": (SU, NOBODY, NOBODY, SU),
     "runs.payload": (SU, NOBODY, NOBODY, SU),
     "runs.idempotencykey": (SU, NOBODY, NOBODY, SU),
     "runs.webhookendpoint": (SU, SU, SU, SU),
@@ -229,6 +231,9 @@ def scene(demo, people, django_user_model):
         "runs.faultfiring": FaultFiring.objects.create(run=run, task_key="inventory", point="start", mode="crash"),
         "runs.otlptrace": OtlpTrace.objects.create(project=home, trace_id="0" * 32, run=run),
         "runs.otlpexportcursor": OtlpExportCursor.objects.create(since=run.created_at),
+        "runs.workerprocess": WorkerProcess.objects.create(
+            name="w1:41", host="w1", pid=41, started_at=run.created_at, beat_at=run.created_at
+        ),
         "runs.payload": Payload.objects.create(body={"a": 1}, size=7),
         "runs.idempotencykey": IdempotencyKey.objects.create(
             scope="s" * 64, key="k", fingerprint="f" * 64, locked_at=run.created_at

@@ -109,12 +109,15 @@ def test_no_response_carries_a_secret_or_live_markup(hostile, provider):
         if kind == "text/html":
             raw += [f"{payload!r} in {url}" for payload in MARKUP if payload in body]
             shown_in_html |= {payload for payload in MARKUP if html.escape(payload) in body}
+        elif kind == "text/plain":  # Prometheus' format: label values are names only (core/metrics.py)
+            raw += [f"{payload!r} in {url}" for payload in MARKUP if payload in body]
         elif kind == "application/json":
             found = "\n".join(strings(json.loads(body)))  # in JSON a payload can only sit inside a string
             if url in operations:
                 shown_in_api |= {payload for payload in CORPUS if payload in found}
     assert raw == [] and api_not_json == []
-    assert set(kinds) == {"text/html", "application/json"}, {k: v[:3] for k, v in kinds.items()}
+    assert set(kinds) == {"text/html", "application/json", "text/plain"}, {k: v[:3] for k, v in kinds.items()}
+    assert kinds["text/plain"] == ["/metrics"]
     assert sniffable == []
     # The corpus did reach both: every payload is on some page (escaped) and in some API response.
     assert shown_in_html == set(MARKUP)

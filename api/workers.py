@@ -1,0 +1,36 @@
+"""Integration API for the worker processes (dashboard/ops.py): who runs attempts, and what each holds."""
+
+from datetime import datetime
+from typing import Literal
+
+from ninja import Field, Router, Schema
+
+from dashboard.ops import workers_visible
+
+router = Router(tags=["operations"])
+
+
+class HeldTaskOut(Schema):
+    task_id: int
+    run_id: int
+    key: str
+    lease_expires_at: datetime | None
+
+
+class WorkerOut(Schema):
+    name: str = Field(description="host:pid, the start of the lease owner of every task it holds")
+    host: str
+    pid: int
+    kind: Literal["worker", "embedded"]
+    threads: int
+    started_at: datetime
+    heartbeat_age: float = Field(description="Seconds since its sweeper last stamped it")
+    state: Literal["live", "gone", "stopped"] = Field(
+        description="gone: not stamped for a lease's time (dead or frozen); stopped: a clean stop"
+    )
+    tasks: list[HeldTaskOut] = Field(description="The running tasks it holds, of the projects the caller can see")
+
+
+@router.get("/workers", response=list[WorkerOut], summary="The worker processes, live first, and the tasks each holds")
+def list_workers(request):
+    return [row.__dict__ for row in workers_visible(request.auth.user, token=request.auth, request=request)]
