@@ -22,7 +22,7 @@ class Command(BaseCommand):
     def handle(self, **options):
         results = [*self._settings(), *self._services()]
         if results[-1][0] == OK:  # the database's line: the rest reads it
-            results += self._workers_and_installation()
+            results += [self._autovacuum(), *self._workers_and_installation()]
         results += self._system_checks()
         for level, what, fix in results:
             self.stdout.write(f"{level:5} {what}" + (f"\n      fix: {fix}" if fix else ""))
@@ -68,6 +68,21 @@ class Command(BaseCommand):
             yield OK, "database reachable and migrated", ""
         else:
             yield ERROR, f"database: {state}", fixes.get(state, "")
+
+    @staticmethod
+    def _autovacuum():
+        """Every step rewrites its task's and run's rows: without autovacuum, dead versions pile up in the
+        indexes the sweeps read (docs/operations.md)."""
+        from django.db import connection
+
+        if connection.vendor != "postgresql":
+            return OK, "SQLite: no vacuum needed", ""
+        with connection.cursor() as cursor:
+            cursor.execute("SHOW autovacuum")
+            on = cursor.fetchone()[0] == "on"
+        if on:
+            return OK, "PostgreSQL's autovacuum is on", ""
+        return WARNING, "PostgreSQL's autovacuum is off", "set autovacuum = on (or VACUUM (ANALYZE) on a schedule)"
 
     def _redis(self):
         if redis_state() == "ok":
