@@ -5,6 +5,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 from ninja import Field, Router, Schema, Status
+from pydantic import ConfigDict
 
 from agents.models import ModelVersion
 from core.errors import InvalidInput, NotFound
@@ -39,6 +40,23 @@ class EvalCaseOut(Schema):
     checks: list[Any]
     from_run: int | None = Field(description="The annotated run it was made from")
 
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "id": 7,
+                    "name": "rollback plan named",
+                    "workflow": "deploy-review",
+                    "baseline_workflow": None,
+                    "goal": "Review the checkout deploy",
+                    "input": {},
+                    "checks": [{"status": "completed"}, {"tool_called": "email.send", "expected": False}],
+                    "from_run": 42,
+                }
+            ]
+        }
+    )
+
 
 class EvalSuiteOut(Schema):
     id: int
@@ -49,6 +67,33 @@ class EvalSuiteOut(Schema):
     rerun_on: list[str] = Field(description='Runs again on a new version of these: "agent:<slug>", "workflow:<slug>"…')
     cases: list[EvalCaseOut]
 
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "id": 3,
+                    "slug": "deploys",
+                    "name": "Deploy reviews",
+                    "description": "",
+                    "project": "default",
+                    "rerun_on": ["agent:risk-agent"],
+                    "cases": [
+                        {
+                            "id": 7,
+                            "name": "rollback plan named",
+                            "workflow": "deploy-review",
+                            "baseline_workflow": None,
+                            "goal": "Review the checkout deploy",
+                            "input": {},
+                            "checks": [{"status": "completed"}, {"tool_called": "email.send", "expected": False}],
+                            "from_run": 42,
+                        }
+                    ],
+                }
+            ]
+        }
+    )
+
 
 class EvalSuiteIn(BodyIn):
     slug: str = Field(min_length=1, max_length=64, pattern=r"^[-a-zA-Z0-9_]+$")
@@ -57,10 +102,20 @@ class EvalSuiteIn(BodyIn):
     description: str = Field(default="", max_length=4000)
     rerun_on: list[str] = Field(default_factory=list, max_length=50)
 
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {"slug": "deploys", "name": "Deploy reviews", "project": "default", "rerun_on": ["agent:risk-agent"]}
+            ]
+        }
+    )
+
 
 class EvalStartIn(BodyIn):
     model_version: str | None = Field(default=None, max_length=64, description="A model version's slug")
     baseline: bool = Field(default=False, description="Run the cases on their single-agent baseline workflows")
+
+    model_config = ConfigDict(json_schema_extra={"examples": [{"model_version": None, "baseline": False}]})
 
 
 class GradeOut(Schema):
@@ -101,6 +156,51 @@ class EvalRunOut(Schema):
     regressions: list[RegressionOut] = Field(description="Cases that fail now and passed (or were absent) then")
     results: list[EvalResultOut]
 
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "id": 12,
+                    "suite": "deploys",
+                    "label": "risk-agent v4",
+                    "trigger": "api",
+                    "created_at": "2026-12-02T09:00:00Z",
+                    "settled": True,
+                    "baseline_run": 11,
+                    "regressions": [
+                        {
+                            "case": 7,
+                            "name": "rollback plan named",
+                            "before": True,
+                            "failures": ["status: failed, expected completed"],
+                        }
+                    ],
+                    "results": [
+                        {
+                            "case": 7,
+                            "name": "rollback plan named",
+                            "run": 43,
+                            "passed": False,
+                            "failures": ["status: failed, expected completed"],
+                            "grades": [
+                                {
+                                    "artifact": "verify",
+                                    "agent": "fair-judge",
+                                    "score": 0.4,
+                                    "reasoning": "No rollback plan.",
+                                    "passed": False,
+                                    "cost_usd": 0.0002,
+                                    "model": "scripted/scripted-1",
+                                }
+                            ],
+                            "judge_cost_usd": 0.0002,
+                        }
+                    ],
+                }
+            ]
+        }
+    )
+
 
 class EvalCaseIn(BodyIn):
     name: str = Field(min_length=1, max_length=200)
@@ -111,12 +211,20 @@ class EvalCaseIn(BodyIn):
     checks: list[Any] | None = Field(default=None, description="Default with from_run: the outcome it had")
     from_run: Whole(ge=1) | None = Field(default=None, description="Replay this run (its workflow, goal and input)")
 
+    model_config = ConfigDict(json_schema_extra={"examples": [{"name": "rollback plan named", "from_run": 42}]})
+
 
 class AnnotationIn(BodyIn):
     target: Literal["run", "task", "span", "artifact"] = "run"
     target_id: Whole(ge=1) | None = Field(default=None, description="The task's, span's or artifact's id")
     score: float | None = Field(default=None, ge=0, le=1, description="0 (bad) to 1 (good)")
     comment: str = Field(default="", max_length=4000)
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [{"target": "artifact", "target_id": 88, "score": 0.8, "comment": "Names the rollback plan."}]
+        }
+    )
 
 
 class AnnotationOut(Schema):
@@ -128,6 +236,23 @@ class AnnotationOut(Schema):
     comment: str
     author: str | None
     created_at: datetime
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "id": 5,
+                    "run": 42,
+                    "target": "artifact",
+                    "target_id": 88,
+                    "score": 0.8,
+                    "comment": "Names the rollback plan.",
+                    "author": "rita",
+                    "created_at": "2026-12-02T09:00:00Z",
+                }
+            ]
+        }
+    )
 
 
 class ComparisonColumnOut(Schema):
@@ -143,6 +268,33 @@ class ComparisonOut(Schema):
     columns: list[ComparisonColumnOut]
     cases: list[dict[str, Any]] = Field(description="Per case: its verdict in each column (null: not settled)")
     history: dict[str, Any] = Field(description="Each figure across the suite's last passes, oldest first")
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "columns": [
+                        {
+                            "eval_run": 12,
+                            "label": "risk-agent v4",
+                            "baseline": False,
+                            "judged": 1,
+                            "going": 0,
+                            "figures": {
+                                "success": 100.0,
+                                "cost_usd": 0.0031,
+                                "steps": 9.0,
+                                "seconds": 4.2,
+                                "judge_score": 0.8,
+                            },
+                        }
+                    ],
+                    "cases": [{"case": 7, "name": "rollback plan named", "verdicts": [True]}],
+                    "history": {"success": [[11, 50.0], [12, 100.0]]},
+                }
+            ]
+        }
+    )
 
 
 def _suites():

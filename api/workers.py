@@ -4,6 +4,7 @@ from datetime import datetime
 from typing import Literal
 
 from ninja import Field, Router, Schema
+from pydantic import ConfigDict
 
 from dashboard.ops import workers_visible
 
@@ -29,6 +30,26 @@ class WorkerOut(Schema):
         description="gone: not stamped for a lease's time (dead or frozen); stopped: a clean stop"
     )
     tasks: list[HeldTaskOut] = Field(description="The running tasks it holds, of the projects the caller can see")
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "name": "worker-1:4242",
+                    "host": "worker-1",
+                    "pid": 4242,
+                    "kind": "worker",
+                    "threads": 4,
+                    "started_at": "2026-12-02T09:00:00Z",
+                    "heartbeat_age": 1.8,
+                    "state": "live",
+                    "tasks": [
+                        {"task_id": 311, "run_id": 42, "key": "worker-3", "lease_expires_at": "2026-12-02T09:14:30Z"}
+                    ],
+                }
+            ]
+        }
+    )
 
 
 @router.get("/workers", response=list[WorkerOut], summary="The worker processes, live first, and the tasks each holds")

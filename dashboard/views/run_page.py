@@ -338,29 +338,18 @@ def _compensate_offer(run: Run) -> dict:
     return {"can_compensate": refused is None, "compensate_refusal": str(refused or "")}
 
 
-def run_context(run: Run, *, q: str = "", only: str = "") -> dict:
-    # The number first, then the data: a push numbered up to this one was rendered before these reads.
-    seq = presence.seq_current(presence.run_seq_name(run.id))
-    now = timezone.now()
-    only = only if only in ONLY_CHOICES else ""
-    summary = run_summary(run.id, now)
-    total = summary["spans"]
-    tasks, critical, task_ids = _timeline_tasks(run.id, now)
-    tasks_total = len(task_ids)
-    # A run of many tasks draws the first TASKS_DRAWN; the tree loads the next ones when asked.
-    first = task_ids[:TASKS_DRAWN] if not (q.strip() or only) else None
-    if total > FULL_TREE_MAX and not (q.strip() or only):
-        # A large run: its run, task and attempt spans, and each task's totals summed by the database.
-        containers = Q(kind__in=CONTAINERS) if first is None else Q(kind__in=CONTAINERS, task_id__in=first)
-        rows = list(
-            Span.objects.filter(run=run)
-            .filter(containers | Q(task_id__isnull=True))
-            .order_by("id")
-            .values(*SPAN_FIELDS)
-        )
-    else:
-        rows = span_rows(run.id)
-    ops, ops_total = _ledger(run.id)
+def _page_spans(run: Run, total: int, first: list[int] | None, *, filtered: bool) -> list[dict]:
+    """The spans the page draws: all of a small (or filtered) run; of a large one its run, task and
+    attempt spans (of its first tasks only, when it has many), each task's totals summed by the database."""
+    if total <= FULL_TREE_MAX or filtered:
+        return span_rows(run.id)
+    containers = Q(kind__in=CONTAINERS) if first is None else Q(kind__in=CONTAINERS, task_id__in=first)
+    spans = Span.objects.filter(run=run).filter(containers | Q(task_id__isnull=True))
+    return list(spans.order_by("id").values(*SPAN_FIELDS))
+
+
+def _page_tree(run: Run, rows, summary: dict, ops, ops_total: int, first, tasks_total: int):
+    """The tree's roots and nodes with their totals, and the item that loads a large run's next tasks."""
     if ops_total > len(ops):  # the tree's marks come from every operation of the steps it draws
         flags = _step_flags(run.id, sorted({r["task_id"] for r in rows if r["kind"] == "tool_call" and r["task_id"]}))
     else:
@@ -372,6 +361,23 @@ def run_context(run: Run, *, q: str = "", only: str = "") -> dict:
         for root in roots:
             if root.kind == Span.Kind.RUN:
                 root.more = more_tasks_html(run.id, root.id, after=first[-1], remaining=tasks_total - len(first))
+    return roots, nodes
+
+
+def run_context(run: Run, *, q: str = "", only: str = "") -> dict:
+    # The number first, then the data: a push numbered up to this one was rendered before these reads.
+    seq = presence.seq_current(presence.run_seq_name(run.id))
+    now = timezone.now()
+    only = only if only in ONLY_CHOICES else ""
+    summary = run_summary(run.id, now)
+    total = summary["spans"]
+    tasks, critical, task_ids = _timeline_tasks(run.id, now)
+    tasks_total = len(task_ids)
+    # A run of many tasks draws the first TASKS_DRAWN; the tree loads the next ones when asked.
+    first = task_ids[:TASKS_DRAWN] if not (q.strip() or only) else None
+    rows = _page_spans(run, total, first, filtered=bool(q.strip() or only))
+    ops, ops_total = _ledger(run.id)
+    roots, nodes = _page_tree(run, rows, summary, ops, ops_total, first, tasks_total)
     keep = tree_filter(nodes, q=q, only=only)
     by_id = {t.id: t for t in tasks}
     artifacts_total = Artifact.objects.filter(run=run).count()
