@@ -30,6 +30,18 @@ from .runs import run_for
 router = Router(tags=["evaluations"])
 
 
+CASE_EXAMPLE = {
+    "id": 7,
+    "name": "rollback plan named",
+    "workflow": "deploy-review",
+    "baseline_workflow": None,
+    "goal": "Review the checkout deploy",
+    "input": {},
+    "checks": [{"status": "completed"}, {"tool_called": "email.send", "expected": False}],
+    "from_run": 42,
+}  # also inside the suite's example
+
+
 class EvalCaseOut(Schema):
     id: int
     name: str
@@ -40,22 +52,7 @@ class EvalCaseOut(Schema):
     checks: list[Any]
     from_run: int | None = Field(description="The annotated run it was made from")
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "examples": [
-                {
-                    "id": 7,
-                    "name": "rollback plan named",
-                    "workflow": "deploy-review",
-                    "baseline_workflow": None,
-                    "goal": "Review the checkout deploy",
-                    "input": {},
-                    "checks": [{"status": "completed"}, {"tool_called": "email.send", "expected": False}],
-                    "from_run": 42,
-                }
-            ]
-        }
-    )
+    model_config = ConfigDict(json_schema_extra={"examples": [CASE_EXAMPLE]})
 
 
 class EvalSuiteOut(Schema):
@@ -77,18 +74,7 @@ class EvalSuiteOut(Schema):
                     "description": "",
                     "project": "default",
                     "rerun_on": ["agent:risk-agent"],
-                    "cases": [
-                        {
-                            "id": 7,
-                            "name": "rollback plan named",
-                            "workflow": "deploy-review",
-                            "baseline_workflow": None,
-                            "goal": "Review the checkout deploy",
-                            "input": {},
-                            "checks": [{"status": "completed"}, {"tool_called": "email.send", "expected": False}],
-                            "from_run": 42,
-                        }
-                    ],
+                    "cases": [CASE_EXAMPLE],
                 }
             ]
         }
