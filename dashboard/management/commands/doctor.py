@@ -6,6 +6,7 @@ import os
 from django.conf import settings
 from django.core import checks as django_checks
 from django.core.management.base import BaseCommand
+from django.db import connection
 from django.utils import timezone
 
 from dashboard.ops import channel_layer_state, database_state, redis_state
@@ -73,8 +74,6 @@ class Command(BaseCommand):
     def _autovacuum():
         """Every step rewrites its task's and run's rows: without autovacuum, dead versions pile up in the
         indexes the sweeps read (docs/operations.md)."""
-        from django.db import connection
-
         if connection.vendor != "postgresql":
             return OK, "SQLite: no vacuum needed", ""
         with connection.cursor() as cursor:
