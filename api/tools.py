@@ -11,6 +11,7 @@ from pydantic import ConfigDict
 
 from api.external import ExternalOperationOut, IntentIn
 from api.external import operation_out as external_out
+from api.governance import ChangeRequestOut, change_request_out
 from api.runs import RunOut, run_for, run_out
 from core.errors import NotFound
 from runs.external import external_operation_intent
@@ -18,7 +19,7 @@ from runs.saga import compensation_plan, operation_resolve, run_compensate
 from runs.schemas import BodyIn, PathId, QueryWhole
 from runs.selectors import run_get
 from tenancy.access import authorize, authorize_token, project_ids, visible_rows
-from tenancy.models import Project
+from tenancy.models import ChangeRequest, Project
 from tools.classifications import TOOL_NAME, TOOL_NAME_RULE, tool_classification_set
 from tools.gate import Verdict
 from tools.installation import run_key_prefix
@@ -467,10 +468,13 @@ def list_tool_classes(request):
 
 @router.post(
     "/tool-classes",
-    response={200: ToolClassOut},
-    summary="Classify a tool outside Warden's registry (project admins; unclassified tools wait for a reviewer)",
+    response={200: ToolClassOut, 202: ChangeRequestOut},
+    summary="Classify a tool (project admins): 200 when it applies; 202 with the change request when it asks "
+    "less than before and waits for a second admin",
 )
 def classify_tool(request, payload: ToolClassIn):
+    """An external agent's tool, or an MCP tool's class confirmed (its server only suggests one). A
+    classification never lowers a declared HTTP tool (422)."""
     project = Project.objects.filter(slug=payload.project).first()
     if project is None:
         raise NotFound(f"project {payload.project} does not exist")
@@ -485,4 +489,7 @@ def classify_tool(request, payload: ToolClassIn):
         token=request.auth,
         request=request,
     )
+    if isinstance(row, ChangeRequest):
+        held = ChangeRequest.objects.select_related("project", "requested_by", "decided_by").get(id=row.id)
+        return Status(202, change_request_out(held))
     return tool_class_out(ToolClassification.objects.select_related("project", "classified_by").get(id=row.id))

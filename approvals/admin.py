@@ -1,11 +1,14 @@
+from django import forms
 from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
 from django.template.response import TemplateResponse
 
 from core.errors import WardenError
 from tenancy.access import authorize
-from tenancy.admin_scope import ReadOnlyScopedAdmin, ScopedAdmin, ScopedInline
+from tenancy.admin_scope import GovernedAdmin, ReadOnlyScopedAdmin, ScopedInline
 
 from .models import AllowRule, ApprovalPolicy, ApprovalRequest, Decision, DecisionLink, Notification, Question
+from .policies import policy_delete, policy_problems, policy_save
 from .services import approval_decide
 
 
@@ -113,17 +116,48 @@ class DecisionAdmin(ReadOnlyScopedAdmin):
     readonly_fields = ["request", "reviewer", "verdict", "comment", "arguments_hash", "edited_arguments", "at"]
 
 
-@admin.register(ApprovalPolicy)
-class ApprovalPolicyAdmin(ScopedAdmin):
-    """A project's policies are its admins' to write; policies of every project (no project) are a
-    superuser's. Every change is audited."""
+class ApprovalPolicyForm(forms.ModelForm):
+    class Meta:
+        model = ApprovalPolicy
+        fields = "__all__"
 
+    def clean(self):
+        data = super().clean()
+        if self.errors:
+            return data
+        for name, value in data.items():
+            setattr(self.instance, name, value)
+        for field, message in policy_problems(self.instance):
+            self.add_error(field if field in self.fields else None, message)
+        return data
+
+
+@admin.register(ApprovalPolicy)
+class ApprovalPolicyAdmin(GovernedAdmin):
+    """A project's policies and waivers are its admins' to write; policies of every project (no project)
+    are a superuser's. Every change is audited; one that loosens the rules (a waiver, a policy disabled
+    or weakened) waits for a second admin of the project (approvals/policies.py)."""
+
+    form = ApprovalPolicyForm
     project_path = "project"
     shared_rows = True
     change_action = add_action = delete_action = "administer"
-    list_display = ["name", "enabled", "project", "workflow", "tool", "quorum", "expires_after_seconds", "on_expiry"]
-    list_filter = ["enabled", "on_expiry", "on_reject", "project"]
+    list_display = ["name", "effect", "enabled", "project", "workflow", "tool", "quorum", "expires_after_seconds"]
+    list_filter = ["effect", "enabled", "on_expiry", "on_reject", "project"]
     search_fields = ["name", "tool"]
+
+    def save_through_service(self, request, obj, form, change):
+        try:
+            held = policy_save(user=request.user, row=obj, fields=list(form.fields), request=request)
+        except WardenError as exc:
+            raise PermissionDenied(str(exc)) from exc
+        if held is not None:
+            self.held(request, held)
+
+    def delete_through_service(self, request, obj):
+        held = policy_delete(user=request.user, row=obj, request=request)
+        if held is not None:
+            self.held(request, held)
 
 
 @admin.register(Notification)

@@ -33,6 +33,9 @@ class ApprovalRequest(models.Model):
     arguments_hash = models.CharField(
         max_length=64, blank=True, help_text="Hash of the exact arguments shown; a decision must quote it"
     )
+    # The declared tool's version the call was judged on (tools/catalog.py): an approval stands for that
+    # declaration only; a call whose tool was changed since waits for a new approval (tools/gate.py).
+    declaration = models.CharField(max_length=64, blank=True)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING, db_index=True)
     summary = models.TextField(help_text="What will happen if approved (arguments redacted)")
     requested_at = models.DateTimeField(auto_now_add=True)
@@ -89,7 +92,16 @@ class Decision(models.Model):
 
 class ApprovalPolicy(models.Model):
     """A rule editable in the admin: calls it matches wait for reviewers. Checked with the workflow's
-    trusted tool policies; the strictest applies (any rule asking for approval gates the call)."""
+    trusted tool policies; the strictest applies (any rule asking for approval gates the call).
+
+    A *waiver* (effect "waive") is the one kind that loosens: an irreversible write waits for a reviewer
+    of its project by default, and a project's waiver lets the calls it matches leave without one. It
+    lifts that default only, never what another policy asks for; it belongs to one project and is made by
+    its admins (with a second admin's yes: docs/access.md)."""
+
+    class Effect(models.TextChoices):
+        REQUIRE = "require", "Calls it matches wait for reviewers"
+        WAIVE = "waive", "Irreversible calls it matches leave without a reviewer (a waiver)"
 
     class OnExpiry(models.TextChoices):
         REJECT = "reject"
@@ -101,6 +113,12 @@ class ApprovalPolicy(models.Model):
 
     name = models.CharField(max_length=200)
     enabled = models.BooleanField(default=True)
+    effect = models.CharField(
+        max_length=8,
+        choices=Effect.choices,
+        default=Effect.REQUIRE,
+        help_text="A waiver names its project; quorum, roles and expiry do not apply to it",
+    )
     project = models.ForeignKey(Project, null=True, blank=True, on_delete=models.CASCADE, help_text="Empty: all")
     workflow = models.ForeignKey(
         "agents.Workflow", null=True, blank=True, on_delete=models.CASCADE, help_text="Empty: all"
@@ -126,15 +144,33 @@ class ApprovalPolicy(models.Model):
     class Meta:
         ordering = ["id"]
         verbose_name_plural = "approval policies"
+        constraints = [
+            models.CheckConstraint(
+                condition=~models.Q(effect="waive") | models.Q(project__isnull=False), name="a_waiver_names_a_project"
+            )
+        ]
 
     def __str__(self) -> str:
-        return self.name
+        return f"{self.name} (waiver)" if self.effect == self.Effect.WAIVE else self.name
 
     def matches(self, *, tool: str, arguments: dict) -> bool:
+        """Does this (requiring) policy gate the call? A condition it cannot evaluate gates it."""
         if not self.enabled or (self.tool and self.tool != tool):
             return False
         if not self.condition:
             return True
+        return self._condition(arguments, unknown=True)
+
+    def waives(self, *, tool: str, arguments: dict) -> bool:
+        """Does this waiver cover the call? A condition it cannot evaluate covers nothing."""
+        if not self.enabled or self.effect != self.Effect.WAIVE or (self.tool and self.tool != tool):
+            return False
+        return not self.condition or self._condition(arguments, unknown=False)
+
+    def _condition(self, arguments: dict, *, unknown: bool) -> bool:
+        """The condition on one argument; ``unknown``: the answer when it cannot be evaluated."""
+        if not isinstance(self.condition, dict) or not isinstance(arguments, dict):
+            return unknown
         field, op, value = (self.condition.get(k) for k in ("field", "op", "value"))
         actual = arguments.get(field)
         if actual is None:
@@ -150,7 +186,8 @@ class ApprovalPolicy(models.Model):
                 "in": lambda: actual in value,
             }[op]()
         except (KeyError, TypeError):
-            return True  # a condition that cannot be evaluated gates the call rather than waving it through
+            # Gates the call rather than waving it through; waives nothing.
+            return unknown
 
 
 class Notification(models.Model):

@@ -78,6 +78,7 @@ def approval_request_for_operation(op, *, parent: ApprovalRequest | None = None,
         kind=ApprovalRequest.Kind.OPERATION,
         summary=_describe(op),
         arguments_hash=op.arguments_hash,
+        declaration=op.declaration or "",
         requested_by_id=requested_by_id,
         **_terms(Verdict.from_json(op.verdict), with_expiry=parent is None),
     )
@@ -315,6 +316,8 @@ def _settle_item(item, run, user, approve, note, now) -> None:
         _emit(item, "approval.decided")
     if item.parent_id is None and item.task_id:
         _wake_parked_task(run, item, reason, now)
+    elif item.parent_id is None and approve:
+        run_operations_send(run)  # a supervised call asked again on its own (its declaration changed)
 
 
 def _settle_parent(parent, run, user, note, now) -> None:

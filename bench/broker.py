@@ -63,11 +63,13 @@ def main() -> None:
 
     call_command("migrate", verbosity=0)
     from agents.demo import load_demo_workflows
+    from approvals.policies import demo_waivers_load
     from runs.models import Task
     from runs.services import run_start
     from tools.broker import tool_call
 
     load_demo_workflows()
+    demo_waivers_load()
     run = run_start(workflow="incident-fanout")
     task = Task.objects.get(run=run, key="plan")
     task.allowed_tools = ["crm.read", "tickets.create", "email.send"]

@@ -333,10 +333,12 @@ def template_create() -> dict:
     from django.contrib.auth import get_user_model
 
     from agents.demo import load_demo_workflows
+    from approvals.policies import demo_waivers_load
     from tenancy.access import default_project, membership_grant
     from tenancy.tokens import api_token_create
 
     load_demo_workflows()
+    demo_waivers_load()
     users = get_user_model().objects
     operator = users.create_user(username="chaos-operator", password="chaos-operator-pass-1")
     reviewer = users.create_user(username="chaos-reviewer", password="chaos-reviewer-pass-1")

@@ -10,6 +10,7 @@ from ninja.security import HttpBearer
 import api.external  # noqa: F401  (its operations join the reads router)
 from api.approvals import router as approvals_router
 from api.evals import router as evals_router
+from api.governance import router as governance_router
 from api.inbox import router as inbox_router
 from api.limits import RateLimited, rate_check
 from api.questions import router as questions_router
@@ -152,6 +153,7 @@ api.add_router("/", inbox_router)
 api.add_router("/", questions_router)
 api.add_router("/", evals_router)
 api.add_router("/", workers_router)
+api.add_router("/", governance_router)
 
 
 def _error(request, status: int, code: str, message: str, errors: list | None = None):

@@ -277,6 +277,7 @@ def _undo_record(run: Run, original: ToolOperation, item: dict, *, order: int) -
         status=OS.AWAITING_APPROVAL if verdict.waits else OS.APPROVED,
         compensates=original,
         order=order,
+        declaration=getattr(tool_spec(item["action"], run.project_id), "declaration", ""),
     )
 
 
@@ -377,8 +378,8 @@ def _execute_supervised(run: Run, op: ToolOperation, fence: ExecutorFence | None
     spec = tool_spec(op.tool, run.project_id)
     if spec is None:  # a project's HTTP or MCP tool removed (or disabled) since the call was planned
         return operation_supervised_failed(run, op, f"{op.tool} is no longer a tool of this project")
-    if op.status == OS.APPROVED and approval_recheck(op) is not None:
-        return True  # rejected just now: its verdict is not satisfied (any more); the others go on
+    if op.status == OS.APPROVED and approval_recheck(op, spec) is not None:
+        return True  # rejected just now, or asked again: its verdict is not satisfied (any more); the others go on
     if op.kind == Kind.ACTION:
         where = {"task_key": op.task.key, "call": op.call_number}
         arguments = arguments_unseal(spec, op.task_id, op.step, op.arguments)
@@ -493,6 +494,8 @@ def _settle(run_id: int) -> bool:
             run_transition(run=run, to=Run.Status.COMPENSATED, reason=reason[:4000], now=now)
             return True
         elif run.status == Run.Status.RUNNING and not _open_tasks(run):
+            if ops.filter(status=OS.AWAITING_APPROVAL).filter(SUPERVISED).exists():
+                return False  # a proposal waits for a new approval (its tool's declaration changed)
             done = ops.filter(proposed=True, status=OS.COMMITTED).count()
             rejected = ops.filter(proposed=True, status=OS.REJECTED).count()
             run_transition(

@@ -13,7 +13,7 @@ from core.errors import Forbidden, WardenError
 from .access import membership_grant, membership_revoke
 from .admin_scope import SUPERUSER, ReadOnlyScopedAdmin, ScopedAdmin, ScopedInline
 from .audit import audit
-from .models import ApiToken, AuditEvent, Membership, Project
+from .models import ApiToken, AuditEvent, ChangeRequest, Membership, Project
 from .tokens import api_token_create, api_token_revoke
 
 
@@ -117,12 +117,27 @@ class ProjectAdmin(ScopedAdmin):
     project_path = "pk"
     change_action = "administer"
     add_action = SUPERUSER
-    list_display = ["slug", "name", "created_at"]
+    list_display = ["slug", "name", "governance", "created_at"]
     search_fields = ["slug", "name"]
     inlines = [MembershipInline]
 
     def get_readonly_fields(self, request, obj=None):
-        return ["slug"] if obj and not request.user.is_superuser else []
+        # Single-admin governance lets one admin loosen the rules alone: the deployment's owner decides.
+        return ["slug", "governance"] if obj and not request.user.is_superuser else []
+
+
+@admin.register(ChangeRequest)
+class ChangeRequestAdmin(ReadOnlyScopedAdmin):
+    """Changes that loosen a project's rules, waiting for (or decided by) a second admin: decided on the
+    reviewer queue (/approvals/) or through the API, listed here for the record."""
+
+    project_path = "project"
+    view_action = "administer"
+    list_display = ["id", "project", "label", "action", "status", "requested_by", "requested_at", "decided_by"]
+    list_filter = ["status", "project", "subject"]
+    search_fields = ["label", "requested_by__username"]
+    readonly_fields = ["project", "subject", "object_id", "action", "label", "before", "after", "loosens", "status",
+                       "requested_by", "requested_at", "decided_by", "decided_at", "note"]  # fmt: skip
 
 
 @admin.register(Membership)

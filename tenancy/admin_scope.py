@@ -7,9 +7,11 @@ their roles allow. What is not any project's data (engine internals, the sandbox
 configuration) is a superuser's. Saves and deletes go through a service, which writes the audit log.
 """
 
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.db.models import Q
+from django.http import HttpResponseRedirect
+from django.urls import reverse
 
 from .access import ACTIONS, project_ids, role_of
 from .audit import audit
@@ -207,6 +209,46 @@ class ScopedAdmin(admin.ModelAdmin):
                 request=request,
                 detail={"object": str(obj)[:200], "inline of": _label(form.instance)},
             )
+
+
+class GovernedAdmin(ScopedAdmin):
+    """A project's rules (tools, classifications, policies): a save or delete that loosens them may open
+    a change request for a second admin instead (tenancy/governance.py). ``save_through_service`` and
+    ``delete_through_service`` hand the request they opened to ``held``; the page then says so, and
+    nothing is logged as changed."""
+
+    def held(self, request, change) -> None:
+        request._warden_change_request = change
+
+    def _held_response(self, request):
+        change = getattr(request, "_warden_change_request", None)
+        if change is None:
+            return None
+        self.message_user(
+            request,
+            f"This change loosens the project's rules ({'; '.join(change.loosens)}): nothing changed yet. It "
+            f"waits for another admin of the project as change request {change.id} (the reviewer queue).",
+            messages.WARNING,
+        )
+        opts = self.model._meta
+        return HttpResponseRedirect(reverse(f"admin:{opts.app_label}_{opts.model_name}_changelist"))
+
+    def response_add(self, request, obj, post_url_continue=None):
+        return self._held_response(request) or super().response_add(request, obj, post_url_continue)
+
+    def response_change(self, request, obj):
+        return self._held_response(request) or super().response_change(request, obj)
+
+    def response_delete(self, request, obj_display, obj_id):
+        return self._held_response(request) or super().response_delete(request, obj_display, obj_id)
+
+    def log_addition(self, request, obj, message):
+        if not hasattr(request, "_warden_change_request"):
+            return super().log_addition(request, obj, message)
+
+    def log_change(self, request, obj, message):
+        if not hasattr(request, "_warden_change_request"):
+            return super().log_change(request, obj, message)
 
 
 class ScopedInline:

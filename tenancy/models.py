@@ -8,8 +8,15 @@ from django.db import models
 class Project(models.Model):
     """A team's space: every run belongs to one, and people act on it through their role in it."""
 
+    class Governance(models.TextChoices):
+        FOUR_EYES = "four_eyes", "A change that loosens the rules needs a second admin's yes"
+        SINGLE_ADMIN = "single_admin", "One admin's change applies at once (set by a superuser)"
+
     slug = models.SlugField(max_length=64, unique=True)
     name = models.CharField(max_length=200)
+    # Who must agree before a change loosens the project's rules (tenancy/governance.py): only a superuser
+    # may choose single-admin governance.
+    governance = models.CharField(max_length=16, choices=Governance.choices, default=Governance.FOUR_EYES)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -18,6 +25,48 @@ class Project(models.Model):
 
     def __str__(self) -> str:
         return self.slug
+
+
+class ChangeRequest(models.Model):
+    """A change that loosens a project's rules (a tool's class lowered, an HTTP tool's target or headers
+    changed, an MCP server's address, an approval policy disabled or weakened, a waiver), made by one of
+    its admins and waiting for another's yes. Nothing is changed until then (tenancy/governance.py; the
+    decision applies it: approvals/governance.py)."""
+
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        APPLIED = "applied"
+        REJECTED = "rejected"
+        WITHDRAWN = "withdrawn"  # its author took it back
+        STALE = "stale"  # the row changed (or went) since it was asked for: ask again
+
+    class Action(models.TextChoices):
+        CREATE = "create"
+        CHANGE = "change"
+        DELETE = "delete"
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="change_requests")
+    subject = models.CharField(max_length=64, help_text="The model changed, e.g. tools.httptool")
+    object_id = models.PositiveBigIntegerField(null=True, blank=True, help_text="Empty: a row to create")
+    action = models.CharField(max_length=8, choices=Action.choices)
+    label = models.CharField(max_length=200, help_text="What is changed, for people")
+    before = models.JSONField(default=dict, blank=True, help_text="The fields it changes, as they are")
+    after = models.JSONField(default=dict, blank=True, help_text="The fields it changes, as they would be")
+    loosens = models.JSONField(default=list, blank=True, help_text="Why it needs a second admin")
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING, db_index=True)
+    requested_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    requested_at = models.DateTimeField(auto_now_add=True)
+    decided_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    decided_at = models.DateTimeField(null=True, blank=True)
+    note = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["-id"]
+
+    def __str__(self) -> str:
+        return f"change request {self.pk}: {self.action} {self.label} ({self.status})"
 
 
 class Membership(models.Model):

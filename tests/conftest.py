@@ -13,6 +13,7 @@ from django.conf import settings
 from django.db import connection
 
 from agents.demo import load_demo_workflows
+from approvals.policies import demo_waivers_load
 
 ROOT = Path(__file__).resolve().parent.parent
 SQLITE = settings.DATABASES["default"]["ENGINE"].endswith("sqlite3")
@@ -159,11 +160,13 @@ def operator(django_user_model):
 @pytest.fixture
 def demo(db):
     load_demo_workflows()
+    demo_waivers_load()
 
 
 @pytest.fixture
 def demo_tx(transactional_db):
     load_demo_workflows()
+    demo_waivers_load()
 
 
 @pytest.fixture

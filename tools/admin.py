@@ -2,13 +2,27 @@
 runs/admin.py: its actions are the engine's services)."""
 
 from django import forms
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 
 from core.errors import WardenError
-from tenancy.admin_scope import ReadOnlyScopedAdmin, ScopedAdmin, ScopedInline, SuperuserAdmin, SuperuserReadOnlyAdmin
+from tenancy.admin_scope import (
+    GovernedAdmin,
+    ReadOnlyScopedAdmin,
+    ScopedInline,
+    SuperuserAdmin,
+    SuperuserReadOnlyAdmin,
+)
+from tenancy.governance import second_admin_needed
+from tenancy.models import ChangeRequest
 
 from .classifications import classification_refusal, tool_classification_remove, tool_classification_set
+from .governance import (
+    classification_below_declaration,
+    declaration_save,
+    mcp_server_loosenings,
+    mcp_tool_class_refusal,
+)
 from .http_tools import http_tool_problems
 from .kit import ToolRefused
 from .mcp_tools import McpUnreachable, mcp_list, mcp_listing_problems, mcp_server_problems, mcp_tools_store
@@ -36,20 +50,22 @@ class ToolClassificationForm(forms.ModelForm):
     def clean(self):
         data = super().clean()
         tool = data.get("tool", self.instance.tool if self.instance.pk else "")
-        for error in classification_refusal(
-            tool=tool,
-            tool_class=data.get("tool_class", ""),
-            reversibility=data.get("reversibility", ""),
-            approval=data.get("approval", ""),
-        ):
+        asked = {"tool_class": data.get("tool_class", ""), "reversibility": data.get("reversibility", "")}
+        errors = classification_refusal(tool=tool, approval=data.get("approval", ""), **asked)
+        project = data.get("project") or (self.instance.project if self.instance.project_id else None)
+        if not errors and project is not None:
+            errors = classification_below_declaration(project.id, tool, **asked)
+            errors += mcp_tool_class_refusal(project.id, tool, **asked)
+        for error in errors:
             field = error["field"] if error["field"] in self.fields else None
             self.add_error(field, error["message"])
         return data
 
 
 @admin.register(ToolClassification)
-class ToolClassificationAdmin(ScopedAdmin):
-    """What a project says its agents' own tools do; written by its admins, each change audited."""
+class ToolClassificationAdmin(GovernedAdmin):
+    """What a project says its agents' own tools do, and the class its admins confirm for an MCP tool;
+    written by its admins, each change audited; one that asks less waits for a second admin."""
 
     form = ToolClassificationForm
     project_path = "project"
@@ -76,10 +92,15 @@ class ToolClassificationAdmin(ScopedAdmin):
             )
         except WardenError as exc:
             raise PermissionDenied(str(exc)) from exc
-        obj.pk = saved.pk
+        if isinstance(saved, ChangeRequest):
+            self.held(request, saved)
+        else:
+            obj.pk = saved.pk
 
     def delete_through_service(self, request, obj):
-        tool_classification_remove(user=request.user, row=obj, request=request)
+        held = tool_classification_remove(user=request.user, row=obj, request=request)
+        if held is not None:
+            self.held(request, held)
 
 
 class _CheckedForm(forms.ModelForm):
@@ -110,8 +131,9 @@ class HttpToolForm(_CheckedForm):
 
 
 @admin.register(HttpTool)
-class HttpToolAdmin(ScopedAdmin):
-    """A project's HTTP tools: declared by its admins, checked on save, each change audited."""
+class HttpToolAdmin(GovernedAdmin):
+    """A project's HTTP tools: declared by its admins, checked on save, each change audited; a change of
+    its target, headers or class that loosens waits for a second admin."""
 
     form = HttpToolForm
     project_path = "project"
@@ -119,6 +141,11 @@ class HttpToolAdmin(ScopedAdmin):
     list_display = ["name", "project", "method", "url", "tool_class", "reversibility", "enabled"]
     list_filter = ["project", "tool_class", "enabled"]
     search_fields = ["name", "url", "description"]
+
+    def save_through_service(self, request, obj, form, change):
+        held = declaration_save(user=request.user, row=obj, fields=list(form.fields), request=request)
+        if held is not None:
+            self.held(request, held)
 
 
 class McpToolInline(ScopedInline, admin.TabularInline):
@@ -142,15 +169,22 @@ class McpToolInline(ScopedInline, admin.TabularInline):
 
 
 class McpServerForm(_CheckedForm):
+    user = None  # who saves (McpServerAdmin.get_form): a change held for a second admin is not listed yet
+
     class Meta:
         model = McpServer
         fields = ["project", "name", "transport", "url", "command", "headers", "secrets", "timeout_seconds", "enabled"]
 
     def problems(self, server):
-        """Checked, then asked for its tools: a server that does not answer is not saved."""
+        """Checked, then asked for its tools: a server that does not answer is not saved. A change of its
+        address that waits for a second admin is asked only once approved."""
         problems = mcp_server_problems(server)
         if problems:
             return problems
+        self.listed = None
+        before = McpServer.objects.filter(id=server.pk).first() if server.pk else None
+        if mcp_server_loosenings(before, server) and second_admin_needed(self.user, server.project_id):
+            return []
         try:
             self.listed = mcp_list(server)
         except (McpUnreachable, ToolRefused) as exc:
@@ -159,8 +193,9 @@ class McpServerForm(_CheckedForm):
 
 
 @admin.register(McpServer)
-class McpServerAdmin(ScopedAdmin):
-    """A project's MCP servers: saving one lists its tools again."""
+class McpServerAdmin(GovernedAdmin):
+    """A project's MCP servers: saving one lists its tools again; a change of its address, headers or
+    secrets waits for a second admin (and is listed when approved)."""
 
     form = McpServerForm
     project_path = "project"
@@ -169,21 +204,58 @@ class McpServerAdmin(ScopedAdmin):
     list_filter = ["project", "transport", "enabled"]
     inlines = [McpToolInline]
 
+    def get_form(self, request, obj=None, **kwargs):
+        form = super().get_form(request, obj, **kwargs)
+        return type(form.__name__, (form,), {"user": request.user})
+
     def save_through_service(self, request, obj, form, change):
-        super().save_through_service(request, obj, form, change)
-        mcp_tools_store(obj, form.listed)
+        held = declaration_save(user=request.user, row=obj, fields=list(form.fields), request=request)
+        if held is not None:
+            self.held(request, held)
+        elif form.listed is not None:
+            mcp_tools_store(obj, form.listed)
 
 
 @admin.register(McpTool)
 class McpToolAdmin(ReadOnlyScopedAdmin):
-    """The tools MCP servers listed: changed only by saving their server again."""
+    """The tools MCP servers listed: changed only by saving their server again. The class shown is the
+    server's suggestion; until a project admin confirms a class (the action below, or a tool
+    classification of the same name) every call of the tool waits for a reviewer."""
 
     project_path = "server__project"
-    list_display = ["name", "server", "tool_class", "reversibility", "remote_name"]
+    list_display = ["name", "server", "tool_class", "reversibility", "confirmed_class", "remote_name"]
     list_filter = ["server__project", "tool_class"]
     search_fields = ["name", "remote_name", "description"]
     readonly_fields = ["server", "name", "remote_name", "description", "input_schema", "annotations",
-                       "tool_class", "reversibility"]  # fmt: skip
+                       "tool_class", "reversibility", "confirmed_class"]  # fmt: skip
+    actions = ["confirm_suggested_class"]
+
+    @admin.display(description="confirmed class")
+    def confirmed_class(self, obj):
+        row = ToolClassification.objects.filter(project_id=obj.server.project_id, tool=obj.name).first()
+        return f"{row.tool_class} {row.reversibility}".strip() if row else "unclassified: every call waits"
+
+    @admin.action(description="Confirm the class the server suggests (project admins)")
+    def confirm_suggested_class(self, request, queryset):
+        for tool in queryset.select_related("server__project"):
+            try:
+                saved = tool_classification_set(
+                    user=request.user,
+                    project=tool.server.project,
+                    tool=tool.name,
+                    tool_class=tool.tool_class,
+                    reversibility=tool.reversibility,
+                    note="the server's suggestion, confirmed in the admin",
+                    request=request,
+                )
+            except WardenError as exc:
+                self.message_user(request, f"{tool.name}: {exc}", messages.ERROR)
+                continue
+            if isinstance(saved, ChangeRequest):
+                self.message_user(request, f"{tool.name}: asks less than now, so it waits for another admin "
+                                  f"(change request {saved.id})", messages.WARNING)  # fmt: skip
+            else:
+                self.message_user(request, f"{tool.name}: {saved.tool_class} {saved.reversibility}".strip())
 
 
 @admin.register(Installation)

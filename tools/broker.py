@@ -405,6 +405,7 @@ def _operation_create(call: _Call, verdict: Verdict, **fields) -> ToolOperation:
         idempotency_key=call.key,
         arguments_hash=call.digest,
         arguments=redact(call.spec, call.args),
+        declaration=call.spec.declaration,
         **fields,
     )
 
@@ -431,15 +432,50 @@ def _resume_operation(op: ToolOperation, spec: ToolSpec, args: dict, *, fence: t
     return operation_execute(op, spec, args, fence=fence)
 
 
-def approval_recheck(op: ToolOperation) -> ToolOutcome | None:
+def approval_recheck(op: ToolOperation, spec: ToolSpec | None = None, args: dict | None = None) -> ToolOutcome | None:
     """Just before an operation's call: do the decisions recorded on it satisfy its verdict? One whose
-    approval no longer stands (or never did) is rejected and not made."""
+    approval no longer stands (or never did) is rejected and not made. One whose tool's declaration
+    changed since it was judged (another URL, method, header, server or class) is judged again, and waits
+    for a new approval when the new verdict asks for one."""
+    if spec is not None and spec.declaration != (op.declaration or ""):
+        return _judged_again(op, spec, op.arguments if args is None else args)
     why = gate_satisfied(op)
     if not why:
         return None
     _set(op, OS.REJECTED, status_reason=f"not done: {why}"[:1000], ended_at=timezone.now())
     log.warning("operation %s not executed: %s", op.id, why)
     return _refuse("rejected", f"{op.tool} was not done: {why}")
+
+
+_ORIGINS = {ToolOperation.Kind.COMPENSATION: Origin.COMPENSATION, ToolOperation.Kind.CORRECTION: Origin.CORRECTION}
+
+
+def _judged_again(op: ToolOperation, spec: ToolSpec, args: dict) -> ToolOutcome | None:
+    """The declaration changed under an operation: what was approved (or allowed) was another call. It
+    gets the verdict of the tool as it is now; whatever approval it had no longer counts."""
+    origin = _ORIGINS.get(op.kind) or (Origin.PROPOSAL if op.proposed else Origin.AGENT)
+    agent_id = op.task.agent_id if op.task_id else None
+    verdict = gate(run_id=op.run_id, tool=op.tool, arguments=args, origin=origin, agent_id=agent_id)
+    why = "its tool's declaration changed since it was judged"
+    if verdict.decision == REFUSE:
+        _set(op, OS.REJECTED, status_reason=f"not done: {why}; now refused"[:1000], ended_at=timezone.now())
+        return _refuse("rejected", f"{op.tool} was not done: {why}, and the gate now refuses it")
+    fields = {"declaration": spec.declaration, "gate": verdict.decision, "verdict": verdict.to_json(),
+              "tool_class": verdict.tool_class, "reversibility": verdict.reversibility}  # fmt: skip
+    if not verdict.waits:
+        ToolOperation.objects.filter(id=op.id).update(**fields)
+        for name, value in fields.items():
+            setattr(op, name, value)
+        return None
+    with transaction.atomic():
+        OPERATION.move(op, OS.AWAITING_APPROVAL, status_reason=f"{why}: it waits for a new approval", **fields)
+        starter = ToolOperation.objects.filter(id=op.id).values_list("run__started_by_id", flat=True).get()
+        hooks.call(hooks.APPROVAL_REQUEST_FOR_OPERATION, op, requested_by_id=starter)
+    bus.run_changed(op.run_id)
+    log.warning("operation %s: %s; it waits for a new approval", op.id, why)
+    if op.kind == ToolOperation.Kind.ACTION and not op.proposed and op.task_id:
+        raise TaskParked(op.id, f"{op.tool} waits for a new approval: {why}")
+    return _refuse("awaiting_approval", f"{op.tool} waits for a new approval: {why}")
 
 
 def reconcile(op: ToolOperation, spec: ToolSpec, *, in_flight: bool = False) -> ToolOutcome | None:
@@ -504,7 +540,7 @@ def operation_ambiguous_announce(op: ToolOperation) -> None:
 def operation_execute(op: ToolOperation, spec: ToolSpec, args: dict, *, fence=None) -> ToolOutcome:
     """Make the call of an operation that may go (approved, or failed and being retried), if its verdict
     is satisfied and the caller still holds its lease (``fence``)."""
-    refused = approval_recheck(op)
+    refused = approval_recheck(op, spec, args)
     if refused is not None:
         return refused
     _fenced(fence)  # before the intent is marked again: a stale caller leaves the row as its successor found it
@@ -520,8 +556,9 @@ def operation_execute(op: ToolOperation, spec: ToolSpec, args: dict, *, fence=No
 
 
 def _call_and_receipt(op: ToolOperation, spec: ToolSpec, args: dict, *, fence=None) -> ToolOutcome:
-    """The one place an operation's call leaves: its verdict satisfied, its caller's lease held."""
-    why = gate_satisfied(op)
+    """The one place an operation's call leaves: its verdict satisfied, for the declaration it was judged
+    on, its caller's lease held."""
+    why = gate_satisfied(op) or ("its tool's declaration changed" if spec.declaration != op.declaration else "")
     if why:  # never reached by a correct caller; the last line of defence of the promise
         _set(op, OS.REJECTED, status_reason=f"not done: {why}"[:1000], ended_at=timezone.now())
         return _refuse("rejected", f"{op.tool} was not done: {why}")

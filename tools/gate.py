@@ -35,14 +35,12 @@ from core import sql
 from core.errors import NotFound
 from tenancy.access import role_of
 
-from .catalog import tool_spec
+from .catalog import stricter_class, stricter_reversibility, tool_spec
 from .models import ToolClassification, ToolOperation
 from .registry import Reversibility, ToolClass
 
 ALLOW, APPROVAL, REFUSE = "allow", "approval", "refuse"
 DECIDERS = ("reviewer", "admin")
-_CLASS_RANK = {ToolClass.READ_ONLY: 0, ToolClass.IDEMPOTENT_WRITE: 1, ToolClass.NON_IDEMPOTENT_WRITE: 2}
-_REVERSIBILITY_RANK = {Reversibility.NONE: 0, Reversibility.REVERSIBLE: 1, Reversibility.IRREVERSIBLE: 2}
 _DECISION_RANK = {ALLOW: 0, APPROVAL: 1, REFUSE: 2}
 
 
@@ -69,41 +67,32 @@ class Classification:
 
 
 def tool_classify(*, project_id: int, tool: str, claimed_class: str = "", claimed_reversibility: str = ""):
-    """What the tool does, by Warden's registry, else by the project's classification, else the most
-    dangerous class. A claim (an external agent's ``tool_class``) is only taken where it is stricter."""
+    """What the tool does: Warden's registry; else a declared tool's effective class (its declaration, or
+    for an MCP tool the class a project admin confirmed: tools/catalog.py); else the project's
+    classification; else the most dangerous class. A claim (an external agent's ``tool_class``) is only
+    taken where it is stricter."""
     spec = tool_spec(tool, project_id)
     if spec is not None and spec.project_id is None:
         found = Classification(spec.tool_class, spec.reversibility, "registry")
+    elif spec is not None:
+        found = Classification(
+            spec.tool_class, spec.reversibility, spec.kind if spec.classified else "unclassified", spec.approval
+        )
     else:
         row = (
             ToolClassification.objects.filter(project_id=project_id, tool=tool)
             .values_list("tool_class", "reversibility", "approval")
             .first()
         )
-        if spec is not None:  # the project's HTTP or MCP tool: its classification can only make it stricter
-            source = spec.kind if spec.classified or row is not None else "unclassified"
-            found = Classification(spec.tool_class, spec.reversibility, source, row[2] if row else "")
-            claimed_class, claimed_reversibility = _stricter_claim(row, claimed_class, claimed_reversibility)
-        elif row is not None:
+        if row is not None:
             found = Classification(row[0], row[1], "project", row[2])
         else:
             found = Classification(ToolClass.NON_IDEMPOTENT_WRITE, Reversibility.IRREVERSIBLE, "unclassified")
-    tool_class = max(found.tool_class, claimed_class or found.tool_class, key=lambda c: _CLASS_RANK.get(c, 2))
-    reversibility = max(
-        found.reversibility, claimed_reversibility or found.reversibility, key=lambda r: _REVERSIBILITY_RANK.get(r, 2)
-    )
+    tool_class = stricter_class(found.tool_class, claimed_class)
+    reversibility = stricter_reversibility(found.reversibility, claimed_reversibility)
     if tool_class != ToolClass.READ_ONLY and not reversibility:
         reversibility = Reversibility.IRREVERSIBLE  # a write nobody says can be undone cannot be
     return replace(found, tool_class=tool_class, reversibility=reversibility)
-
-
-def _stricter_claim(row, claimed_class: str, claimed_reversibility: str) -> tuple[str, str]:
-    """A project classification of a declared tool, taken like a claim: only where it is stricter."""
-    if row is None:
-        return claimed_class, claimed_reversibility
-    tool_class = max(row[0], claimed_class or row[0], key=lambda c: _CLASS_RANK.get(c, 2))
-    reversibility = max(row[1], claimed_reversibility or row[1], key=lambda r: _REVERSIBILITY_RANK.get(r, 2))
-    return tool_class, reversibility
 
 
 @dataclass(frozen=True)
@@ -121,6 +110,7 @@ class Verdict:
     fail_on_reject: bool = False
     policies: tuple = ()  # approval policies that matched
     allow_rule: int | None = None  # the allow rule that stood in for a reviewer
+    waiver: int | None = None  # the waiver that let an irreversible call leave without a reviewer
     reasons: tuple = ()
 
     def to_json(self) -> dict:
@@ -151,6 +141,7 @@ class Verdict:
             head = "refused"
         elif self.decision == ALLOW:
             head = f"allowed by allow rule {self.allow_rule}" if self.allow_rule else "allowed"
+            head += f" (irreversible, waived by policy {self.waiver})" if self.waiver else ""
         else:
             who = "project admins" if self.admins_only else "reviewers"
             head = f"waits for {max(1, self.quorum)} of the project's {who}"
@@ -177,8 +168,9 @@ def strictest(verdicts) -> Verdict:
         fail_on_reject=any(v.fail_on_reject for v in verdicts),
         policies=tuple(sorted({p for v in verdicts for p in v.policies})),
         allow_rule=top.allow_rule if top.decision == ALLOW else None,
-        tool_class=max((v.tool_class for v in verdicts), key=lambda c: _CLASS_RANK.get(c, 2)),
-        reversibility=max((v.reversibility for v in verdicts), key=lambda r: _REVERSIBILITY_RANK.get(r, 2)),
+        waiver=top.waiver if top.decision == ALLOW else None,
+        tool_class=stricter_class(*(v.tool_class for v in verdicts)),
+        reversibility=stricter_reversibility(*(v.reversibility for v in verdicts)),
         reasons=reasons,
     )
 
@@ -206,6 +198,7 @@ class _Facts:
     tool_policies: dict
     started_by_id: int | None
     policies_may_match: bool  # an enabled approval policy of this run's scope names the tool, or every tool
+    waivers_may_match: bool  # an enabled waiver of this run's project names the tool, or every tool
 
 
 # Hand-written, like the engine's hot path (runs/services/sql.py): the gate is asked at every tool call,
@@ -213,8 +206,11 @@ class _Facts:
 # "Might" ignores whether the call is a write: a caller's claim can still make it one (tool_classify).
 _FACTS_SQL = (
     "SELECT r.project_id, p.slug, r.workflow_id, w.slug, w.tool_policies, r.started_by_id, "
-    "EXISTS (SELECT 1 FROM approvals_approvalpolicy a WHERE a.enabled AND (a.tool = %s OR a.tool = '') "
-    "AND (a.project_id IS NULL OR a.project_id = r.project_id) "
+    "EXISTS (SELECT 1 FROM approvals_approvalpolicy a WHERE a.enabled AND a.effect = 'require' "
+    "AND (a.tool = %s OR a.tool = '') AND (a.project_id IS NULL OR a.project_id = r.project_id) "
+    "AND (a.workflow_id IS NULL OR a.workflow_id = r.workflow_id)), "
+    "EXISTS (SELECT 1 FROM approvals_approvalpolicy a WHERE a.enabled AND a.effect = 'waive' "
+    "AND (a.tool = %s OR a.tool = '') AND a.project_id = r.project_id "
     "AND (a.workflow_id IS NULL OR a.workflow_id = r.workflow_id)) "
     "FROM runs_run r JOIN approvals_project p ON p.id = r.project_id JOIN agents_workflow w ON w.id = r.workflow_id "
     "WHERE r.id = %s"
@@ -222,13 +218,15 @@ _FACTS_SQL = (
 
 
 def _facts(run_id: int, tool: str) -> _Facts:
-    row = sql.fetchone(_FACTS_SQL, [tool, run_id])
+    row = sql.fetchone(_FACTS_SQL, [tool, tool, run_id])
     if row is None:
         raise NotFound(f"run {run_id} does not exist")
-    project_id, project, workflow_id, workflow, policies, started_by, may_match = row
+    project_id, project, workflow_id, workflow, policies, started_by, may_match, may_waive = row
     policies = sql.loads(policies)
     policies = policies if isinstance(policies, dict) else {}
-    return _Facts(run_id, project_id, project, workflow_id, workflow, policies, started_by, bool(may_match))
+    return _Facts(
+        run_id, project_id, project, workflow_id, workflow, policies, started_by, bool(may_match), bool(may_waive)
+    )
 
 
 def gate(
@@ -269,6 +267,8 @@ def gate(
         )
     if found.approval == ToolClassification.Approval.ALWAYS:
         needs.append(_Need(f"project {facts.project}: every call of {tool} waits for a reviewer"))
+    default, waiver = _irreversible_needs(facts, tool, arguments, found, origin)
+    needs += default
     needs += _workflow_needs(facts, tool, origin, corrects)
     if facts.policies_may_match:
         needs += _policy_needs(facts, tool, arguments, found.is_write)
@@ -277,10 +277,45 @@ def gate(
     if repeats is not None:
         needs.append(_Need(f"it repeats committed operation {repeats}: each repeated effect is approved on its own"))
     verdict = _verdict(found, needs)
+    if waiver is not None:
+        note = f"irreversible, and policy {waiver.id} {waiver.name!r} lets it leave without a reviewer"
+        reasons = (note,) if verdict.decision == ALLOW else (*verdict.reasons, note)
+        verdict = replace(verdict, waiver=waiver.id, reasons=reasons)
     # A standing rule allows calls, not second effects: a repeat is always a person's decision.
     if verdict.decision == APPROVAL and origin in Origin.RULES_APPLY and repeats is None:
         verdict = _allow_rule(verdict, facts, tool, arguments, agent_id)
     return verdict
+
+
+def _irreversible_needs(facts: _Facts, tool: str, arguments: dict, found: Classification, origin: str):
+    """An irreversible write waits for one reviewer of its project unless the project waived that for it
+    (a waiver: an approval policy with effect "waive", made by the project's admins). Returns the need
+    (or none) and the waiver that lifted it. A compensation's undo restores what its run did and is
+    judged by the policies alone; an unclassified tool waits anyway."""
+    if (
+        not found.is_write
+        or found.reversibility != Reversibility.IRREVERSIBLE
+        or found.source == "unclassified"
+        or origin == Origin.COMPENSATION
+    ):
+        return [], None
+    waiver = _waiver(facts, tool, arguments) if facts.waivers_may_match else None
+    if waiver is not None:
+        return [], waiver
+    why = f"{tool} is irreversible: it waits for a reviewer unless project {facts.project} waives that"
+    return [_Need(why)], None
+
+
+def _waiver(facts: _Facts, tool: str, arguments: dict) -> ApprovalPolicy | None:
+    """The first enabled waiver of the run's project (and workflow) whose tool and condition match. A
+    waiver whose condition cannot be evaluated waives nothing."""
+    rows = (
+        ApprovalPolicy.objects.filter(Q(tool=tool) | Q(tool=""), enabled=True, effect=ApprovalPolicy.Effect.WAIVE)
+        .filter(project_id=facts.project_id)
+        .filter(Q(workflow__isnull=True) | Q(workflow_id=facts.workflow_id))
+        .order_by("id")
+    )
+    return next((rule for rule in rows if rule.waives(tool=tool, arguments=arguments)), None)
 
 
 def _workflow_needs(facts: _Facts, tool: str, origin: str, corrects: str) -> list[_Need]:
@@ -308,7 +343,7 @@ def _policy_needs(facts: _Facts, tool: str, arguments: dict, is_write: bool) -> 
     # A policy for "every tool" (tool left empty) covers writes; one that names a read covers that read.
     tools = Q(tool=tool) | Q(tool="") if is_write else Q(tool=tool)
     rules = (
-        ApprovalPolicy.objects.filter(tools, enabled=True)
+        ApprovalPolicy.objects.filter(tools, enabled=True, effect=ApprovalPolicy.Effect.REQUIRE)
         .filter(Q(project__isnull=True) | Q(project_id=facts.project_id))
         .filter(Q(workflow__isnull=True) | Q(workflow_id=facts.workflow_id))
         .order_by("id")
@@ -407,6 +442,8 @@ def gate_satisfied(op) -> str:
         return f"its approval request is {request.status}"
     if request.arguments_hash != op.arguments_hash:
         return "the arguments differ from those approved"
+    if (request.declaration or "") != (op.declaration or ""):
+        return "its tool's declaration changed since it was approved"
     project_id, started_by = (
         ToolOperation.objects.filter(id=op.id).values_list("run__project_id", "run__started_by_id").get()
     )

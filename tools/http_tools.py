@@ -7,6 +7,8 @@ time, the idempotency header the service honours, an optional lookup by key and 
 Everything is checked when it is saved (``http_tool_problems``), and the host again at every call.
 """
 
+import hashlib
+import json
 import re
 from functools import partial
 from urllib.parse import quote, urlsplit
@@ -35,6 +37,17 @@ from .models import HttpTool, McpTool
 from .registry import TOOLS
 
 PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
+# The least a request of each method can be: a declaration below its method's floor is refused, and a
+# row below it (written past the checks) is called as its floor.
+METHOD_FLOORS = {
+    "GET": ToolClass.READ_ONLY,
+    "HEAD": ToolClass.READ_ONLY,
+    "PUT": ToolClass.IDEMPOTENT_WRITE,
+    "DELETE": ToolClass.IDEMPOTENT_WRITE,
+    "POST": ToolClass.NON_IDEMPOTENT_WRITE,
+    "PATCH": ToolClass.NON_IDEMPOTENT_WRITE,
+}
+_FLOOR_RANK = {ToolClass.READ_ONLY: 0, ToolClass.IDEMPOTENT_WRITE: 1, ToolClass.NON_IDEMPOTENT_WRITE: 2}
 SECRET_REF = re.compile(r"\{secret:([^{}]*)\}")
 HEADER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,99}$")
 BODY_METHODS = ("POST", "PUT", "PATCH")
@@ -124,6 +137,33 @@ def _undo_problems(row: HttpTool) -> list[tuple[str, str]]:
     return []
 
 
+def method_floor(method: str) -> str:
+    """The least class a request of this method can be (an unknown method: the most dangerous)."""
+    return METHOD_FLOORS.get(str(method).upper(), ToolClass.NON_IDEMPOTENT_WRITE)
+
+
+def _class_problems(row: HttpTool) -> list[tuple[str, str]]:
+    """The class is a claim that may only be stricter than what the method says; reversible needs an undo."""
+    if row.tool_class not in ToolClass.ALL:
+        return [("tool_class", f"one of {', '.join(ToolClass.ALL)}")]
+    floor = method_floor(row.method)
+    if _FLOOR_RANK[row.tool_class] < _FLOOR_RANK[floor]:
+        return [
+            (
+                "tool_class",
+                f"a {row.method} request is at least a {floor.replace('_', ' ')}: declare {floor} or stricter "
+                "(GET and HEAD read; PUT and DELETE are idempotent writes; POST and PATCH non-idempotent writes)",
+            )
+        ]
+    if row.tool_class == ToolClass.READ_ONLY and row.reversibility:
+        return [("reversibility", "a read changes nothing: leave it empty")]
+    if row.tool_class != ToolClass.READ_ONLY and row.reversibility not in Reversibility.ALL[1:]:
+        return [("reversibility", "a write is reversible or irreversible")]
+    if row.reversibility == Reversibility.REVERSIBLE and not row.undo:
+        return [("reversibility", "a reversible write names the tool that undoes it (undo); otherwise irreversible")]
+    return []
+
+
 def http_tool_problems(row: HttpTool) -> list[tuple[str, str]]:
     """What is wrong with a declaration, as (field, message); empty when it may be saved."""
     problems = []
@@ -133,12 +173,10 @@ def http_tool_problems(row: HttpTool) -> list[tuple[str, str]]:
         problems.append(("name", "a tool of Warden's registry (Python) already has this name"))
     elif row.project_id and McpTool.objects.filter(server__project_id=row.project_id, name=row.name).exists():
         problems.append(("name", "an MCP tool of this project already has this name"))
-    if row.tool_class not in ToolClass.ALL:
-        problems.append(("tool_class", f"one of {', '.join(ToolClass.ALL)}"))
-    elif row.tool_class == ToolClass.READ_ONLY and row.reversibility:
-        problems.append(("reversibility", "a read changes nothing: leave it empty"))
-    elif row.tool_class != ToolClass.READ_ONLY and row.reversibility not in Reversibility.ALL[1:]:
-        problems.append(("reversibility", "a write is reversible or irreversible"))
+    if row.method not in HttpTool.Method.values:
+        problems.append(("method", f"one of {', '.join(HttpTool.Method.values)}"))
+    else:
+        problems += _class_problems(row)
     if row.tool_class == ToolClass.IDEMPOTENT_WRITE and not row.idempotency_header:
         problems.append(("idempotency_header", "an idempotent write names the header the service deduplicates by"))
     if row.idempotency_header and not HEADER_NAME.fullmatch(row.idempotency_header):
@@ -241,14 +279,44 @@ def _undo(row: HttpTool):
     return undo
 
 
+def http_tool_called_as(row: HttpTool) -> tuple[str, str]:
+    """The class and reversibility a call of this row is treated as: never below its method's floor, and
+    a write that names no undo is irreversible (a row written past the checks gets no looser treatment)."""
+    tool_class = row.tool_class if row.tool_class in ToolClass.ALL else ToolClass.NON_IDEMPOTENT_WRITE
+    floor = method_floor(row.method)
+    if _FLOOR_RANK[tool_class] < _FLOOR_RANK[floor]:
+        tool_class = floor
+    if tool_class == ToolClass.READ_ONLY:
+        return tool_class, Reversibility.NONE
+    reversible = row.reversibility == Reversibility.REVERSIBLE and bool(row.undo)
+    return tool_class, Reversibility.REVERSIBLE if reversible else Reversibility.IRREVERSIBLE
+
+
+def http_tool_declaration(row: HttpTool) -> str:
+    """What a call of this tool is, as a digest: where it goes, how, with which headers (the secrets by
+    name), and what it claims to be. An approval binds it (tools/gate.py)."""
+    parts = [
+        "http",
+        row.method,
+        row.url,
+        row.headers or {},
+        row.idempotency_header,
+        row.lookup_url,
+        row.tool_class,
+        row.reversibility,
+    ]
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+
+
 def http_tool_spec(row: HttpTool) -> ToolSpec:
     """The broker's view of a declaration: the same ToolSpec as a Python tool's."""
     names = tuple(sorted({s for value in (row.headers or {}).values() for s in SECRET_REF.findall(str(value))}))
+    tool_class, reversibility = http_tool_called_as(row)
     return ToolSpec(
         name=row.name,
         system=row.name.partition(".")[0],
-        tool_class=row.tool_class,
-        reversibility=row.reversibility or "",
+        tool_class=tool_class,
+        reversibility=reversibility,
         arguments=OpenResult,
         result=OpenResult,
         execute=partial(_execute, row),
@@ -265,6 +333,7 @@ def http_tool_spec(row: HttpTool) -> ToolSpec:
         parameters=row.arguments_schema,
         project_id=row.project_id,
         kind="http",
+        declaration=http_tool_declaration(row),
     )
 
 

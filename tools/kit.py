@@ -147,7 +147,10 @@ class ToolSpec:
     parameters: dict | None = None
     project_id: int | None = None
     kind: str = "python"  # python, http or mcp
-    classified: bool = True  # False: an MCP tool without annotations, treated as unclassified until it is
+    classified: bool = True  # False: an MCP tool no project admin has classified yet (tools/catalog.py)
+    approval: str = ""  # a declared tool's project classification: "", "always" or "refuse"
+    # A declared tool's version: a digest of what a call of it is (target, method, headers, server, class).
+    declaration: str = ""
 
     @property
     def is_write(self) -> bool:

@@ -2,20 +2,24 @@
 
 Through the official SDK (``mcp``), over streamable HTTP (a host the deployment allows) or stdio (a
 command the deployment names in WARDEN_MCP_COMMANDS; a project admin picks one, never types one). When
-a server is saved its tools are listed and classified by their annotations:
+a server is saved its tools are listed, with the class their annotations suggest:
 
 - readOnlyHint: a read;
 - idempotentHint: an idempotent write (a repeat with the same arguments changes nothing more);
 - otherwise, and for a tool without annotations, a non-idempotent write;
 - every write is irreversible: MCP has no way to say how an effect is undone.
 
-A project admin can only make a tool stricter (a tool classification of the same name; tools/gate.py
-takes the stricter of the two). Every call goes through the broker like any tool's: gate, ledger,
-approvals, budgets, journal; the idempotency key travels in the request's _meta
-(``io.warden/idempotency-key``) for servers that deduplicate by it.
+The suggestion is the server's word, and MCP calls annotations untrusted hints: a listed tool stays
+unclassified (every call waits for a reviewer) until a project admin confirms a class, a tool
+classification of the same name (tools/catalog.py).
+
+Every call goes through the broker like any tool's: gate, ledger, approvals, budgets, journal; the
+idempotency key travels in the request's _meta (``io.warden/idempotency-key``) for servers that
+deduplicate by it.
 """
 
 import asyncio
+import hashlib
 import json
 import os
 import re
@@ -52,7 +56,8 @@ class McpUnreachable(Exception):
 
 
 def annotation_class(annotations: dict | None) -> tuple[str, str]:
-    """The side-effect class and reversibility an MCP tool's annotations say; none: the most dangerous."""
+    """The side-effect class and reversibility an MCP tool's annotations suggest (none: the most dangerous).
+    Only a suggestion, shown to the project admin who confirms a class: never what a call is treated as."""
     annotations = annotations or {}
     if annotations.get("readOnlyHint") is True:
         return ToolClass.READ_ONLY, Reversibility.NONE
@@ -256,6 +261,15 @@ def _server_secrets(server: McpServer) -> tuple[str, ...]:
     return tuple(sorted(named))
 
 
+def mcp_tool_declaration(row: McpTool) -> str:
+    """What a call of this tool is, as a digest: the server it goes to (its address, headers and secrets by
+    name) and the tool there. An approval binds it (tools/gate.py)."""
+    server = row.server
+    parts = ["mcp", server.transport, server.url, server.command, server.headers or {}, server.secrets or [],
+             row.remote_name]  # fmt: skip
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+
+
 def mcp_tool_spec(row: McpTool) -> ToolSpec:
     server = row.server
     return ToolSpec(
@@ -274,7 +288,8 @@ def mcp_tool_spec(row: McpTool) -> ToolSpec:
         parameters=row.input_schema or {"type": "object"},
         project_id=server.project_id,
         kind="mcp",
-        classified=bool(row.annotations),
+        classified=False,  # until a project admin confirms a class (tools/catalog.py)
+        declaration=mcp_tool_declaration(row),
     )
 
 

@@ -86,6 +86,9 @@ class ToolOperation(models.Model):
     # with its quorum, roles and expiry, and the policies and rule that produced it. No row without one:
     # the constraint below refuses an operation written past the gate.
     gate = models.CharField(max_length=16, choices=[("allow", "allow"), ("approval", "wait for approval")])
+    # The declared tool's version the verdict was taken on (tools/catalog.py): a call whose declaration
+    # changed since is judged again before it leaves. Empty for Warden's registry tools (code).
+    declaration = models.CharField(max_length=64, blank=True)
     verdict = models.JSONField(default=dict, help_text="The gate's verdict: what it asks for and why")
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
@@ -144,6 +147,7 @@ class HttpTool(models.Model):
 
     class Method(models.TextChoices):
         GET = "GET"
+        HEAD = "HEAD"
         POST = "POST"
         PUT = "PUT"
         PATCH = "PATCH"
@@ -161,8 +165,18 @@ class HttpTool(models.Model):
     arguments_schema = models.JSONField(
         default=dict, help_text="JSON Schema of the arguments (an object); those not in the URL go in the JSON body"
     )
-    tool_class = models.CharField(max_length=24, choices=ToolOperation.ToolClass.choices)
-    reversibility = models.CharField(max_length=16, choices=ToolOperation.Reversibility.choices, blank=True)
+    tool_class = models.CharField(
+        max_length=24,
+        choices=ToolOperation.ToolClass.choices,
+        help_text="At least what the method says: GET and HEAD read, PUT and DELETE idempotent writes, POST and "
+        "PATCH non-idempotent writes",
+    )
+    reversibility = models.CharField(
+        max_length=16,
+        choices=ToolOperation.Reversibility.choices,
+        blank=True,
+        help_text="A write is irreversible unless it names its undo",
+    )
     headers = models.JSONField(
         default=dict, blank=True, help_text='{"Authorization": "Bearer {secret:PAYMENTS_API_KEY}"}: secrets by name'
     )
@@ -228,8 +242,9 @@ class McpServer(models.Model):
 
 
 class McpTool(models.Model):
-    """A tool an MCP server listed, as Warden calls and classifies it. The class comes from the tool's
-    annotations; a project admin can make it only stricter (a ToolClassification of the same name)."""
+    """A tool an MCP server listed, as Warden calls it. Its class here is what the server's annotations
+    suggest, and only that: the tool is unclassified (every call waits for a reviewer) until a project admin
+    confirms a class (a ToolClassification of the same name; tools/catalog.py)."""
 
     server = models.ForeignKey(McpServer, on_delete=models.CASCADE, related_name="tools")
     name = models.CharField(max_length=64, help_text="Warden's name: <server>.<tool>")
@@ -237,8 +252,15 @@ class McpTool(models.Model):
     description = models.TextField(blank=True)
     input_schema = models.JSONField(default=dict)
     annotations = models.JSONField(default=dict, blank=True)
-    tool_class = models.CharField(max_length=24, choices=ToolOperation.ToolClass.choices)
-    reversibility = models.CharField(max_length=16, choices=ToolOperation.Reversibility.choices, blank=True)
+    tool_class = models.CharField(
+        "suggested class",
+        max_length=24,
+        choices=ToolOperation.ToolClass.choices,
+        help_text="What the server's annotations suggest; a project admin confirms the class",
+    )
+    reversibility = models.CharField(
+        "suggested reversibility", max_length=16, choices=ToolOperation.Reversibility.choices, blank=True
+    )
 
     class Meta:
         ordering = ["server", "name"]

@@ -11,15 +11,17 @@ OPERATION_TRANSITIONS: dict[str, frozenset[str]] = {
     OS.PROPOSED: frozenset({OS.AWAITING_APPROVAL, OS.REJECTED}),
     OS.AWAITING_APPROVAL: frozenset({OS.APPROVED, OS.REJECTED}),
     # approved -> rejected: its approval no longer stands when the call is due, or the run moved on
-    OS.APPROVED: frozenset({OS.EXECUTING, OS.REJECTED}),
+    # approved -> awaiting_approval: its tool's declaration changed since; judged again, asked again
+    OS.APPROVED: frozenset({OS.EXECUTING, OS.REJECTED, OS.AWAITING_APPROVAL}),
     # executing -> executing: a new holder of the task calls again under the same key (a crash)
     # executing -> approved: reconciled as not committed; called again with the same key
     OS.EXECUTING: frozenset({OS.EXECUTING, OS.COMMITTED, OS.FAILED, OS.AMBIGUOUS, OS.APPROVED, OS.REJECTED}),
     # ambiguous: reconciliation or an operator says whether it happened (ambiguous -> ambiguous: asked
     # again, still no answer; its reason says why)
     OS.AMBIGUOUS: frozenset({OS.AMBIGUOUS, OS.COMMITTED, OS.FAILED, OS.APPROVED, OS.EXECUTING}),
-    # failed -> executing: a retry; failed -> approved: a compensation step tried again
-    OS.FAILED: frozenset({OS.EXECUTING, OS.APPROVED, OS.REJECTED}),
+    # failed -> executing: a retry; failed -> approved: a compensation step tried again;
+    # failed -> awaiting_approval: retried after its tool's declaration changed
+    OS.FAILED: frozenset({OS.EXECUTING, OS.APPROVED, OS.REJECTED, OS.AWAITING_APPROVAL}),
     OS.COMMITTED: frozenset({OS.COMPENSATING}),
     # compensating -> committed: its correction was not sent, so the effect stands
     OS.COMPENSATING: frozenset({OS.COMPENSATED, OS.COMPENSATION_FAILED, OS.COMMITTED}),

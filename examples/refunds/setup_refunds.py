@@ -88,7 +88,7 @@ def refunds_setup(*, payments_url: str, mcp_command: str = "refunds-tickets", pr
                description="A card charge: its amount and how much was refunded")  # fmt: skip
     _http_tool(project, payments_url, name="payments.refund", method="POST",
                url="{base}/v1/charges/{charge_id}/refunds", arguments_schema=REFUND_SCHEMA,
-               tool_class="idempotent_write", reversibility="irreversible",
+               tool_class="non_idempotent_write", reversibility="irreversible",
                headers={"Authorization": "Bearer {secret:PAYMENTS_API_KEY}"},
                idempotency_header="Idempotency-Key", lookup_url="{base}/v1/refunds/by-key/{key}",
                external_id="refund_id", description="Refund part or all of a card charge")  # fmt: skip

@@ -56,7 +56,7 @@ def declare(service, project=None, **fields) -> HttpTool:
         "method": "POST",
         "url": service.url + "/v1/charges/{charge_id}/refunds",
         "arguments_schema": REFUND_SCHEMA,
-        "tool_class": "idempotent_write",
+        "tool_class": "non_idempotent_write",
         "reversibility": "irreversible",
         "headers": {"Authorization": "Bearer {secret:PAYMENTS_API_KEY}"},
         "idempotency_header": "Idempotency-Key",
@@ -68,6 +68,13 @@ def declare(service, project=None, **fields) -> HttpTool:
     assert http_tool_problems(row) == []
     row.save()
     return row
+
+
+def waive(tool: str, project=None) -> ApprovalPolicy:
+    """The project's explicit word that this irreversible tool's calls leave without a reviewer."""
+    return ApprovalPolicy.objects.create(
+        name=f"{tool} unattended", effect="waive", project=project or default_project(), tool=tool
+    )
 
 
 def refund_run(reason: str, *, slug: str | None = None, then_fail: bool = False, tools=("payments.refund",)):
@@ -101,7 +108,7 @@ def admin_form(service) -> dict:
         "method": "POST",
         "url": service.url + "/v1/charges/{charge_id}/refunds",
         "arguments_schema": json.dumps(REFUND_SCHEMA),
-        "tool_class": "idempotent_write",
+        "tool_class": "non_idempotent_write",
         "reversibility": "irreversible",
         "headers": json.dumps({"Authorization": "Bearer {secret:PAYMENTS_API_KEY}"}),
         "idempotency_header": "Idempotency-Key",
@@ -121,7 +128,13 @@ BAD = [
     ({"arguments_schema": {"type": "object", "properties": {"x": {"type": "nope"}}}}, "arguments_schema", "valid"),
     ({"name": "Refund!"}, "name", "system.operation"),
     ({"reversibility": ""}, "reversibility", "reversible or irreversible"),
-    ({"idempotency_header": ""}, "idempotency_header", "deduplicates"),
+    ({"idempotency_header": "", "tool_class": "idempotent_write", "method": "PUT"}, "idempotency_header", "deduplic"),
+    # A class below what the method says is refused (issue 25, finding 6): a POST is never a read.
+    ({"tool_class": "read_only", "reversibility": ""}, "tool_class", "a POST request is at least a non idempotent"),
+    ({"tool_class": "idempotent_write"}, "tool_class", "a POST request is at least a non idempotent write"),
+    ({"method": "PATCH", "tool_class": "idempotent_write"}, "tool_class", "a PATCH request is at least"),
+    ({"method": "DELETE", "tool_class": "read_only", "reversibility": ""}, "tool_class", "a DELETE request is"),
+    ({"reversibility": "reversible"}, "reversibility", "names the tool that undoes it"),
     ({"name": "email.send"}, "name", "registry"),
 ]
 
@@ -174,6 +187,7 @@ def test_an_irreversible_refund_waits_for_a_reviewer_and_goes_out_once_with_key_
 
 def test_a_lost_answer_is_reconciled_by_the_lookup_and_not_sent_again(demo_tx, worker, payments):
     declare(payments)
+    waive("payments.refund")
     run = finished(run_start(workflow=refund_run("lost").slug))
     assert run.status == Run.Status.COMPLETED, run.status_reason
     assert len(payments.effects) == 1
@@ -184,6 +198,7 @@ def test_a_lost_answer_is_reconciled_by_the_lookup_and_not_sent_again(demo_tx, w
 
 def test_a_call_past_its_deadline_is_cut_off_and_reconciled_by_key(demo_tx, worker, payments):
     declare(payments, timeout_seconds=1)
+    waive("payments.refund")
     run = finished(run_start(workflow=refund_run("slow").slug), timeout=40)
     assert run.status == Run.Status.COMPLETED, run.status_reason
     wait_for(lambda: len(payments.requests) >= 2, message="the lookup")
@@ -214,6 +229,7 @@ def test_a_reversible_http_write_is_undone_by_the_http_tool_it_names(demo_tx, wo
 def test_a_service_that_echoes_its_credential_does_not_show_it(demo_tx, worker, payments, caplog, client):
     caplog.set_level(logging.DEBUG)
     declare(payments)
+    waive("payments.refund")
     run = finished(run_start(workflow=refund_run("echo").slug))
     assert run.status == Run.Status.COMPLETED, run.status_reason
     op = ToolOperation.objects.get(run=run, tool="payments.refund")
@@ -234,6 +250,7 @@ def test_another_projects_run_finds_no_such_tool(demo_tx, worker, payments):
 
 def test_a_host_no_longer_allowed_is_refused_at_the_call(demo_tx, worker, payments):
     declare(payments)
+    waive("payments.refund")
     with override_settings(WARDEN={**__import__("django.conf").conf.settings.WARDEN, "HTTP_TOOL_HOSTS": ["x.invalid"]}):
         run = finished(run_start(workflow=refund_run("damaged").slug))
     assert payments.requests == []

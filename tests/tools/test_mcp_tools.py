@@ -1,7 +1,7 @@
 """MCP tools: a project connects an MCP server (the official SDK's, examples/refunds/tickets_mcp.py, over
-stdio and streamable HTTP, started for real); saving it lists its tools and classifies them by their
-annotations; a project admin can only make one stricter; an unannotated tool waits for a reviewer like
-any unclassified write; every call goes through the gate and the ledger with the run's idempotency key,
+stdio and streamable HTTP, started for real); saving it lists its tools with the class their annotations
+suggest; every tool waits for a reviewer like any unclassified write until a project admin confirms a
+class; every call goes through the gate and the ledger with the run's idempotency key,
 and the server's own record of what it did is counted."""
 
 import json
@@ -11,16 +11,18 @@ import uuid
 from pathlib import Path
 
 import pytest
+from django.contrib.auth import get_user_model
 
-from approvals.models import ApprovalRequest
+from approvals.models import ApprovalPolicy, ApprovalRequest
 from runs.models import Run
 from runs.services import run_start
 from tenancy.access import default_project, membership_grant
 from tests.conftest import decide, free_port, wait_for
 from tests.runs.test_engine import finished, scripted_workflow
 from tools.catalog import tool_spec
+from tools.classifications import tool_classification_set
 from tools.mcp_tools import annotation_class, mcp_list, mcp_tools_store
-from tools.models import McpServer, McpTool, ToolClassification, ToolOperation
+from tools.models import McpServer, McpTool, ToolOperation
 
 OS = ToolOperation.Status
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "refunds" / "tickets_mcp.py"
@@ -144,38 +146,54 @@ def test_an_unannotated_tool_waits_for_a_reviewer_and_goes_out_once_with_its_key
     assert op.verdict["classified_by"] == "unclassified" and op.tool_class == "non_idempotent_write"
 
 
-def test_a_read_goes_out_unreviewed_until_a_project_admin_makes_it_stricter(demo_tx, worker, effects_file):
+def confirm(tool: str, tool_class: str, reversibility: str, *, approval: str = ""):
+    """A project admin confirms an MCP tool's class (tools/classifications.py): the server only suggests."""
+    admin, _ = get_user_model().objects.get_or_create(username="ada-admin")
+    membership_grant(user=admin, project=default_project(), role="admin")
+    return tool_classification_set(user=admin, project=default_project(), tool=tool, tool_class=tool_class,
+                                   reversibility=reversibility, approval=approval)  # fmt: skip
+
+
+def test_a_read_only_hint_alone_never_makes_a_read_until_a_project_admin_confirms_it(demo_tx, worker, effects_file):
+    """Issue 25, finding 6: the server's readOnlyHint made its tool a read that ran unreviewed with no
+    intent row. It is the server's suggestion; the tool waits until a project admin confirms a class."""
     stdio_server()
+    assert McpTool.objects.get(name="helpdesk.search_tickets").tool_class == "read_only"  # the suggestion
+    run = ticket_run("helpdesk.search_tickets", {"query": "refund"})
+    wait_for(lambda: ApprovalRequest.objects.filter(run=run).exists(), message="the unconfirmed tool to wait")
+    op = ToolOperation.objects.get(run=run)  # an intent row, as for any write: nothing was called
+    assert (op.status, op.tool_class, op.verdict["classified_by"]) == (
+        OS.AWAITING_APPROVAL, "non_idempotent_write", "unclassified"
+    )  # fmt: skip
+
+    confirm("helpdesk.search_tickets", "read_only", "")  # the suggestion, confirmed by one admin: at once
     run = finished(ticket_run("helpdesk.search_tickets", {"query": "refund"}), timeout=60)
     assert run.status == Run.Status.COMPLETED, run.status_reason
-    assert ToolOperation.objects.get(run=run).tool_class == "read_only"
+    op = ToolOperation.objects.get(run=run)
+    assert op.tool_class == "read_only" and op.verdict["classified_by"] == "mcp"
 
-    # A project admin's word: every call waits. It cannot make create_ticket a read.
-    project = default_project()
-    ToolClassification.objects.create(
-        project=project, tool="helpdesk.search_tickets", tool_class="non_idempotent_write",
-        reversibility="irreversible", approval="always",
-    )  # fmt: skip
-    ToolClassification.objects.create(
-        project=project, tool="helpdesk.create_ticket", tool_class="read_only", reversibility=""
-    )
+
+def test_a_stricter_word_of_the_project_holds_every_call(demo_tx, worker, effects_file):
+    stdio_server()
+    confirm("helpdesk.search_tickets", "non_idempotent_write", "irreversible", approval="always")
     run = ticket_run("helpdesk.search_tickets", {"query": "refund"})
     wait_for(lambda: ApprovalRequest.objects.filter(run=run).exists(), message="the stricter class to hold it")
-    run = ticket_run("helpdesk.create_ticket", {"title": "still a write"})
-    run = finished(run, timeout=60)
-    op = ToolOperation.objects.get(run=run)
-    assert op.tool_class == "non_idempotent_write" and op.reversibility == "irreversible"
+    assert effects(effects_file) == []
 
 
 def test_a_streamable_http_server_is_called_through_the_ledger(demo_tx, worker, http_server, effects_file):
     http_server.save()
     mcp_tools_store(http_server, mcp_list(http_server))
+    confirm("helpdesk.add_comment", "idempotent_write", "irreversible")
+    ApprovalPolicy.objects.create(name="comments unattended", effect="waive", project=default_project(),
+                                  tool="helpdesk.add_comment")  # fmt: skip
     run = finished(ticket_run("helpdesk.add_comment", {"ticket_id": "TCK-1", "text": "refunded"}), timeout=60)
     assert run.status == Run.Status.COMPLETED, run.status_reason
     [comment] = effects(effects_file)
     op = ToolOperation.objects.get(run=run)
     assert op.status == OS.COMMITTED and op.tool_class == "idempotent_write" and comment["key"] == op.idempotency_key
     assert op.result == {"ticket_id": "TCK-1", "commented": True}
+    assert op.verdict["waiver"] is not None
 
 
 def test_bad_arguments_are_refused_by_the_tools_schema_and_call_nothing(demo_tx, worker, effects_file):

@@ -6,9 +6,9 @@ from django.utils import timezone
 
 from approvals.models import AllowRule
 from tenancy.access import default_project
-from tenancy.models import AuditEvent
+from tenancy.models import AuditEvent, ChangeRequest, Project
 from tests.tools.test_ledger_api import member
-from tools.models import ToolClassification
+from tools.models import HttpTool, ToolClassification
 
 GOOD = {"project": "default", "tool": "crm.note", "tool_class": "non_idempotent_write", "reversibility": "irreversible"}
 
@@ -24,13 +24,99 @@ def test_a_project_admin_classifies_a_tool_and_lists_it(admin, client):
     assert created.json() | {"classified_at": None} == {
         **GOOD, "approval": "always", "note": "writes notes", "classified_by": "ada", "classified_at": None
     }  # fmt: skip
-    changed = admin("post", "/tool-classes", {**GOOD, "tool_class": "read_only", "reversibility": ""})
-    assert changed.json()["tool_class"] == "read_only" and ToolClassification.objects.count() == 1
+    stricter = admin("post", "/tool-classes", {**GOOD, "approval": "refuse"})  # tightening: at once
+    assert stricter.status_code == 200 and stricter.json()["approval"] == "refuse"
     event = AuditEvent.objects.filter(action="tool_classify").order_by("id").last()
-    assert event.detail["before"]["tool_class"] == "non_idempotent_write" and event.via == "api"
+    assert event.detail["before"]["approval"] == "always" and event.via == "api"
     assert [row["tool"] for row in admin("get", "/tool-classes").json()] == ["crm.note"]
     stranger = member(client, "sly", "viewer", project=default_project().__class__.objects.create(slug="o", name="o"))
     assert stranger("get", "/tool-classes").json() == []
+
+
+def test_a_lowering_waits_for_a_second_admin_who_applies_it(admin, client):
+    """Four eyes on the rules (issue 25): one admin's lowering is a change request, nothing changes until
+    another admin of the project approves it; the asker cannot approve it."""
+    assert admin("post", "/tool-classes", GOOD).status_code == 200
+    asked = admin("post", "/tool-classes", {**GOOD, "tool_class": "read_only", "reversibility": ""})
+    assert asked.status_code == 202, asked.json()
+    change = asked.json()
+    assert (
+        change["status"] == "pending"
+        and change["loosens"]
+        == [
+            "its class is lowered from non_idempotent_write to read_only",
+            "its reversibility is lowered from irreversible to none",
+        ]
+        or change["loosens"][0].startswith("its class is lowered")
+    ), change
+    assert ToolClassification.objects.get().tool_class == "non_idempotent_write"  # nothing changed yet
+    own = admin("post", f"/change-requests/{change['id']}/decision", {"decision": "approve"})
+    assert own.status_code == 403 and "four eyes" in own.json()["message"]
+    reviewer = member(client, "rita", "reviewer", scopes=["read", "approve", "admin"])
+    assert reviewer("post", f"/change-requests/{change['id']}/decision", {"decision": "approve"}).status_code == 403
+    second = member(client, "abe", "admin", scopes=["read", "admin"])
+    assert [c["id"] for c in second("get", "/change-requests").json()] == [change["id"]]
+    applied = second("post", f"/change-requests/{change['id']}/decision", {"decision": "approve", "note": "ok"})
+    assert applied.status_code == 200 and applied.json()["status"] == "applied", applied.json()
+    assert ToolClassification.objects.get().tool_class == "read_only"
+    event = AuditEvent.objects.filter(action="tool_classify").order_by("id").last()
+    assert event.actor_label == "abe" and event.detail["asked_by"] == "ada" and event.detail["change_request"]
+    again = second("post", f"/change-requests/{change['id']}/decision", {"decision": "approve"})
+    assert again.status_code == 409
+
+
+def test_a_change_request_is_nobody_elses_business(admin, client):
+    admin("post", "/tool-classes", GOOD)
+    change = admin("post", "/tool-classes", {**GOOD, "approval": "", "tool_class": "idempotent_write"}).json()
+    elsewhere = Project.objects.create(slug="rival", name="Rival")
+    rival = member(client, "mallory", "admin", scopes=["read", "admin"], project=elsewhere)
+    assert rival("get", "/change-requests").json() == []
+    for method, path, body in [
+        ("get", f"/change-requests/{change['id']}", None),
+        ("post", f"/change-requests/{change['id']}/decision", {"decision": "approve"}),
+        ("post", f"/change-requests/{change['id']}/withdraw", {}),
+    ]:
+        response = rival(method, path, body) if body is not None else rival(method, path)
+        assert response.status_code == 404, (path, response.json())
+    assert rival("get", "/change-requests/999999").status_code == 404
+    assert ChangeRequest.objects.get().status == "pending"
+    assert admin("post", f"/change-requests/{change['id']}/withdraw", {}).json()["status"] == "withdrawn"
+
+
+@pytest.mark.parametrize("body", [{"decision": "maybe"}, {"decision": "reject"}, {"decision": "approve", "x": 1}])
+def test_a_bad_decision_of_a_change_request_is_refused_and_changes_nothing(admin, client, body):
+    admin("post", "/tool-classes", GOOD)
+    change = admin("post", "/tool-classes", {**GOOD, "tool_class": "idempotent_write"}).json()
+    second = member(client, "abe", "admin", scopes=["read", "admin"])
+    response = second("post", f"/change-requests/{change['id']}/decision", body)
+    assert response.status_code == 422 and set(response.json()) == {"code", "message", "errors"}, response.json()
+    assert ChangeRequest.objects.get().status == "pending"
+    assert ToolClassification.objects.get().tool_class == "non_idempotent_write"
+
+
+def test_a_classification_never_lowers_a_declared_http_tool(admin):
+    """Issue 25, finding 6: POST /api/v1/tool-classes stored a lowering of an HTTP tool (and GET listed
+    it) although the gate ignored it. Now it is refused with the field, and nothing is stored."""
+    HttpTool.objects.create(project=default_project(), name="payments.refund", method="POST",
+                            url="http://127.0.0.1:1/refunds", arguments_schema={"type": "object"},
+                            tool_class="non_idempotent_write", reversibility="irreversible")  # fmt: skip
+    body = {"project": "default", "tool": "payments.refund", "tool_class": "read_only", "reversibility": ""}
+    response = admin("post", "/tool-classes", body)
+    assert response.status_code == 422, response.json()
+    assert response.json()["errors"][0]["field"].endswith("tool_class")
+    assert "can only make it stricter" in response.json()["errors"][0]["message"]
+    assert not ToolClassification.objects.exists() and admin("get", "/tool-classes").json() == []
+    stricter = admin("post", "/tool-classes", {**body, "tool_class": "non_idempotent_write",
+                                               "reversibility": "irreversible", "approval": "always"})  # fmt: skip
+    assert stricter.status_code == 200
+
+
+def test_an_unknown_project_and_anothers_answer_alike(admin):
+    Project.objects.create(slug="hidden", name="Hidden")
+    unknown = admin("post", "/tool-classes", {**GOOD, "project": "nowhere"})
+    hidden = admin("post", "/tool-classes", {**GOOD, "project": "hidden"})
+    assert unknown.status_code == hidden.status_code == 404
+    assert unknown.json()["message"].replace("nowhere", "?") == hidden.json()["message"].replace("hidden", "?")
 
 
 @pytest.mark.parametrize(

@@ -5,6 +5,7 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
 
 from agents.demo import load_demo_workflows
+from approvals.policies import demo_waivers_load
 from runs.evals import demo_suite_load
 from tenancy.access import default_project, membership_grant
 
@@ -21,11 +22,12 @@ def _password(name: str) -> str:
 class Command(BaseCommand):
     help = (
         "Create the two demo logins (printed): demo, who starts runs and may use the admin, and reviewer, "
-        "who decides approvals; load the demo workflows and evaluation suite."
+        "who decides approvals; load the demo workflows, the demo project's waivers and evaluation suite."
     )
 
     def handle(self, **options):
         load_demo_workflows()
+        demo_waivers_load()  # the drills send their e-mails unattended: said explicitly, in the demo project
         demo_suite_load()
         users = get_user_model().objects
         password = _password("demo-password")
