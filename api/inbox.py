@@ -12,7 +12,7 @@ from tenancy.access import authorize, authorize_token
 from tenancy.models import Project
 
 router = Router(tags=["inbox"])
-Kind = Literal["approval", "question", "operation", "run", "breaker", "blackboard"]
+Kind = Literal["approval", "question", "operation", "run", "breaker", "blackboard", "change"]
 
 
 class InboxItemOut(Schema):
@@ -31,7 +31,15 @@ class InboxOut(Schema):
         json_schema_extra={
             "examples": [
                 {
-                    "counts": {"approval": 1, "question": 0, "operation": 1, "run": 1, "breaker": 0, "blackboard": 0},
+                    "counts": {
+                        "approval": 1,
+                        "question": 0,
+                        "operation": 1,
+                        "run": 1,
+                        "breaker": 0,
+                        "blackboard": 0,
+                        "change": 0,
+                    },
                     "items": [
                         {
                             "kind": "approval",

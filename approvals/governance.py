@@ -30,7 +30,8 @@ def change_requests_pending(user, *, project=None):
     rows = ChangeRequest.objects.filter(status=CS.PENDING).select_related("project", "requested_by")
     allowed = project_ids(user, "administer")
     rows = rows if allowed is None else rows.filter(project_id__in=allowed)
-    return rows.filter(project=project) if project is not None else rows.order_by("requested_at", "id")
+    rows = rows.filter(project=project) if project is not None else rows
+    return rows.order_by("requested_at", "id")
 
 
 def change_request_refusal(change: ChangeRequest, user) -> str:

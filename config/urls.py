@@ -53,6 +53,7 @@ urlpatterns = [
     path("approvals/", approvals_views.queue, name="approvals-queue"),
     path("approvals/new", approvals_views.queue_new, name="approvals-new"),
     path("approvals/<int:request_id>/decide", approvals_views.decide, name="approvals-decide"),
+    path("approvals/changes/<int:change_id>/decide", approvals_views.change_decide, name="approvals-change-decide"),
     path("approvals/link/<str:token>", approvals_views.decision_link_page, name="approvals-link"),
     path("inbox/", inbox_views.inbox, name="inbox"),
     path("inbox/counts", inbox_views.counts, name="inbox-counts"),

@@ -3,7 +3,8 @@
 One list for the page (/inbox/), the API (GET /api/v1/inbox) and the counts in the nav. Each kind is
 listed only to those who may act on it: approvals to people who may decide them (not the run's starter),
 ambiguous operations, runs needing attention and blackboard entries to operators, open breakers (shared
-by every project) to operators of any project. Nothing here changes anything.
+by every project) to operators of any project, rule changes to the other admins of their project.
+Nothing here changes anything.
 """
 
 import logging
@@ -15,6 +16,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from agents.gateway import BREAKER as MODEL_BREAKER
+from approvals.governance import change_requests_pending
 from approvals.models import ApprovalRequest
 from approvals.services import decider_refusal
 from core.errors import Forbidden, NotFound, WardenError
@@ -36,6 +38,7 @@ KINDS = {
     "run": "Runs needing attention",
     "breaker": "Open breakers",
     "blackboard": "Blackboard entries to verify",
+    "change": "Rule changes to approve",
 }
 log = logging.getLogger("warden.inbox")
 LIMIT = 200  # per kind: an inbox longer than this is an incident, and the counts still say how many
@@ -171,6 +174,22 @@ def _questions(user, project: Project | None) -> list[Item]:
     return items
 
 
+def _changes(user, project: Project | None) -> list[Item]:
+    """Change requests of the projects ``user`` administers that they may decide (not their own)."""
+    return [
+        Item(
+            "change",
+            str(c.id),
+            f"{c.requested_by} asks to {c.action} {c.label} in project {c.project.slug}",
+            "; ".join(c.loosens)[:300],
+            c.requested_at,
+            f"{reverse('approvals-queue')}#change-{c.id}",
+            c.project.slug,
+        )
+        for c in change_requests_pending(user, project=project).exclude(requested_by=user)[:LIMIT]
+    ]
+
+
 _SOURCES = {
     "approval": _approvals,
     "question": _questions,
@@ -178,6 +197,7 @@ _SOURCES = {
     "run": _runs,
     "breaker": _breakers,
     "blackboard": _blackboard,
+    "change": _changes,
 }
 
 

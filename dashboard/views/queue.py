@@ -5,23 +5,29 @@ websocket, never queued); new requests are fetched every few seconds and appende
 
 import json
 
+from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import HttpResponseNotAllowed
-from django.shortcuts import render
+from django.shortcuts import redirect, render
+from django.urls import reverse
 from django.views.decorators.http import require_GET
 
+from approvals.governance import change_request_decide, change_request_refusal, change_requests_pending
 from approvals.links import link_decide, link_open
 from approvals.models import ApprovalRequest
 from approvals.plans import plan_outline
 from approvals.services import approval_decide, decider_refusal
-from core.errors import Forbidden, NotFound, WardenError
+from core.errors import Forbidden, InvalidInput, NotFound, WardenError
 from runs.models import Span
 from runs.services.plans import workers_started
-from tenancy.access import authorize, project_ids
+from tenancy.access import authorize, project_ids, role_of
+from tenancy.governance import change_request_withdraw
+from tenancy.models import ChangeRequest
 from tools.gate import Verdict, strictest
 from tools.models import ToolOperation
 
 POLL_SECONDS = 3
+LIMIT = 200  # change requests on one page: more than this is an incident
 
 
 def _pending(user, after: int = 0):
@@ -107,7 +113,53 @@ def _edits(before: dict, after: dict) -> list[tuple[str, str, str]]:
 def queue(request):
     deciding = _deciding(request.user)
     cards = [_card(r, deciding, request.user) for r in _pending(request.user)]
-    return render(request, "approvals/queue.html", {"cards": cards, "poll_seconds": POLL_SECONDS})
+    changes = [_change_card(c, request.user) for c in change_requests_pending(request.user)[:LIMIT]]
+    return render(request, "approvals/queue.html", {"cards": cards, "changes": changes, "poll_seconds": POLL_SECONDS})
+
+
+def _change_card(change: ChangeRequest, user) -> dict:
+    """A change request as the second admin reads it: each field now and as asked for."""
+    names = sorted(set(change.before) | set(change.after))
+    rows = [
+        (name, _pretty(change.before.get(name, "")), _pretty(change.after.get(name, "(removed)"))) for name in names
+    ]
+    refusal = change_request_refusal(change, user)
+    own = change.requested_by_id == user.pk
+    return {"change": change, "rows": rows, "may_decide": not refusal, "own": own, "refusal": "" if own else refusal}
+
+
+@login_required
+def change_decide(request, change_id: int):
+    """Approve, reject or (its author) withdraw a change request: a CSRF-checked POST; the card again
+    for htmx, a 303 back to the queue otherwise."""
+    if request.method != "POST":
+        return HttpResponseNotAllowed(["POST"])
+    error, decision = "", request.POST.get("decision", "")
+    project_id = ChangeRequest.objects.filter(id=change_id).values_list("project_id", flat=True).first()
+    if project_id is None or role_of(request.user, project_id) is None:  # a stranger learns nothing of it
+        return render(request, "approvals/_gone.html", {"error": "this change request does not exist"}, status=404)
+    try:
+        if decision == "withdraw":
+            change_request_withdraw(request_id=change_id, user=request.user, request=request)
+        elif decision in ("approve", "reject"):
+            note = request.POST.get("note", "")
+            change_request_decide(request_id=change_id, user=request.user, approve=decision == "approve", note=note,
+                                  request=request)  # fmt: skip
+        else:
+            raise InvalidInput("decide with approve, reject or withdraw", [{"field": "decision", "message": "unknown"}])
+    except NotFound as exc:
+        return render(request, "approvals/_gone.html", {"error": str(exc)}, status=404)
+    except WardenError as exc:
+        error = str(exc) + "".join(f" — {e['field']}: {e['message']}" for e in getattr(exc, "errors", []) or [])
+    change = ChangeRequest.objects.select_related("project", "requested_by", "decided_by").get(id=change_id)
+    if not request.htmx:
+        if error:
+            messages.error(request, error)
+        return redirect(f"{reverse('approvals-queue')}#change-{change_id}", status=303)
+    card = _change_card(change, request.user)
+    context = {"change": card["change"], "change_rows": card["rows"], "may_decide": card["may_decide"],
+               "own": card["own"], "refusal": card["refusal"], "error": error}  # fmt: skip
+    return render(request, "approvals/_change.html", context, status=409 if error else 200)
 
 
 @login_required
