@@ -9,9 +9,10 @@ from ninja import Field, Router, Schema
 from pydantic import ConfigDict
 
 from approvals.governance import change_request_decide, change_requests_pending
-from core.errors import NotFound
+from core.errors import Forbidden, NotFound
 from runs.schemas import BodyIn, PathId
 from tenancy.access import authorize, authorize_token
+from tenancy.audit import audit
 from tenancy.governance import change_request_withdraw
 from tenancy.models import ChangeRequest
 
@@ -83,18 +84,23 @@ def _one(request_id: int) -> ChangeRequest:
 
 @router.get("/change-requests", response=list[ChangeRequestOut], summary="Rule changes waiting for a second admin")
 def list_change_requests(request):
-    authorize_token(request.auth, "admin", what="change requests", request=request)
+    """The pending change requests of the projects the caller administers (a read: any token)."""
+    authorize_token(request.auth, "read", what="change requests", request=request)
     return [change_request_out(row) for row in change_requests_pending(request.auth.user)[:500]]
 
 
-@router.get("/change-requests/{request_id}", response=ChangeRequestOut, summary="One change request")
-def get_change_request(request, request_id: PathId):
-    project_id = ChangeRequest.objects.filter(id=request_id).values_list("project_id", flat=True).first()
+@router.get("/change-requests/{change_id}", response=ChangeRequestOut, summary="One change request")
+def get_change_request(request, change_id: PathId):
+    project_id = ChangeRequest.objects.filter(id=change_id).values_list("project_id", flat=True).first()
     if project_id is None:
-        raise NotFound(f"change request {request_id} does not exist")
-    authorize(request.auth.user, project_id, "administer", what=f"change request {request_id}", token=request.auth,
-              request=request)  # fmt: skip
-    return change_request_out(_one(request_id))
+        raise NotFound(f"change request {change_id} does not exist")
+    what = f"change request {change_id}"
+    role = authorize(request.auth.user, project_id, "view", what=what, token=request.auth, request=request)
+    if role != "admin":
+        audit(actor=request.auth.user, action="denied:administer", project_id=project_id, target=what,
+              outcome="denied", detail={"why": f"role {role}"}, request=request)  # fmt: skip
+        raise Forbidden(f"your role in this project ({role}) may not see its change requests (its admins do)")
+    return change_request_out(_one(change_id))
 
 
 class ChangeDecisionIn(BodyIn):
@@ -107,28 +113,28 @@ class ChangeDecisionIn(BodyIn):
 
 
 @router.post(
-    "/change-requests/{request_id}/decision",
+    "/change-requests/{change_id}/decision",
     response=ChangeRequestOut,
     summary="Approve (the change applies now) or reject a change request (another admin of the project)",
 )
-def decide_change_request(request, request_id: PathId, payload: ChangeDecisionIn):
+def decide_change_request(request, change_id: PathId, payload: ChangeDecisionIn):
     change_request_decide(
-        request_id=request_id,
+        request_id=change_id,
         user=request.auth.user,
         approve=payload.decision == "approve",
         note=payload.note,
         token=request.auth,
         request=request,
     )
-    return change_request_out(_one(request_id))
+    return change_request_out(_one(change_id))
 
 
-@router.post("/change-requests/{request_id}/withdraw", response=ChangeRequestOut, summary="Take back one's request")
-def withdraw_change_request(request, request_id: PathId):
-    project_id = ChangeRequest.objects.filter(id=request_id).values_list("project_id", flat=True).first()
+@router.post("/change-requests/{change_id}/withdraw", response=ChangeRequestOut, summary="Take back one's request")
+def withdraw_change_request(request, change_id: PathId):
+    project_id = ChangeRequest.objects.filter(id=change_id).values_list("project_id", flat=True).first()
     if project_id is None:
-        raise NotFound(f"change request {request_id} does not exist")
-    authorize(request.auth.user, project_id, "administer", what=f"change request {request_id}", token=request.auth,
+        raise NotFound(f"change request {change_id} does not exist")
+    authorize(request.auth.user, project_id, "administer", what=f"change request {change_id}", token=request.auth,
               request=request)  # fmt: skip
-    change_request_withdraw(request_id=request_id, user=request.auth.user, request=request)
-    return change_request_out(_one(request_id))
+    change_request_withdraw(request_id=change_id, user=request.auth.user, request=request)
+    return change_request_out(_one(change_id))

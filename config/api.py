@@ -130,6 +130,7 @@ class WardenAPI(NinjaAPI):
         "api.inbox": "approvals.api",
         "api.evals": "runs.api_evals",
         "api.workers": "runs.api",  # the engine's worker registry (new: no older name to keep)
+        "api.governance": "approvals.api",  # change requests, decided by the project's admins (new)
     }
 
     def get_openapi_operation_id(self, operation) -> str:

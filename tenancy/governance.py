@@ -13,7 +13,7 @@ so does any admin of a project a superuser set to single-admin governance.
 from django.db import transaction
 from django.utils import timezone
 
-from core.errors import Forbidden, InvalidInput
+from core.errors import Conflict, NotFound
 from core.machine import StateMachine
 
 from .audit import audit
@@ -90,10 +90,12 @@ def change_request_withdraw(*, request_id: int, user, request=None) -> ChangeReq
     """Its author takes a pending request back."""
     with transaction.atomic():
         row = ChangeRequest.objects.select_for_update().filter(id=request_id).first()
-        if row is None or row.requested_by_id != getattr(user, "pk", None):
-            raise Forbidden("only whoever asked for a change may withdraw it")
+        if row is None:
+            raise NotFound(f"change request {request_id} does not exist")
+        if row.requested_by_id != getattr(user, "pk", None):
+            raise Conflict("only whoever asked for a change withdraws it; another admin rejects it, with a reason")
         if row.status != CS.PENDING:
-            raise InvalidInput(f"change request {row.id} is {row.status}; only a pending one can be withdrawn")
+            raise Conflict(f"change request {row.id} is {row.status}; only a pending one can be withdrawn")
         CHANGE_REQUEST.move(row, CS.WITHDRAWN, decided_by=user, decided_at=timezone.now())
         audit(actor=user, action="change_request_withdraw", project_id=row.project_id,
               target=f"change request {row.id}", request=request)  # fmt: skip

@@ -463,7 +463,13 @@ def _judged_again(op: ToolOperation, spec: ToolSpec, args: dict) -> ToolOutcome 
     fields = {"declaration": spec.declaration, "gate": verdict.decision, "verdict": verdict.to_json(),
               "tool_class": verdict.tool_class, "reversibility": verdict.reversibility}  # fmt: skip
     if not verdict.waits:
-        ToolOperation.objects.filter(id=op.id).update(**fields)
+        ToolOperation.objects.filter(id=op.id).update(
+            declaration=spec.declaration,
+            gate=verdict.decision,
+            verdict=fields["verdict"],
+            tool_class=verdict.tool_class,
+            reversibility=verdict.reversibility,
+        )
         for name, value in fields.items():
             setattr(op, name, value)
         return None

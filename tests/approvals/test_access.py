@@ -11,10 +11,10 @@ from runs.evals import demo_suite_load
 from runs.models import Annotation, Artifact, BlackboardEntry, EvalCase, EvalRun, EvalSuite, Run
 from runs.services import run_start
 from tenancy.access import default_project, membership_grant
-from tenancy.models import AuditEvent, Membership, Project
+from tenancy.models import AuditEvent, ChangeRequest, Membership, Project
 from tenancy.tokens import api_token_create
 from tools.installation import run_key_prefix
-from tools.models import ToolClassification, ToolOperation
+from tools.models import McpServer, McpTool, ToolClassification, ToolOperation
 
 # Every API operation, the role action it needs, and the token scope. A new endpoint without a row
 # here fails test_every_api_operation_has_a_row_in_the_policy_table.
@@ -69,6 +69,11 @@ POLICY = {
     ("POST", "/api/v1/runs/{run_id}/annotations"): ("decide", "approve"),
     # Worker processes are shared by every project: an operator of any project sees them (tasks only of theirs).
     ("GET", "/api/v1/workers"): ("operate, in any project", "read"),
+    # Changes of a project's rules that wait for a second admin (issue 25): its admins' business only.
+    ("GET", "/api/v1/change-requests"): ("administer (filtered)", "read"),
+    ("GET", "/api/v1/change-requests/{change_id}"): ("administer", "read"),
+    ("POST", "/api/v1/change-requests/{change_id}/decision"): ("administer", "admin"),
+    ("POST", "/api/v1/change-requests/{change_id}/withdraw"): ("administer", "admin"),
 }
 BODIES = {
     "/api/v1/runs": {"workflow": "deploy-review"},
@@ -94,6 +99,7 @@ BODIES = {
     },
     "/api/v1/runs/{run_id}/annotations": {"score": 0.5},
     "/api/v1/eval-suites": {"slug": "new-suite", "name": "New", "project": "default"},
+    "/api/v1/change-requests/{change_id}/decision": {"decision": "approve"},
 }
 ALLOWED = {  # role → actions
     "viewer": {"view"},
@@ -148,6 +154,17 @@ def scene(demo, django_user_model):
         run=run, task=run.tasks.get(key="risk"), step=2, text="Ship?", choices=["yes", "no"]
     )
     suite = demo_suite_load()
+    # Another admin of the project asked to lower a classification: the scene's admin may decide it.
+    asker = django_user_model.objects.create_user(username="asker", password="asker-pass-123")
+    membership_grant(user=asker, project=home, role="admin")
+    change = ChangeRequest.objects.create(
+        project=home, subject="tools.toolclassification", action="create", label="the classification of crm.note",
+        after={"tool": "crm.note", "tool_class": "read_only", "reversibility": "", "approval": "", "note": ""},
+        loosens=["x"], requested_by=asker,
+    )  # fmt: skip
+    server = McpServer.objects.create(project=home, name="helpdesk", transport="http", url="http://127.0.0.1:9/mcp")
+    mcp_tool = McpTool.objects.create(server=server, name="helpdesk.search", remote_name="search",
+                                      tool_class="read_only", input_schema={"type": "object"})  # fmt: skip
     ids = {
         "suite_id": suite.id,
         "eval_run_id": EvalRun.objects.create(suite=suite).id,
@@ -158,11 +175,12 @@ def scene(demo, django_user_model):
         "rule_id": rule.id,
         "task_key": "risk",
         "question_id": question.id,
+        "change_id": change.id,
     }
     artifact = Artifact.objects.create(run=run, task=run.tasks.get(key="inventory"), key="inventory", content={})
     entry = BlackboardEntry.objects.create(run=run, key="pods", version=1, kind="number", value=4)
     scene = {"run": run, "people": people, "ids": ids, "approval": approval, "op": op, "rule": rule}
-    return {**scene, "artifact": artifact, "entry": entry}
+    return {**scene, "artifact": artifact, "entry": entry, "change": change, "mcp_tool": mcp_tool}
 
 
 QUERIES = {"/api/v1/runs/{run_id}/fork-preview": "?task=risk&step=1"}
@@ -190,7 +208,19 @@ def _state(scene):
     classes = list(ToolClassification.objects.values_list("tool", "tool_class"))
     questions = list(Question.objects.values_list("id", "status", "answer"))
     evals = EvalSuite.objects.count(), EvalCase.objects.count(), EvalRun.objects.count(), Annotation.objects.count()
-    return run.status, op.status, approval.status, Run.objects.count(), rules, verdicts, classes, questions, evals
+    changes = list(ChangeRequest.objects.values_list("id", "status"))
+    return (
+        run.status,
+        op.status,
+        approval.status,
+        Run.objects.count(),
+        rules,
+        verdicts,
+        classes,
+        questions,
+        evals,
+        changes,
+    )
 
 
 @pytest.mark.parametrize("method,path", sorted(POLICY))
@@ -395,6 +425,7 @@ ADMIN_ACTIONS = {
     ("tenancy", "apitoken", "revoke"): None,
     ("runs", "webhookdelivery", "redeliver"): None,  # superusers only (the model admin refuses others)
     ("agents", "workflow", "start_runs"): "start",
+    ("tools", "mcptool", "confirm_suggested_class"): "administer",
 }
 
 
@@ -440,6 +471,7 @@ def test_an_admin_action_beyond_the_role_changes_nothing_and_is_audited(scene, c
         "workflow": scene["run"].workflow_id,
         "artifact": scene["artifact"].id,
         "blackboardentry": scene["entry"].id,
+        "mcptool": scene["mcp_tool"].id,
     }
     before = _state(scene), list(AllowRule.objects.values_list("revoked_at", flat=True)), Run.objects.count()
     client.post(reverse(f"admin:{app}_{model}_changelist"), {"action": action, "_selected_action": [rows[model]]})
@@ -460,6 +492,7 @@ PAGES = {
     "inbox/breakers/<str:what>/<str:name>/close": "administer (POST), in any project: breakers are shared",
     "approvals/new": "member",
     "approvals/<int:request_id>/decide": "decide (POST)",
+    "approvals/changes/<int:change_id>/decide": "administer (POST), not its author",
     "approvals/link/<str:token>": "decide, in the request's project (the link's card; POST decides once)",
     "questions/<int:question_id>/answer": "decide (POST)",
     "runs/": "member (their projects' runs)",
@@ -598,6 +631,7 @@ def test_every_page_answers_each_role_as_its_row_says(scene, client, who):
         "what": "tool",
         "name": "crm.read",
         "question_id": scene["ids"]["question_id"],
+        "change_id": scene["change"].id,
     }
     if who != "anonymous":
         client.force_login(scene["people"][who])

@@ -79,6 +79,7 @@ def test_an_admin_data_fix_is_audited(db, client, django_user_model):
         {
             "slug": "payments",
             "name": "Payments",
+            "governance": "four_eyes",
             "memberships-TOTAL_FORMS": "0",
             "memberships-INITIAL_FORMS": "0",
         },

@@ -23,6 +23,7 @@ from runs.heartbeat import lease_keeper
 from runs.models import Annotation, EvalCase, EvalResult, EvalRun, EvalSuite, Run, WebhookEndpoint
 from runs.services import run_start
 from tenancy.access import default_project, membership_grant
+from tenancy.models import ChangeRequest
 from tenancy.tokens import api_token_create
 from tests.agents.test_model_providers import completion, provider  # noqa: F401  (the fixture)
 from tests.runs.test_run_actions import drive
@@ -126,6 +127,12 @@ def hostile(demo, provider, settings, monkeypatch, django_user_model):  # noqa: 
     Question.objects.create(
         run=runs.answered, task=runs.answered.tasks.first(), step=1, text=JOINED, choices=[SHORT, "no"]
     )
+    # A rule change in the corpus's words, asked for by one admin: the queue and the API show it, escaped.
+    asker = django_user_model.objects.create_user(username="asker", password="asker-pass-12345")
+    membership_grant(user=asker, project=home, role="admin")
+    ChangeRequest.objects.create(project=home, subject="tools.httptool", object_id=1, action="change", label=SHORT,
+                                 before={"description": SHORT}, after={"description": JOINED}, loosens=[JOINED],
+                                 requested_by=asker)  # fmt: skip
     tokens = {user.username: api_token_create(user=user, scopes=["read"])[1] for user in (root, admin_user)}
     return SimpleNamespace(runs=runs, root=root, admin=admin_user, tokens=tokens, suite=suite)
 
@@ -198,6 +205,7 @@ def fill(route: str, scene, *, every: bool, admin_rows: int = 1) -> list[str]:
             {
                 "request_id": list(ApprovalRequest.objects.order_by("id").values_list("id", flat=True)),
                 "question_id": list(Question.objects.order_by("id").values_list("id", flat=True)),
+                "change_id": list(ChangeRequest.objects.order_by("id").values_list("id", flat=True)),
                 "suite_id": [scene.suite.id],
                 "eval_run_id": list(scene.suite.eval_runs.values_list("id", flat=True)),
                 # the admin's "view on site" of a row

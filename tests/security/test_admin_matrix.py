@@ -42,7 +42,7 @@ from runs.models import (
 )
 from runs.services import run_start
 from tenancy.access import default_project, membership_grant
-from tenancy.models import AuditEvent, Membership, Project
+from tenancy.models import AuditEvent, ChangeRequest, Membership, Project
 from tenancy.tokens import api_token_create
 from tests.approvals.test_access import ADMIN_ACTIONS, ALLOWED
 from tools.installation import run_key_prefix
@@ -123,6 +123,7 @@ TABLE = {
     "tenancy.project": (V, ADM, SU, SU),
     "tenancy.membership": (V, ADM, ADM, ADM),
     "tenancy.auditevent": (V, NOBODY, NOBODY, NOBODY),
+    "tenancy.changerequest": (ADM, NOBODY, NOBODY, SU),  # decided on the queue and through the API
     "approvals.decision": (V, NOBODY, NOBODY, NOBODY),
     "approvals.approvalpolicy": (V, ADM, ADM, ADM),
     "approvals.notification": (V, NOBODY, NOBODY, SU),
@@ -287,6 +288,9 @@ def scene(demo, people, django_user_model):
         "tenancy.project": home,
         "tenancy.membership": Membership.objects.get(user=people["viewer"], project=home),
         "tenancy.auditevent": AuditEvent.objects.create(actor_label="x", action="test", project=home),
+        "tenancy.changerequest": ChangeRequest.objects.create(
+            project=home, subject="tools.toolclassification", action="create", label="x", requested_by=victim
+        ),
         "approvals.decision": Decision.objects.create(
             request=request, reviewer=people["reviewer"], verdict="approve", arguments_hash="a" * 64
         ),
@@ -365,6 +369,7 @@ ACTION_ROWS = {
     "workflow": "agents.workflow",
     "artifact": "runs.artifact",
     "blackboardentry": "runs.blackboardentry",
+    "mcptool": "tools.mcptool",
 }
 
 
@@ -378,6 +383,7 @@ def _snapshot():
         list(BlackboardEntry.objects.order_by("id").values_list("id", "verification")),
         list(WebhookDelivery.objects.order_by("id").values_list("id", "status", "attempts")),
         list(apps.get_model("tenancy", "ApiToken").objects.order_by("id").values_list("id", "revoked_at")),
+        list(ToolClassification.objects.order_by("id").values_list("tool", "tool_class")),
     )
 
 

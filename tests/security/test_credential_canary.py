@@ -17,7 +17,7 @@ from tenancy.access import default_project
 from tenancy.tokens import api_token_create
 from tests.conftest import wait_for
 from tests.runs.test_engine import finished, scripted_workflow
-from tests.tools.test_http_tools import declare
+from tests.tools.test_http_tools import declare, waive
 from tests.tools.test_mcp_tools import effects
 from tools.mcp_tools import mcp_list, mcp_tools_store
 from tools.models import McpServer, SandboxCall, ToolClassification
@@ -49,6 +49,7 @@ class Kind:
         monkeypatch.setenv("PAYMENTS_API_KEY", CANARY)
         self.service = PaymentsService(api_key=CANARY).start()  # answers 401 to any other key
         declare(self.service)
+        waive("payments.refund")  # irreversible: the project says it leaves unattended
         self.tool = "payments.refund"
         self.ok = {"charge_id": "ch_1001", "amount_cents": 100, "reason": "echo"}  # it echoes the key back
         self.quoting = {"charge_id": "ch_1002", "amount_cents": 100, "reason": "quote"}
@@ -63,6 +64,7 @@ class Kind:
         # Classified by the project (unannotated, it would wait for a reviewer first).
         ToolClassification.objects.create(project=default_project(), tool="helpdesk.create_ticket",
                                           tool_class="non_idempotent_write", reversibility="irreversible")  # fmt: skip
+        waive("helpdesk.create_ticket")
         self.tool = "helpdesk.create_ticket"
         self.ok = {"title": "Refund for order 1001"}
         self.quoting = {"title": "quote"}

@@ -35,6 +35,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+from approvals.policies import demo_waivers_load
 from core.errors import StepFailure, TransientFailure
 from runs.services import run_start
 from tests.runs.test_engine import scripted_workflow
@@ -250,6 +251,7 @@ class BrokerMachine(RuleBasedStateMachine):
 @pytest.fixture
 def broker_machine(db, monkeypatch):
     scripted_workflow("broker-stateful", [{"final": {}}], tools=TOOLS)
+    demo_waivers_load()  # the e-mails leave unattended, as in the demo project: effects are the subject here
     monkeypatch.setattr("core.faults.crash_now", _crash)  # where the fault injector finds it
     broker.circuit_reset()
     yield BrokerMachine
