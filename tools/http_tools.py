@@ -106,7 +106,9 @@ def _header_problems(headers) -> list[tuple[str, str]]:
 
 
 def _undo_problems(row: HttpTool) -> list[tuple[str, str]]:
-    undo = row.undo or {}
+    if row.undo is None:  # JSON null: the column holds an object, {} when there is nothing to undo
+        return [("undo", "an object, or {} for none")]
+    undo = row.undo
     if not undo:
         return []
     if row.tool_class == ToolClass.READ_ONLY:
