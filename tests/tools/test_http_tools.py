@@ -143,15 +143,18 @@ def test_a_bad_declaration_gets_a_clear_error_in_the_admin_and_saves_nothing(
 
 
 NULL = [
-    ("undo", "an object, or {} for none"),
-    ("headers", "an object, or {} for none"),
-    ("arguments_schema", "This field is required."),
+    ("undo", "null", "an object, or {} for none"),
+    ("undo", "[]", "an object, or {} for none"),
+    ("headers", "null", "an object, or {} for none"),
+    ("arguments_schema", "null", "This field is required."),
 ]
 
 
-@pytest.mark.parametrize("field,message", NULL, ids=[n[0] for n in NULL])
-def test_a_json_field_left_null_is_a_form_error_on_that_field_and_saves_nothing(admin_client, payments, field, message):
-    response = admin_client.post("/admin/tools/httptool/add/", {**admin_form(payments), field: "null"})
+@pytest.mark.parametrize("field,posted,message", NULL, ids=[f"{n[0]}={n[1]}" for n in NULL])
+def test_a_json_field_left_null_is_a_form_error_on_that_field_and_saves_nothing(
+    admin_client, payments, field, posted, message
+):
+    response = admin_client.post("/admin/tools/httptool/add/", {**admin_form(payments), field: posted})
     assert response.status_code == 200  # the form again, the reason under the field
     assert response.context["adminform"].form.errors == {field: [message]}
     assert not HttpTool.objects.exists()
