@@ -5,11 +5,11 @@ to the caller's projects and needs the token's ``read`` scope."""
 from datetime import date, datetime
 from typing import Any, Literal
 
-from django.db.models import Q
 from ninja import Field, Query, Router, Schema
 from pydantic import ConfigDict
 
-from agents.models import Agent, Workflow
+from agents.models import Agent
+from agents.selectors import workflows_visible
 from api.runs import keyset_page, run_for
 from dashboard.insight import Figures, insight_choices, insight_compute
 from dashboard.trace import SPAN_FIELDS
@@ -378,11 +378,7 @@ class WorkflowOut(Schema):
 
 def _workflows(request):
     authorize_token(request.auth, "read", what="the workflows", request=request)
-    visible = project_ids(request.auth.user, "view")
-    rows = Workflow.objects.select_related("project").order_by("slug")
-    if visible is not None:
-        rows = rows.filter(Q(project__isnull=True) | Q(project_id__in=visible))
-    return rows
+    return workflows_visible(user=request.auth.user).order_by("slug")
 
 
 @router.get("/workflows", response=list[WorkflowOut], summary="Workflows I may see (mine and shared ones)")

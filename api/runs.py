@@ -7,6 +7,7 @@ from ninja import Field, Query, Router, Schema, Status
 from pydantic import ConfigDict
 
 from agents.models import Workflow
+from agents.selectors import workflow_visible
 from core.errors import InvalidInput, NotFound
 from runs.models import Run, Task
 from runs.schemas import BodyIn, BudgetIn, PathId, QueryWhole, Whole
@@ -19,6 +20,7 @@ from runs.services import (
     run_start,
     task_retry,
     task_retry_from,
+    workflow_unknown,
 )
 from tenancy.access import authorize, authorize_token, default_project, visible_rows
 from tenancy.models import Project
@@ -245,15 +247,13 @@ def run_out(run: Run) -> dict:
     }
 
 
-def _project(slug: str | None, workflow: str) -> Project:
+def _project(slug: str | None, workflow: Workflow | None) -> Project:
     if slug:
         project = Project.objects.filter(slug=slug).first()
         if project is None:
             raise NotFound(f"project {slug} does not exist")
         return project
-
-    wf = Workflow.objects.filter(slug=workflow).select_related("project").first()
-    return (wf.project if wf and wf.project_id else None) or default_project()
+    return (workflow.project if workflow and workflow.project_id else None) or default_project()
 
 
 def run_for(request, run_id: int, action: str = "view") -> Run:
@@ -265,10 +265,14 @@ def run_for(request, run_id: int, action: str = "view") -> Run:
 
 @router.post("/runs", response={201: RunOut}, summary="Start a run of a workflow")
 def create_run(request, payload: RunIn):
-    project = _project(payload.project, payload.workflow)
+    # A workflow of a project the caller is not in is as unknown as one that does not exist.
+    workflow = workflow_visible(slug=payload.workflow, user=request.auth.user)
+    project = _project(payload.project, workflow)
     authorize(
         request.auth.user, project.id, "start", what=f"project {project.slug}", token=request.auth, request=request
     )
+    if workflow is None:
+        raise workflow_unknown(payload.workflow)
     run = run_start(
         workflow=payload.workflow,
         input=payload.input,

@@ -4,7 +4,8 @@ The link carries a signed token (Django's signing, keyed by SECRET_KEY) naming a
 opens the request's card after login (a GET changes nothing); a POST from that page decides, through the
 same service as the queue (role, separation of duties, quorum, the arguments hash the message showed),
 and spends the link. It is refused once spent, once the request is decided, withdrawn or expired, and
-after LINK_MAX_AGE_DAYS. Whoever holds a link still needs a login that may decide."""
+after LINK_MAX_AGE_DAYS. Whoever holds a link still needs a login that may decide, and someone outside
+the request's project learns nothing from it, whatever state it is in."""
 
 import secrets
 
@@ -14,11 +15,13 @@ from django.db import transaction
 from django.utils import timezone
 
 from core.errors import Conflict, NotFound
+from tenancy.access import authorize
 
 from .models import ApprovalRequest, DecisionLink
 
 SALT = "warden.approvals.decision-link"
 LINK_MAX_AGE_DAYS = 14
+NO_SUCH_LINK = "no such decision link"
 
 
 def decision_link(request: ApprovalRequest) -> str:
@@ -29,26 +32,37 @@ def decision_link(request: ApprovalRequest) -> str:
     return f"{settings.WARDEN['BASE_URL'].rstrip('/')}/approvals/link/{token}"
 
 
-def link_open(token: str) -> DecisionLink:
-    """The link a token names, if it may still decide; NotFound for a forged or unknown token (nothing
-    learned), Conflict with the reason for one that is spent or whose request is no longer pending."""
+def link_open(token: str, *, user, request=None) -> DecisionLink:
+    """The link a token names, if ``user`` may decide its request and it may still decide.
+
+    Access is checked before anything about the link's state: a forged token, and any token of a
+    project ``user`` is not a member of (valid, spent, aged or expired alike), is the same NotFound.
+    A member whose role may not decide gets Forbidden; then Conflict says why a link is dead."""
+    signer = signing.TimestampSigner(salt=SALT)
     try:
-        data = signing.loads(token, salt=SALT, max_age=LINK_MAX_AGE_DAYS * 86400)
+        data = signer.unsign_object(token)  # the signature only: the age is judged after access
+    except signing.BadSignature:
+        raise NotFound(NO_SUCH_LINK) from None
+    approval = ApprovalRequest.objects.select_related("run").filter(id=data.get("r")).first()
+    if approval is None:
+        raise NotFound(NO_SUCH_LINK)
+    try:
+        authorize(user, approval.run.project_id, "decide", what=f"approval request {approval.id}", request=request)
+    except NotFound:
+        raise NotFound(NO_SUCH_LINK) from None
+    try:
+        signer.unsign(token, max_age=LINK_MAX_AGE_DAYS * 86400)
     except signing.SignatureExpired:
         raise Conflict("this decision link has expired: decide from the reviewer queue") from None
-    except signing.BadSignature:
-        raise NotFound("no such decision link") from None
-    link = DecisionLink.objects.select_related("request__run").filter(nonce=data.get("n"), request_id=data.get("r"))
-    link = link.first()
+    link = DecisionLink.objects.select_related("request__run").filter(nonce=data.get("n"), request=approval).first()
     if link is None:
-        raise NotFound("no such decision link")
-    request = link.request
+        raise NotFound(NO_SUCH_LINK)
     if link.used_at is not None:
         raise Conflict(f"this link was used at {link.used_at:%Y-%m-%d %H:%M} UTC: it decides once")
-    if request.status != ApprovalRequest.Status.PENDING:
-        raise Conflict(f"approval request {request.id} is {request.status}: there is nothing left to decide")
-    if request.expires_at and request.expires_at <= timezone.now():
-        raise Conflict(f"approval request {request.id} has expired, and its links with it")
+    if approval.status != ApprovalRequest.Status.PENDING:
+        raise Conflict(f"approval request {approval.id} is {approval.status}: there is nothing left to decide")
+    if approval.expires_at and approval.expires_at <= timezone.now():
+        raise Conflict(f"approval request {approval.id} has expired, and its links with it")
     return link
 
 
@@ -57,7 +71,7 @@ def link_decide(*, token: str, user, approve: bool, note: str = "", request=None
     from .services import approval_decide
 
     with transaction.atomic():
-        link = link_open(token)
+        link = link_open(token, user=user, request=request)
         spent = DecisionLink.objects.filter(id=link.id, used_at__isnull=True).update(
             used_at=timezone.now(), used_by=user
         )

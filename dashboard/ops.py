@@ -36,6 +36,7 @@ from runs.models import Outbox, Run, Task, WebhookDelivery, WorkerProcess
 from runs.workers import WorkerRow, gone_after, workers_list
 from tenancy.access import authorize_token, project_ids
 from tenancy.audit import audit, client_address
+from tenancy.proxies import is_loopback, via_unnamed_proxy
 from tools.broker import BREAKER as TOOL_BREAKER
 
 log = logging.getLogger("warden.ops")
@@ -116,14 +117,22 @@ def readiness() -> dict[str, str]:
 
 # --- who may scrape -------------------------------------------------------------------------------------
 def metrics_allowed(request) -> bool:
-    return metrics_allowed_for(authorization=request.headers.get("Authorization", ""), address=client_address(request))
+    return metrics_allowed_for(
+        authorization=request.headers.get("Authorization", ""),
+        address=client_address(request),
+        via_unnamed_proxy=via_unnamed_proxy(request.META),
+    )
 
 
-def metrics_allowed_for(*, authorization: str, address: str | None) -> bool:
-    """The bearer token of WARDEN_METRICS_TOKEN, or a client address in WARDEN_METRICS_ALLOW."""
+def metrics_allowed_for(*, authorization: str, address: str | None, via_unnamed_proxy: bool = False) -> bool:
+    """The bearer token of WARDEN_METRICS_TOKEN, or a client address in WARDEN_METRICS_ALLOW. A loopback
+    address that came with forwarding headers while no proxy is named (WARDEN_TRUSTED_PROXY_COUNT 0) is a
+    proxy on this host speaking for someone unknown: it is not let in by its address (the token still is)."""
     token = settings.WARDEN["METRICS_TOKEN"]
     if token and authorization.startswith("Bearer ") and _same(authorization.removeprefix("Bearer "), token):
         return True
+    if via_unnamed_proxy and is_loopback(address):
+        return False
     try:
         ip = ipaddress.ip_address(address or "")
     except ValueError:

@@ -25,6 +25,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from agents.gateway import cost_micros
 from agents.models import Workflow
+from agents.selectors import workflow_visible
 from core import bus
 from core.errors import InvalidInput, NotFound
 from tenancy.access import authorize, default_project
@@ -160,7 +161,7 @@ def _named_run(span: OtlpSpan, user, token, request) -> Run | None:
 def _trace_run(span: OtlpSpan, user, token, request, default_workflow: str) -> Run:
     """The run of this trace: found, or started (an external run) the first time the trace is seen."""
     slug = str(span.attribute("warden.workflow", default=default_workflow))
-    workflow = Workflow.objects.filter(slug=slug).first()
+    workflow = workflow_visible(slug=slug, user=user)  # another project's answers as a missing one
     if workflow is None or workflow.planner != Workflow.Planner.EXTERNAL:
         raise OtlpInvalid(f"no external workflow {slug!r} to start a run of this trace in (warden.workflow)")
     project_slug = span.attribute("warden.project")

@@ -112,6 +112,12 @@ class _CheckedForm(forms.ModelForm):
 
     def clean(self):
         data = super().clean()
+        for name, field in self.fields.items():
+            # JSON null passes a blank JSON field's own check, and the column refuses it (a 500 at save).
+            if isinstance(field, forms.JSONField) and name in data and data[name] is None:
+                empty = self.instance._meta.get_field(name).get_default()
+                what = "a list, or [] for none" if isinstance(empty, list) else "an object, or {} for none"
+                self.add_error(name, what)
         if self.errors:
             return data
         for name, value in data.items():

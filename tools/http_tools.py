@@ -119,7 +119,9 @@ def _header_problems(headers) -> list[tuple[str, str]]:
 
 
 def _undo_problems(row: HttpTool) -> list[tuple[str, str]]:
-    undo = row.undo or {}
+    undo = row.undo
+    if undo is None or (not undo and not isinstance(undo, dict)):  # null, [], "", false: the column holds an object
+        return [("undo", "an object, or {} for none")]
     if not undo:
         return []
     if row.tool_class == ToolClass.READ_ONLY:

@@ -69,6 +69,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "core.logs.RequestIdMiddleware",  # first: every later line of the request carries its id
+    "tenancy.proxies.UnnamedProxyMiddleware",  # notes a proxy WARDEN_TRUSTED_PROXY_COUNT does not name
     "django.middleware.security.SecurityMiddleware",
     "csp.middleware.CSPMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",

@@ -223,10 +223,8 @@ def decision_link_page(request, token: str):
     if request.method not in ("GET", "POST"):
         return HttpResponseNotAllowed(["GET", "POST"])
     try:
-        link = link_open(token)
-        approval = link.request
-        authorize(request.user, approval.run.project_id, "decide", what=f"approval request {approval.id}",
-                  request=request)  # fmt: skip
+        # Access first: someone outside the project gets the same 404 whatever state the link is in.
+        approval = link_open(token, user=request.user, request=request).request
         if request.method == "POST":
             approval = link_decide(
                 token=token,

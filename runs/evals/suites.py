@@ -6,6 +6,7 @@ import logging
 from django.db import transaction
 
 from agents.models import Workflow
+from agents.selectors import workflow_visible
 from core.errors import InvalidInput
 from tenancy.audit import audit
 
@@ -182,13 +183,15 @@ def eval_suite_create(*, project, slug: str, name: str, description: str = "", r
 
 def eval_case_create(*, suite: EvalSuite, name: str, workflow: str, baseline_workflow: str = "", goal: str = "",
                      input: dict | None = None, checks: list, user=None, via: str = "api") -> EvalCase:  # fmt: skip
-    """A new case of the suite: a workflow (by slug), its goal and input, and the checks its outcome must meet."""
-    found = {slug: Workflow.objects.filter(slug=slug).first() for slug in (workflow, baseline_workflow) if slug}
-    errors = checks_refusal(checks) + [
-        {"field": field, "message": f"no workflow {slug}"}
-        for field, slug in (("workflow", workflow), ("baseline_workflow", baseline_workflow))
-        if slug and found[slug] is None
-    ]
+    """A new case of the suite: a workflow (by slug), its goal and input, and the checks its outcome must meet.
+    ``user`` (None: a trusted caller) must see the workflows; one they may not see is refused as unknown."""
+    found, errors = {}, checks_refusal(checks)
+    for field, slug in (("workflow", workflow), ("baseline_workflow", baseline_workflow)):
+        if slug:
+            found[slug], refusal = _case_workflow(slug, field, suite=suite, user=user)
+            errors += refusal
+    if not workflow:
+        errors.append({"field": "workflow", "message": "a case needs a workflow (or a run to replay)"})
     if not name.strip():
         errors.append({"field": "name", "message": "a case needs a name"})
     if errors:
@@ -200,6 +203,18 @@ def eval_case_create(*, suite: EvalSuite, name: str, workflow: str, baseline_wor
         audit(actor=user, action="eval_case_add", target=f"evaluation suite {suite.slug}: {case.name}",
               project_id=suite.project_id, via=via)  # fmt: skip
     return case
+
+
+def _case_workflow(slug: str, field: str, *, suite: EvalSuite, user) -> tuple[Workflow | None, list[dict]]:
+    """A case's workflow, and why it cannot be one. Another project's workflow the user may not see answers
+    as a missing one (nothing learned); one they see is refused too, as a case runs in the suite's project."""
+    workflow = workflow_visible(slug=slug, user=user)
+    if workflow is None:
+        return None, [{"field": field, "message": f"no workflow {slug}"}]
+    if workflow.project_id not in (None, suite.project_id):
+        message = f"workflow {slug} belongs to another project: a case runs in the suite's project"
+        return None, [{"field": field, "message": message}]
+    return workflow, []
 
 
 def expected_checks(run: Run) -> list[dict]:

@@ -3,7 +3,7 @@ from .fork import run_fork, run_fork_preview
 from .leases import task_reserve
 from .recovery import sweep_once
 from .retry import task_retry_from, task_retry_from_preview, task_retry_preview
-from .runs import run_cancel, run_resume, run_start, run_transition, task_retry
+from .runs import run_cancel, run_resume, run_start, run_transition, task_retry, workflow_unknown
 
 __all__ = [
     "run_cancel",
@@ -19,4 +19,5 @@ __all__ = [
     "task_retry_from",
     "task_retry_from_preview",
     "task_retry_preview",
+    "workflow_unknown",
 ]

@@ -207,6 +207,11 @@ def _versions_at_start(wf: Workflow, agents: dict[str, Agent], *, project_id: in
     return versions, {slug: pinned[slug] for slug in agents}
 
 
+def workflow_unknown(slug: str) -> InvalidInput:
+    """The refusal for a workflow slug that names nothing (or, to a caller, nothing they may see)."""
+    return InvalidInput(f"unknown workflow {slug!r}", [{"field": "workflow", "message": "no such workflow"}])
+
+
 def run_start(
     *,
     workflow: str,
@@ -222,7 +227,7 @@ def run_start(
     Audited as started by ``started_by`` through ``via`` (not when the engine starts a run itself)."""
     wf = Workflow.objects.select_related("planner_agent", "project").filter(slug=workflow).first()
     if wf is None:
-        raise InvalidInput(f"unknown workflow {workflow!r}", [{"field": "workflow", "message": "no such workflow"}])
+        raise workflow_unknown(workflow)
     if project is None:
         project = wf.project or default_project()
     elif wf.project_id and wf.project_id != project.id:

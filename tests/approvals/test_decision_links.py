@@ -2,6 +2,8 @@
 card after login (a GET decides nothing), decides once, and is dead once used, decided, expired or forged."""
 
 import re
+import time
+from unittest import mock
 
 import pytest
 from django.core import mail
@@ -9,6 +11,7 @@ from django.test import Client
 from django.utils import timezone
 
 from approvals.actors import send_notifications
+from approvals.links import decision_link
 from approvals.models import ApprovalRequest, DecisionLink
 from runs.models import Run
 from runs.services import run_start
@@ -91,3 +94,38 @@ def test_a_link_dies_with_its_request(proposal):
     page = _client(rita).post(path, {"decision": "approve"})
     assert page.status_code == 409 and "has expired" in page.content.decode()
     assert ApprovalRequest.objects.get(run=run, parent=None).status == "pending"
+
+
+def _outsider(django_user_model):
+    """An admin of another project: a member somewhere, of nothing this link is about."""
+    otto = django_user_model.objects.create_user(username="otto", password="otto-pass-1234")
+    membership_grant(user=otto, project=Project.objects.create(slug="elsewhere", name="E"), role="admin")
+    return _client(otto)
+
+
+def test_a_non_member_gets_the_same_404_whatever_state_the_link_is_in(proposal, django_user_model):
+    run, rita, _ = proposal
+    path = _link(_mailed().body)
+    top = ApprovalRequest.objects.get(run=run, parent=None)
+    with mock.patch("django.core.signing.time.time", return_value=time.time() - 15 * 86400):
+        aged = _link(decision_link(top))  # signed 15 days ago: past LINK_MAX_AGE_DAYS
+    outsider = _outsider(django_user_model)
+    tampered = path[:-3] + ("aaa" if not path.endswith("aaa") else "bbb")
+    answers = {"tampered": (outsider.get(tampered), outsider.post(tampered, {"decision": "approve"}))}
+    answers["valid"] = (outsider.get(path), outsider.post(path, {"decision": "approve"}))
+    answers["aged"] = (outsider.get(aged), outsider.post(aged, {"decision": "approve"}))
+    assert _client(rita).get(aged).status_code == 409  # a member is told why it is dead
+    ApprovalRequest.objects.filter(id=top.id).update(expires_at=timezone.now())
+    answers["request expired"] = (outsider.get(path), outsider.post(path, {"decision": "approve"}))
+    ApprovalRequest.objects.filter(id=top.id).update(expires_at=None)
+
+    assert _client(rita).post(path, {"decision": "approve"}).status_code == 200
+    answers["spent"] = (outsider.get(path), outsider.post(path, {"decision": "reject", "note": "no"}))
+    fresh = _link(decision_link(top))
+    answers["request decided"] = (outsider.get(fresh), outsider.post(fresh, {"decision": "approve"}))
+
+    expected = answers["tampered"][0].content
+    seen = {state: [(page.status_code, page.content) for page in pages] for state, pages in answers.items()}
+    assert seen == {state: [(404, expected)] * 2 for state in answers}
+    assert b"used at" not in expected and str(top.id).encode() not in expected
+    assert list(DecisionLink.objects.filter(used_at__isnull=False).values_list("used_by", flat=True)) == [rita.id]

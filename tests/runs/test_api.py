@@ -1,9 +1,12 @@
 """The first integration API: start a run, read it back; bad input is refused and writes nothing."""
 
+import json
+
 import pytest
 
+from agents.models import Workflow
 from runs.models import Outbox, Run, Task
-from tenancy.models import ApiToken
+from tenancy.models import ApiToken, Project
 from tenancy.tokens import api_token_create
 
 
@@ -95,6 +98,21 @@ def test_bad_input_gets_a_clear_json_error_and_writes_nothing(demo, api, body, s
     assert field in [e["field"] for e in error["errors"]], error
     assert all(e["message"] for e in error["errors"])
     assert not Run.objects.exists() and not Task.objects.exists() and not Outbox.objects.exists()
+
+
+def test_a_workflow_of_a_project_the_caller_is_not_in_answers_as_one_that_does_not_exist(demo, api):
+    elsewhere = Project.objects.create(slug="elsewhere", name="Elsewhere")
+    Workflow.objects.create(slug="secret-flow", name="Secret", project=elsewhere, tasks=[])
+
+    def answer(body):
+        got = api("post", "/runs", body)
+        return got.status_code, json.loads(got.content.decode().replace("secret-flow", "no-such-flow"))
+
+    for extra in ({}, {"project": "default"}):
+        hidden, missing = answer({"workflow": "secret-flow", **extra}), answer({"workflow": "no-such-flow", **extra})
+        assert hidden == missing and missing[0] == 422, (hidden, missing)
+    assert "elsewhere" not in api("post", "/runs", {"workflow": "secret-flow"}).content.decode()
+    assert not Run.objects.exists() and not Outbox.objects.exists()
 
 
 def test_a_whole_number_written_as_3_0_is_an_integer_as_json_schema_says(demo, api):

@@ -6,12 +6,12 @@ import json
 
 import pytest
 
-from agents.models import ModelVersion
+from agents.models import ModelVersion, Workflow
 from runs.evals import demo_suite_load
 from runs.models import Annotation, EvalCase, EvalRun, EvalSuite, Run
 from runs.services import run_start
 from tenancy.access import default_project, membership_grant
-from tenancy.models import AuditEvent
+from tenancy.models import AuditEvent, Project
 from tenancy.tokens import api_token_create
 from tests.runs.test_eval_checks import CONFIDENT, confident  # noqa: F401  (the fixture)
 from tests.runs.test_run_actions import drive
@@ -118,3 +118,32 @@ def test_a_reviewer_annotates_a_run_and_an_operator_makes_it_a_case(suite, opera
         {"artifact": "verify", "equals": verdict.content, "path": ""},
     ]
     assert made.json()["from_run"] == run.id and made.json()["input"] == {"propose_tools": []}
+
+
+def test_a_workflow_of_a_project_the_caller_cannot_see_answers_as_one_that_does_not_exist(suite, operator, client):
+    elsewhere = Project.objects.create(slug="elsewhere", name="Elsewhere")
+    Workflow.objects.create(slug="secret-flow", name="Secret", project=elsewhere, tasks=[])
+    token = api_token_create(user=operator)[1]
+    cases, before = f"/api/v1/eval-suites/{suite.id}/cases", EvalCase.objects.count()
+
+    def answer(**slugs):
+        got = call(client, token, cases, {"name": "x", "checks": [], **slugs})
+        return got.status_code, json.loads(got.content.decode().replace("secret-flow", "no-such-flow"))
+
+    for field in ("workflow", "baseline_workflow"):
+        shared = {"workflow": "deploy-review"} if field == "baseline_workflow" else {}
+        assert answer(**shared, **{field: "secret-flow"}) == answer(**shared, **{field: "no-such-flow"})
+        assert answer(**shared, **{field: "no-such-flow"})[0] == 422
+    # Seen (a member there), it is still another project's: a case runs in the suite's project.
+    membership_grant(user=operator, project=elsewhere, role="viewer")
+    seen = call(client, token, cases, {"name": "x", "workflow": "secret-flow", "checks": []})
+    assert seen.status_code == 422 and seen.json()["errors"] == [
+        {"field": "workflow", "message": "workflow secret-flow belongs to another project: a case runs in the "
+         "suite's project"}
+    ]  # fmt: skip
+    assert call(client, token, cases, {"name": "x", "checks": []}).json()["errors"] == [
+        {"field": "workflow", "message": "a case needs a workflow (or a run to replay)"}
+    ]
+    assert EvalCase.objects.count() == before
+    shared = call(client, token, cases, {"name": "shared", "workflow": "deploy-review", "checks": []})
+    assert shared.status_code == 201 and shared.json()["workflow"] == "deploy-review"

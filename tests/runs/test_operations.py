@@ -152,6 +152,30 @@ def test_metrics_need_the_token_or_an_allowed_address(transactional_db, client, 
     assert b"scrape-secret-123" not in scraped.content
 
 
+FORWARDED = [("HTTP_X_FORWARDED_FOR", "203.0.113.9"), ("HTTP_FORWARDED", "for=203.0.113.9"),
+             ("HTTP_X_REAL_IP", "203.0.113.9")]  # fmt: skip
+
+
+@pytest.mark.parametrize("header,value", FORWARDED, ids=[h for h, _ in FORWARDED])
+def test_metrics_refuse_what_a_proxy_nobody_named_forwards_from_loopback(transactional_db, client, settings,
+                                                                         header, value):  # fmt: skip
+    """A proxy on this host makes every client 127.0.0.1: the loopback allowance must not open /metrics."""
+    from dashboard.management.commands.serve_metrics import metrics_app
+
+    settings.WARDEN = {**settings.WARDEN, "METRICS_TOKEN": "scrape-secret-123"}  # METRICS_ALLOW: loopback
+    assert client.get("/metrics").status_code == 200  # a scraper on this machine, straight to Warden
+    refused = client.get("/metrics", **{header: value})
+    assert refused.status_code == 403 and b"warden_" not in refused.content
+    assert client.get("/metrics", HTTP_AUTHORIZATION="Bearer scrape-secret-123", **{header: value}).status_code == 200
+    answers = []
+    metrics_app({"PATH_INFO": "/metrics", "REMOTE_ADDR": "127.0.0.1", header: value}, lambda s, h: answers.append(s))
+    assert answers == ["403 Forbidden"]
+    # Named, the proxy's header says who the client is: this machine's scraper, or someone else.
+    settings.WARDEN = {**settings.WARDEN, "TRUSTED_PROXY_COUNT": 1}
+    assert client.get("/metrics", HTTP_X_FORWARDED_FOR="127.0.0.1").status_code == 200
+    assert client.get("/metrics", HTTP_X_FORWARDED_FOR="203.0.113.9").status_code == 403
+
+
 def _samples(text: str, name: str) -> dict[str, float]:
     """{labels: value} of one metric in the Prometheus text format."""
     found = {}
@@ -282,6 +306,46 @@ def test_doctor_says_what_is_wrong_and_how_to_fix_it(transactional_db, settings,
             cursor.execute("SHOW autovacuum")
             on = cursor.fetchone()[0] == "on"
         assert ("autovacuum is on" in out) if on else ("autovacuum is off" in out and "autovacuum = on" in out)
+
+
+def _doctor(capsys) -> str:
+    try:
+        call_command("doctor")
+    except SystemExit:  # no worker runs here: that is an error, and beside the point
+        pass
+    return capsys.readouterr().out
+
+
+def test_doctor_warns_of_a_proxy_nobody_named_for_logins_and_metrics(transactional_db, client, settings, capsys,
+                                                                      tmp_path):  # fmt: skip
+    from tenancy import proxies
+
+    settings.VAR_DIR = tmp_path
+    proxies._last_noted[0] = float("-inf")
+    assert "reverse proxy" not in _doctor(capsys)  # nothing came through a proxy yet
+    assert client.get("/healthz", HTTP_X_FORWARDED_FOR="203.0.113.9").status_code == 200
+    out = _doctor(capsys)
+    proxy_line = next(line for line in out.splitlines() if "reverse proxy" in line)
+    assert proxy_line.startswith("warn") and "X-Forwarded-For from 127.0.0.1" in proxy_line
+    assert "lock everyone out" in proxy_line and "set WARDEN_TRUSTED_PROXY_COUNT" in out
+    assert "/metrics has no token" in out and "set WARDEN_METRICS_TOKEN" in out
+    assert "203.0.113.9" not in out  # the client's address is not kept, only the proxy's
+
+    settings.WARDEN = {**settings.WARDEN, "METRICS_TOKEN": "scrape-secret-123"}
+    out = _doctor(capsys)
+    assert "reverse proxy" in out and "/metrics has no token" not in out
+    settings.WARDEN = {**settings.WARDEN, "METRICS_TOKEN": ""}
+    proxies._last_noted[0] = float("-inf")
+    client.get("/healthz", REMOTE_ADDR="192.0.2.20", HTTP_X_FORWARDED_FOR="203.0.113.9")  # a proxy elsewhere
+    out = _doctor(capsys)
+    assert "from 192.0.2.20" in out and "lock everyone out" in out and "/metrics has no token" not in out
+    settings.WARDEN = {**settings.WARDEN, "TRUSTED_PROXY_COUNT": 1}
+    out = _doctor(capsys)
+    assert "reverse proxy" not in out and "trusted proxies: 1" in out
+    settings.WARDEN = {**settings.WARDEN, "TRUSTED_PROXY_COUNT": 0}
+    note = tmp_path / proxies.SIGHTING_FILE  # long ago: that proxy is taken to be gone
+    note.write_text(json.dumps({**json.loads(note.read_text()), "at": "2020-01-01T00:00:00+00:00"}))
+    assert "reverse proxy" not in _doctor(capsys)
 
 
 def test_a_worker_only_host_serves_its_own_metrics_to_allowed_scrapers(settings):

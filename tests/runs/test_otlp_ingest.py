@@ -15,8 +15,9 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Status
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as OtlpSpan
 
-from agents.models import ModelPrice
+from agents.models import ModelPrice, Workflow
 from runs.models import OtlpTrace, Run, Span
+from tenancy.models import Project
 from tests.runs.test_external_agent import call, people  # noqa: F401  (the fixture)
 
 TRACE = bytes.fromhex("5b8efff798038103d269b633813fc60c")
@@ -124,6 +125,19 @@ def test_a_bad_export_is_refused_with_the_reason_and_writes_nothing(people, clie
     agent, _ = people
     answer = post(client, agent, body, content_type)
     assert answer.status_code == 400 and reason in answer.json()["message"], answer.content
+    assert not Run.objects.exists() and not Span.objects.exists()
+
+
+def test_a_workflow_of_a_project_the_sender_is_not_in_answers_as_one_that_does_not_exist(people, client):  # noqa: F811
+    agent, _ = people
+    elsewhere = Project.objects.create(slug="elsewhere", name="Elsewhere")
+    Workflow.objects.create(slug="secret-flow", name="Secret", project=elsewhere, planner="external", tasks=[])
+
+    def answer(slug):
+        got = post(client, agent, export(span(1, "x"), warden__workflow=slug).SerializeToString())
+        return got.status_code, got.content.decode().replace(slug, "<slug>")
+
+    assert answer("secret-flow") == answer("no-such-flow") and answer("no-such-flow")[0] == 400
     assert not Run.objects.exists() and not Span.objects.exists()
 
 

@@ -47,9 +47,9 @@ def payments(monkeypatch):
     service.stop()
 
 
-def declare(service, project=None, **fields) -> HttpTool:
-    """The refund as a project admin declares it (checked as the admin checks it)."""
-    values = {
+def declared(service, project=None, **fields) -> dict:
+    """The refund's fields as a project admin declares it."""
+    return {
         "project": project or default_project(),
         "name": "payments.refund",
         "description": "Refund part or all of a card charge",
@@ -64,7 +64,11 @@ def declare(service, project=None, **fields) -> HttpTool:
         "external_id": "refund_id",
         **fields,
     }
-    row = HttpTool(**values)
+
+
+def declare(service, project=None, **fields) -> HttpTool:
+    """The refund as a project admin declares it (checked as the admin checks it)."""
+    row = HttpTool(**declared(service, project, **fields))
     assert http_tool_problems(row) == []
     row.save()
     return row
@@ -149,6 +153,30 @@ def test_a_bad_declaration_gets_a_clear_error_in_the_admin_and_saves_nothing(
     assert response.status_code == 200  # the form again, with the reason
     assert message in response.content.decode(), response.content.decode()[:3000]
     assert not HttpTool.objects.exists()
+
+
+NULL = [
+    ("undo", "null", "an object, or {} for none"),
+    ("undo", "[]", "an object, or {} for none"),
+    ("headers", "null", "an object, or {} for none"),
+    ("arguments_schema", "null", "This field is required."),
+]
+
+
+@pytest.mark.parametrize("field,posted,message", NULL, ids=[f"{n[0]}={n[1]}" for n in NULL])
+def test_a_json_field_left_null_is_a_form_error_on_that_field_and_saves_nothing(
+    admin_client, payments, field, posted, message
+):
+    response = admin_client.post("/admin/tools/httptool/add/", {**admin_form(payments), field: posted})
+    assert response.status_code == 200  # the form again, the reason under the field
+    assert response.context["adminform"].form.errors == {field: [message]}
+    assert not HttpTool.objects.exists()
+    assert not apps.get_model("tenancy", "AuditEvent").objects.filter(action="admin:add").exists()
+
+
+def test_undo_null_is_refused_by_the_declarations_check_too(db, payments):
+    """The check a script runs (examples/refunds/setup_refunds.py) says what the form says."""
+    assert ("undo", "an object, or {} for none") in http_tool_problems(HttpTool(**{**declared(payments), "undo": None}))
 
 
 def test_a_good_declaration_saves_from_the_admin_and_is_audited(admin_client, payments):

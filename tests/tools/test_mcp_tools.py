@@ -128,6 +128,26 @@ def test_a_server_that_cannot_be_used_is_not_saved(admin_client, db, fields, mes
     assert not McpServer.objects.exists() and not McpTool.objects.exists()
 
 
+@pytest.mark.parametrize(
+    "fields,field,message",
+    [
+        ({"headers": "null"}, "headers", "an object, or {} for none"),
+        ({"secrets": "null"}, "secrets", "a list, or [] for none"),
+        ({"transport": "http", "url": "http://127.0.0.1:9/mcp", "headers": "null"}, "headers",
+         "an object, or {} for none"),
+    ],
+    ids=["stdio-headers", "stdio-secrets", "http-headers"],
+)  # fmt: skip
+def test_a_json_field_left_null_is_a_form_error_on_that_field_and_saves_nothing(admin_client, db, fields, field,
+                                                                                message):  # fmt: skip
+    data = {"project": default_project().id, "name": "helpdesk", "transport": "stdio", "command": "tickets",
+            "headers": "{}", "secrets": "[]", "timeout_seconds": "5", "enabled": "on",
+            "tools-TOTAL_FORMS": "0", "tools-INITIAL_FORMS": "0", **fields}  # fmt: skip
+    response = admin_client.post("/admin/tools/mcpserver/add/", data)
+    assert response.status_code == 200 and response.context["adminform"].form.errors == {field: [message]}
+    assert not McpServer.objects.exists() and not McpTool.objects.exists()
+
+
 def test_an_unannotated_tool_waits_for_a_reviewer_and_goes_out_once_with_its_key(
     demo_tx, worker, effects_file, django_user_model
 ):

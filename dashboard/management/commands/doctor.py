@@ -1,7 +1,9 @@
 """`manage.py doctor`: is this deployment sound? Each check prints ok, or what is wrong and how to fix it;
 the exit status is 1 when anything is an error (docs/operations.md)."""
 
+import ipaddress
 import os
+from datetime import timedelta
 
 from django.conf import settings
 from django.core import checks as django_checks
@@ -12,16 +14,18 @@ from django.utils import timezone
 from dashboard.ops import channel_layer_state, database_state, redis_state
 from runs.models import WorkerProcess
 from runs.workers import gone_after
+from tenancy.proxies import is_loopback, sighting_last
 from tools.installation import installation
 
 ERROR, WARNING, OK = "ERROR", "warn", "ok"
+SIGHTING_DAYS = 7  # a proxy noted longer ago than this is taken to be gone
 
 
 class Command(BaseCommand):
     help = "Check the deployment: settings, database, Redis, migrations, workers, installation id."
 
     def handle(self, **options):
-        results = [*self._settings(), *self._services()]
+        results = [*self._settings(), *self._proxies(), *self._services()]
         if results[-1][0] == OK:  # the database's line: the rest reads it
             results += [self._autovacuum(), *self._workers_and_installation()]
         results += self._system_checks()
@@ -54,6 +58,37 @@ class Command(BaseCommand):
         for flag, what in (("DRILL_FAULTS", "drill faults"), ("SANDBOX_TOOLS", "sandbox tools")):
             if production and settings.WARDEN[flag]:
                 yield ERROR, f"{what} are on in production", f"unset WARDEN_{flag} (or set it to 0)"
+
+    @staticmethod
+    def _proxies():
+        """What the web processes noted about requests through a proxy nobody named (tenancy/proxies.py)."""
+        seen, count = sighting_last(), settings.WARDEN["TRUSTED_PROXY_COUNT"]
+        recent = seen is not None and timezone.now() - seen["at"] < timedelta(days=SIGHTING_DAYS)
+        if count or not recent:
+            yield OK, f"trusted proxies: {count}" if count else "no request came through an unnamed proxy", ""
+            return
+        headers = ", ".join(seen["headers"]) or "forwarding headers"
+        where = f"{headers} from {seen['peer'] or 'an unknown peer'}, last at {seen['at']:%Y-%m-%d %H:%M} UTC"
+        yield (
+            WARNING,
+            f"requests arrive through a reverse proxy WARDEN_TRUSTED_PROXY_COUNT does not name ({where}): every "
+            "client has the proxy's address, so the audit log cannot tell them apart and one person's failed "
+            "logins lock everyone out",
+            "set WARDEN_TRUSTED_PROXY_COUNT to the number of proxies in front of Warden (1 for one nginx) and "
+            "WARDEN_CLIENT_IP_HEADER to the header the nearest one fills (default HTTP_X_FORWARDED_FOR); that "
+            "proxy must append the peer's address to it, not pass on what the client sent",
+        )
+        loopback_allowed = _allows_loopback(settings.WARDEN["METRICS_ALLOW"])
+        if is_loopback(seen["peer"]) and loopback_allowed and not settings.WARDEN["METRICS_TOKEN"]:
+            yield (
+                WARNING,
+                "/metrics has no token and lets this machine in by its address, but a proxy on this machine "
+                "forwards other clients' requests from loopback: that allowance would open /metrics to them, "
+                "so Warden refuses forwarded requests it would let in by loopback alone (a scraper going "
+                "through the proxy gets 403)",
+                "set WARDEN_METRICS_TOKEN and give it to Prometheus as a bearer token, or scrape Warden's own "
+                "port directly (not through the proxy), or name the proxy with WARDEN_TRUSTED_PROXY_COUNT",
+            )
 
     def _services(self):
         state = database_state()
@@ -118,3 +153,13 @@ class Command(BaseCommand):
                 continue
             level = ERROR if message.is_serious() else WARNING
             yield level, f"{message.id}: {message.msg}", message.hint or ""
+
+
+def _allows_loopback(networks: list[str]) -> bool:
+    """WARDEN_METRICS_ALLOW lets in this machine's own clients (127.0.0.1 or ::1)."""
+    own = [ipaddress.ip_address("127.0.0.1"), ipaddress.ip_address("::1")]
+    try:
+        allowed = [ipaddress.ip_network(n, strict=False) for n in networks]
+    except ValueError:
+        return False
+    return any(ip in net for ip in own for net in allowed if ip.version == net.version)

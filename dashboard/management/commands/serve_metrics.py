@@ -12,6 +12,7 @@ from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4, CollectorRegistry, gener
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from dashboard.ops import metrics_allowed_for
+from tenancy.proxies import forwarding_headers
 
 
 class _Quiet(WSGIRequestHandler):
@@ -20,8 +21,12 @@ class _Quiet(WSGIRequestHandler):
 
 
 def metrics_app(environ, start_response):
-    allowed = metrics_allowed_for(  # no proxy in front of this port: the peer's address is the client's
-        authorization=environ.get("HTTP_AUTHORIZATION", ""), address=environ.get("REMOTE_ADDR")
+    # No proxy is expected in front of this port: the peer's address is the client's, unless forwarding
+    # headers say a proxy on this host relays someone else (then only the token lets them in).
+    allowed = metrics_allowed_for(
+        authorization=environ.get("HTTP_AUTHORIZATION", ""),
+        address=environ.get("REMOTE_ADDR"),
+        via_unnamed_proxy=bool(forwarding_headers(environ)),
     )
     if environ.get("PATH_INFO") != "/metrics" or not allowed:
         start_response("403 Forbidden", [("Content-Type", "text/plain")])
