@@ -93,12 +93,20 @@ def refunds_setup(*, payments_url: str, mcp_command: str = "refunds-tickets", pr
                idempotency_header="Idempotency-Key", lookup_url="{base}/v1/refunds/by-key/{key}",
                external_id="refund_id", description="Refund part or all of a card charge")  # fmt: skip
     _mcp_server(project, mcp_command)
-    # Opening a ticket is an unannotated MCP tool: classified here by the project, so that only the
-    # refund waits for a person.
-    ToolClassification.objects.update_or_create(
-        project=project, tool="helpdesk.create_ticket",
-        defaults={"tool_class": "non_idempotent_write", "reversibility": "irreversible"},
-    )  # fmt: skip
+    # The MCP server's tools are unclassified until the project confirms a class (their annotations are
+    # only the server's suggestion). Opening a ticket is an irreversible write, which waits for a person
+    # by default: the project says here that tickets open unattended, so that only the refund waits.
+    for tool, tool_class in (("helpdesk.create_ticket", "non_idempotent_write"), ("helpdesk.search_tickets",
+                                                                                  "read_only")):  # fmt: skip
+        reversibility = "" if tool_class == "read_only" else "irreversible"
+        ToolClassification.objects.update_or_create(
+            project=project, tool=tool, defaults={"tool_class": tool_class, "reversibility": reversibility}
+        )
+    ApprovalPolicy.objects.update_or_create(
+        name="tickets open without a reviewer",
+        project=project,
+        defaults={"effect": "waive", "tool": "helpdesk.create_ticket"},
+    )
     agent, _ = Agent.objects.update_or_create(
         slug="refund-agent",
         defaults={"name": "Refund agent", "allowed_tools": TOOLS, "script": SCRIPT, "provider": "scripted",

@@ -14,6 +14,7 @@ import pytest
 from agents.conversation import TRIMMED, anthropic_messages, fit, openai_messages, turns
 from agents.gateway import circuit_reset
 from agents.models import Agent, ModelPrice, Workflow
+from approvals.policies import demo_waivers_load
 from runs.models import Run, Span
 from runs.services import run_start
 from tests.conftest import wait_for
@@ -203,6 +204,7 @@ def mailing_workflow(provider: str) -> Workflow:
     ModelPrice.objects.get_or_create(provider=provider, model=model,
                                      defaults={"input_usd_per_mtok": 1, "output_usd_per_mtok": 2})  # fmt: skip
     task = {"key": "answer", "agent": agent.slug, "objective": "Tell both customers."}
+    demo_waivers_load()  # the e-mails leave unattended, as in the demo project: the calls are the subject
     return Workflow.objects.create(slug=f"mail-{provider}", name="Mail", tasks=[task])
 
 

@@ -14,9 +14,11 @@ import pytest
 from django.apps import apps
 from django.core.exceptions import ImproperlyConfigured
 
+from approvals.models import ApprovalPolicy
 from runs.models import Run
 from runs.saga import run_compensate
 from runs.services import run_start
+from tenancy.access import default_project
 from tests.conftest import wait_for
 from tests.runs.test_engine import finished, scripted_workflow
 from tests.tools import team_tools
@@ -108,6 +110,8 @@ def test_a_call_past_its_deadline_is_cut_off_and_reconciled_not_sent_blindly(dem
 
 
 def test_a_non_idempotent_call_cut_off_goes_to_a_person_and_is_never_sent_again(demo_tx, worker, payments):
+    # Irreversible: the project lets it leave unattended (the cut-off is the subject here).
+    ApprovalPolicy.objects.create(name="notes", effect="waive", project=default_project(), tool="payments.notify")
     wf = scripted_workflow(
         "notify-slow",
         [{"tool": "payments.notify", "arguments": {"to": "a@x.example", "text": "slow"}}, {"final": {}}],
