@@ -10,8 +10,7 @@ from tenancy.admin_scope import ReadOnlyScopedAdmin, ScopedAdmin, ScopedInline, 
 
 from .classifications import classification_refusal, tool_classification_remove, tool_classification_set
 from .http_tools import http_tool_problems
-from .kit import ToolRefused
-from .mcp_tools import McpUnreachable, mcp_list, mcp_listing_problems, mcp_server_problems, mcp_tools_store
+from .mcp_tools import McpRefused, McpUnreachable, mcp_listing_problems, mcp_server_list, mcp_tools_store
 from .models import (
     HttpTool,
     Installation,
@@ -142,18 +141,20 @@ class McpToolInline(ScopedInline, admin.TabularInline):
 
 
 class McpServerForm(_CheckedForm):
+    request = None  # set by McpServerAdmin.get_form: the listing is audited as the request's user's
+
     class Meta:
         model = McpServer
         fields = ["project", "name", "transport", "url", "command", "headers", "secrets", "timeout_seconds", "enabled"]
 
     def problems(self, server):
-        """Checked, then asked for its tools: a server that does not answer is not saved."""
-        problems = mcp_server_problems(server)
-        if problems:
-            return problems
+        """Checked, then asked for its tools (an outbound call, audited): a server that does not answer
+        is not saved."""
         try:
-            self.listed = mcp_list(server)
-        except (McpUnreachable, ToolRefused) as exc:
+            self.listed = mcp_server_list(server=server, user=getattr(self.request, "user", None), request=self.request)
+        except McpRefused as exc:
+            return exc.problems
+        except McpUnreachable as exc:
             return [(None, str(exc)[:300])]
         return mcp_listing_problems(server, self.listed)
 
@@ -168,6 +169,11 @@ class McpServerAdmin(ScopedAdmin):
     list_display = ["name", "project", "transport", "url", "command", "enabled", "listed_at"]
     list_filter = ["project", "transport", "enabled"]
     inlines = [McpToolInline]
+
+    def get_form(self, request, obj=None, change=False, **kwargs):
+        form = super().get_form(request, obj, change=change, **kwargs)  # a new class for each request
+        form.request = request
+        return form
 
     def save_through_service(self, request, obj, form, change):
         super().save_through_service(request, obj, form, change)

@@ -4,6 +4,7 @@ annotations; a project admin can only make one stricter; an unannotated tool wai
 any unclassified write; every call goes through the gate and the ledger with the run's idempotency key,
 and the server's own record of what it did is counted."""
 
+import html
 import json
 import subprocess
 import sys
@@ -104,9 +105,17 @@ def test_saving_a_server_in_the_admin_lists_and_classifies_its_tools(admin_clien
         ({"transport": "http", "url": "http://127.0.0.1:{port}/mcp"}, "did not answer"),
         ({"transport": "http", "url": "http://10.9.8.7/mcp"}, "host must be one this deployment allows"),
         ({"transport": "stdio", "command": "rm-rf"}, "one of the commands this deployment names"),
-        ({"transport": "stdio", "command": "tickets", "secrets": '["NOT_SET_ANYWHERE"]'}, "is not set"),
+        (
+            {"transport": "stdio", "command": "tickets", "secrets": '["NOT_SET_ANYWHERE"]'},
+            "the secret NOT_SET_ANYWHERE is not granted to project default",
+        ),
+        ({"transport": "stdio", "command": "tickets", "secrets": '["REDIS_URL"]'}, "REDIS_URL is one of Warden's own"),
+        (
+            {"transport": "http", "url": "http://127.0.0.1:{port}/mcp", "headers": '{"Host": "admin.internal"}'},
+            "Host: a header Warden sets itself",
+        ),
     ],
-    ids=["no-answer", "host", "command", "secret"],
+    ids=["no-answer", "host", "command", "secret", "warden-setting", "host-header"],
 )
 def test_a_server_that_cannot_be_used_is_not_saved(admin_client, db, fields, message):
     data = {
@@ -122,7 +131,8 @@ def test_a_server_that_cannot_be_used_is_not_saved(admin_client, db, fields, mes
     }
     data["url"] = data.get("url", "").replace("{port}", str(free_port()))
     response = admin_client.post("/admin/tools/mcpserver/add/", data)
-    assert response.status_code == 200 and message in response.content.decode(), response.content.decode()[:3000]
+    page = html.unescape(response.content.decode())
+    assert response.status_code == 200 and message in page, page[:3000]
     assert not McpServer.objects.exists() and not McpTool.objects.exists()
 
 
