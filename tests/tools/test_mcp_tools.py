@@ -17,6 +17,7 @@ from approvals.models import ApprovalRequest
 from runs.models import Run
 from runs.services import run_start
 from tenancy.access import default_project, membership_grant
+from tenancy.models import AuditEvent
 from tests.conftest import decide, free_port, wait_for
 from tests.runs.test_engine import finished, scripted_workflow
 from tools.catalog import tool_spec
@@ -114,8 +115,9 @@ def test_saving_a_server_in_the_admin_lists_and_classifies_its_tools(admin_clien
             {"transport": "http", "url": "http://127.0.0.1:{port}/mcp", "headers": '{"Host": "admin.internal"}'},
             "Host: a header Warden sets itself",
         ),
+        ({"transport": "stdio", "command": "tickets", "secrets": '"TICKETS_TOKEN"'}, "a list of secret names"),
     ],
-    ids=["no-answer", "host", "command", "secret", "warden-setting", "host-header"],
+    ids=["no-answer", "host", "command", "secret", "warden-setting", "host-header", "secrets-not-a-list"],
 )
 def test_a_server_that_cannot_be_used_is_not_saved(admin_client, db, fields, message):
     data = {
@@ -192,3 +194,27 @@ def test_bad_arguments_are_refused_by_the_tools_schema_and_call_nothing(demo_tx,
     stdio_server()
     run = finished(ticket_run("helpdesk.add_comment", {"ticket_id": 7}), timeout=60)
     assert not ToolOperation.objects.filter(run=run).exists() and effects(effects_file) == []
+
+
+def test_each_listing_on_save_is_audited_with_its_outcome_and_no_secret(admin_client, db, effects_file, settings,
+                                                                        monkeypatch):  # fmt: skip
+    token = f"tickets-{uuid.uuid4().hex}"
+    monkeypatch.setenv("TICKETS_TOKEN", token)
+    settings.WARDEN = {**settings.WARDEN, "SECRET_GRANTS": {"TICKETS_TOKEN": ["default"]}}
+    base = {"project": default_project().id, "name": "helpdesk", "headers": "{}", "secrets": "[]",
+            "timeout_seconds": "5", "enabled": "on", "tools-TOTAL_FORMS": "0", "tools-INITIAL_FORMS": "0"}  # fmt: skip
+    attempts = [
+        {"transport": "http", "url": f"http://127.0.0.1:{free_port()}/mcp",
+         "headers": '{"Authorization": "Bearer {secret:TICKETS_TOKEN}"}'},
+        {"transport": "stdio", "command": "tickets", "secrets": '["PAYMENTS_API_KEY"]'},
+        {"transport": "stdio", "command": "tickets", "secrets": '["TICKETS_TOKEN"]', "timeout_seconds": "20"},
+    ]  # fmt: skip
+    for fields in attempts:
+        admin_client.post("/admin/tools/mcpserver/add/", {**base, **fields})
+    rows = AuditEvent.objects.filter(action="mcp_server_list").order_by("id")
+    assert [r.outcome for r in rows] == ["unreachable", "refused", "listed"]
+    assert all(r.project_id == default_project().id and r.actor.is_superuser for r in rows)
+    assert "the secret PAYMENTS_API_KEY is not granted to project default" in rows[1].detail["why"]
+    assert sorted(rows[2].detail["tools"]) == ["add_comment", "create_ticket", "search_tickets"]
+    assert token not in json.dumps([r.detail for r in rows])
+    assert McpServer.objects.count() == 1
