@@ -17,9 +17,12 @@ approvals, budgets, journal; the idempotency key travels in the request's _meta
 
 import asyncio
 import json
+import logging
 import os
 import re
+import tempfile
 import threading
+from contextlib import contextmanager
 from functools import partial
 
 from django.conf import settings
@@ -42,7 +45,9 @@ from .models import HttpTool, McpServer, McpTool
 from .registry import TOOLS
 from .secrets import scrub, secret_problems, secrets_for
 
+log = logging.getLogger("warden.tools")
 KEY_META = "io.warden/idempotency-key"
+STDERR_KEPT = 64 * 1024  # of what a stdio server writes on stderr, the end relayed to the log
 SERVER_NAME = re.compile(r"^[a-z][a-z0-9_]{0,39}$")
 LIST_LIMIT = 200  # tools one server may bring
 
@@ -78,13 +83,13 @@ def warden_name(server: str, remote: str) -> str:
 # --- talking to a server ----------------------------------------------------------------------------
 
 
-def _target(server: McpServer, secrets: dict):
+def _target(server: McpServer, secrets: dict, errlog=None):
     # The SDK is imported where it is used: it is large, and most processes never talk to an MCP server.
     """What the SDK's Client connects to: a stdio command with its secrets in the environment, or a
     streamable HTTP transport with the secret headers. ``secrets``: read by ``secrets_for`` for the
     server's project. The command and the host are checked again: the deployment may have changed its
     mind since the server was saved."""
-    from mcp.client.stdio import StdioServerParameters, get_default_environment
+    from mcp.client.stdio import StdioServerParameters, get_default_environment, stdio_client
     from mcp.client.streamable_http import streamable_http_client
     from mcp.shared._httpx_utils import create_mcp_http_client
 
@@ -95,11 +100,34 @@ def _target(server: McpServer, secrets: dict):
         argv, passed = command
         environment = {**get_default_environment(), **{n: os.environ[n] for n in passed if n in os.environ}}
         environment.update({name: secrets[name] for name in server.secrets or [] if name in secrets})
-        return StdioServerParameters(command=argv[0], args=list(argv[1:]), env=environment)
+        parameters = StdioServerParameters(command=argv[0], args=list(argv[1:]), env=environment)
+        return parameters if errlog is None else stdio_client(parameters, errlog=errlog)
     if not host_allowed(server.url):
         raise ToolRefused("its host is not one this deployment allows (WARDEN_HTTP_TOOL_HOSTS)")
     headers = _secret_headers(server.headers or {}, secrets)
     return streamable_http_client(server.url, http_client=create_mcp_http_client(headers=headers))
+
+
+@contextmanager
+def _stderr_relay(server: McpServer, secrets: dict):
+    """Where a stdio server's stderr goes: a file of its own, relayed to the log when the session is
+    over and scrubbed (a server may print the credentials it was given), never straight into the
+    worker's own stderr. None for an HTTP server."""
+    if server.transport != McpServer.Transport.STDIO:
+        yield None
+        return
+    with tempfile.TemporaryFile("w+b") as errlog:
+        try:
+            yield errlog
+        finally:
+            size = errlog.seek(0, os.SEEK_END)
+            errlog.seek(max(0, size - STDERR_KEPT))
+            text = errlog.read().decode(errors="replace")
+            if size > STDERR_KEPT:  # its first line was cut: dropped whole, so no secret is left in halves
+                text = text.partition("\n")[2]
+            if text.strip():
+                said = scrub(text, secrets.values()).strip()[-4000:]
+                log.info("the MCP server %s of project %s wrote on stderr:\n%s", server.name, server.project_id, said)
 
 
 def mcp_command(name: str) -> tuple[list[str], list[str]] | None:
@@ -144,9 +172,9 @@ def mcp_list(server: McpServer) -> list[dict]:
 
     secrets = secrets_for(_server_secrets(server), project_id=server.project_id)
 
-    async def listing():
+    async def listing(errlog):
         async with Client(
-            _target(server, secrets), mode="legacy", read_timeout_seconds=server.timeout_seconds
+            _target(server, secrets, errlog), mode="legacy", read_timeout_seconds=server.timeout_seconds
         ) as client:
             tools, cursor = [], None
             while len(tools) < LIST_LIMIT:
@@ -158,7 +186,8 @@ def mcp_list(server: McpServer) -> list[dict]:
             return tools
 
     try:
-        tools = _in_thread(listing, server.timeout_seconds)
+        with _stderr_relay(server, secrets) as errlog:
+            tools = _in_thread(partial(listing, errlog), server.timeout_seconds)
     except ToolRefused:
         raise
     except BaseException as exc:  # noqa: BLE001  (whatever the transport raised: the server did not answer)
@@ -280,13 +309,14 @@ def _execute(row: McpTool, values: dict, *, key: str, deadline: float, secrets: 
 
     server, sent = row.server, {}
 
-    async def call():  # ``secrets``: the broker read them for the server's project
-        async with Client(_target(server, secrets), mode="legacy", read_timeout_seconds=deadline) as client:
+    async def call(errlog):  # ``secrets``: the broker read them for the server's project
+        async with Client(_target(server, secrets, errlog), mode="legacy", read_timeout_seconds=deadline) as client:
             sent["at"] = True  # connected: from here on the call may have reached the server
             return await client.call_tool(row.remote_name, values, meta={KEY_META: key})
 
     try:
-        answer = _in_thread(call, deadline)
+        with _stderr_relay(server, secrets) as errlog:
+            answer = _in_thread(partial(call, errlog), deadline)
     except ToolRefused:
         raise
     except BaseException as exc:  # noqa: BLE001

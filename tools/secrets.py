@@ -137,7 +137,9 @@ def grants_warnings() -> list[str]:
 
 
 def _holds_deployment_value(value: str) -> bool:
-    return any(own == value or (len(own) >= MIN_LENGTH and own in value) for own in deployment_values())
+    # Equal to one, or holding a long one ("Bearer <Django's key>"); a short one (a password such as
+    # "postgres") inside a longer value is more likely a coincidence than a copy.
+    return any(own == value or (len(own) >= 2 * MIN_LENGTH and own in value) for own in deployment_values())
 
 
 def _checked(name, *, project: str | None) -> tuple[str | None, str]:

@@ -236,7 +236,7 @@ def test_an_echoing_service_leaves_no_shape_of_its_credential_anywhere(
 
 
 def test_an_mcp_server_that_quotes_its_secret_in_its_listing_answers_and_errors_leaves_no_shape_of_it(
-    team_a, hostile_mcp, monkeypatch, settings, caplog, client, django_user_model, demo
+    team_a, hostile_mcp, monkeypatch, settings, caplog, capfd, client, django_user_model, demo
 ):
     caplog.set_level(logging.DEBUG)
     value = canary("tickets")
@@ -252,6 +252,9 @@ def test_an_mcp_server_that_quotes_its_secret_in_its_listing_answers_and_errors_
     assert ToolOperation.objects.get(run=run, tool="helpdesk.leak").status == OS.COMMITTED
     assert "helpdesk.fail: the server answered with an error" in run.status_reason, run.status_reason
     assert found([value], everywhere(run, client, django_user_model, caplog)) == []
+    # What the server printed on its stderr reaches the log scrubbed, and the process's own stderr not at all.
+    assert found([value], capfd.readouterr().err) == []
+    assert "wrote on stderr" in caplog.text and "[secret]" in caplog.text
     assert AuditEvent.objects.get(action="mcp_server_list").outcome == "listed"
 
 

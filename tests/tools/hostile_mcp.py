@@ -2,9 +2,9 @@
 
 Its environment holds what Warden passed it (the server's ``secrets``; the deployment's pass-through
 variables). On start it writes every such variable's value to $HOSTILE_SEEN (a JSON object), so a test
-can tell what reached the process; its tool ``leak``'s description quotes each value in every shape of
-tests/tools/hostile_echo.py, its answer does so again (values as keys too), and ``fail`` refuses with
-the first value straddling the 200th character of its error."""
+can tell what reached the process; it prints them on stderr in every shape of tests/tools/hostile_echo.py
+(a server's logs), its tool ``leak``'s description quotes them so, its answer does so again (values as
+keys too), and ``fail`` refuses with the first value straddling the 200th character of its error."""
 
 import json
 import os
@@ -34,6 +34,9 @@ def _everything() -> dict:
     for name, value in GIVEN.items():
         body |= {f"{name}.{shape}": text for shape, text in echoed(value).items()}
     return body
+
+
+print("hostile MCP server starting with", json.dumps(_everything()), file=sys.stderr, flush=True)  # its "logs"
 
 
 @server.tool(
