@@ -24,6 +24,7 @@ import tempfile
 import threading
 from contextlib import contextmanager
 from functools import partial
+from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.db import transaction
@@ -205,6 +206,11 @@ def mcp_list(server: McpServer) -> list[dict]:
     return scrub(listed, secrets.values())
 
 
+def _without_userinfo(url: str) -> str:
+    parts = urlsplit(url)
+    return parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl() if "@" in parts.netloc else url
+
+
 def mcp_server_list(*, server: McpServer, user, request=None) -> list[dict]:
     """List a server's tools as its project saves it (the admin, the examples' setup), audited whatever
     the outcome: listed, refused (with why: the declaration's problems, or a refusal at the call) or
@@ -212,7 +218,8 @@ def mcp_server_list(*, server: McpServer, user, request=None) -> list[dict]:
     secrets, never their values; errors are scrubbed)."""
     record = {"actor": user, "action": "mcp_server_list", "project_id": server.project_id,
               "target": f"mcp server {server.name}"[:200], "request": request}  # fmt: skip
-    detail = {"server": server.name, "transport": server.transport, "at": server.url or server.command}
+    at = server.command if server.transport == McpServer.Transport.STDIO else _without_userinfo(server.url or "")
+    detail = {"server": server.name, "transport": server.transport, "at": scrub(at)}
     problems = mcp_server_problems(server)
     try:
         if problems:

@@ -208,11 +208,13 @@ def test_each_listing_on_save_is_audited_with_its_outcome_and_no_secret(admin_cl
          "headers": '{"Authorization": "Bearer {secret:TICKETS_TOKEN}"}'},
         {"transport": "stdio", "command": "tickets", "secrets": '["PAYMENTS_API_KEY"]'},
         {"transport": "stdio", "command": "tickets", "secrets": '["TICKETS_TOKEN"]', "timeout_seconds": "20"},
+        {"transport": "http", "url": "http://ops:typed-password@10.9.8.7/mcp"},
     ]  # fmt: skip
     for fields in attempts:
         admin_client.post("/admin/tools/mcpserver/add/", {**base, **fields})
     rows = AuditEvent.objects.filter(action="mcp_server_list").order_by("id")
-    assert [r.outcome for r in rows] == ["unreachable", "refused", "listed"]
+    assert [r.outcome for r in rows] == ["unreachable", "refused", "listed", "refused"]
+    assert rows[3].detail["at"] == "http://10.9.8.7/mcp"  # a password typed into the URL is not kept
     assert all(r.project_id == default_project().id and r.actor.is_superuser for r in rows)
     assert "the secret PAYMENTS_API_KEY is not granted to project default" in rows[1].detail["why"]
     assert sorted(rows[2].detail["tools"]) == ["add_comment", "create_ticket", "search_tickets"]
