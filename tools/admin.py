@@ -24,8 +24,7 @@ from .governance import (
     mcp_tool_class_refusal,
 )
 from .http_tools import http_tool_problems
-from .kit import ToolRefused
-from .mcp_tools import McpUnreachable, mcp_list, mcp_listing_problems, mcp_server_problems, mcp_tools_store
+from .mcp_tools import McpRefused, McpUnreachable, mcp_listing_problems, mcp_server_list, mcp_tools_store
 from .models import (
     HttpTool,
     Installation,
@@ -175,25 +174,26 @@ class McpToolInline(ScopedInline, admin.TabularInline):
 
 
 class McpServerForm(_CheckedForm):
-    user = None  # who saves (McpServerAdmin.get_form): a change held for a second admin is not listed yet
+    request = None  # set by McpServerAdmin.get_form: the listing is audited as the request's user's
 
     class Meta:
         model = McpServer
         fields = ["project", "name", "transport", "url", "command", "headers", "secrets", "timeout_seconds", "enabled"]
 
     def problems(self, server):
-        """Checked, then asked for its tools: a server that does not answer is not saved. A change of its
-        address that waits for a second admin is asked only once approved."""
-        problems = mcp_server_problems(server)
-        if problems:
-            return problems
+        """Checked, then asked for its tools (an outbound call, audited): a server that does not answer
+        is not saved. A change of its address that waits for a second admin is only checked: it is asked
+        for its tools once approved."""
         self.listed = None
+        user = getattr(self.request, "user", None)
         before = McpServer.objects.filter(id=server.pk).first() if server.pk else None
-        if mcp_server_loosenings(before, server) and second_admin_needed(self.user, server.project_id):
-            return []
+        if mcp_server_loosenings(before, server) and second_admin_needed(user, server.project_id):
+            return mcp_server_problems(server)
         try:
-            self.listed = mcp_list(server)
-        except (McpUnreachable, ToolRefused) as exc:
+            self.listed = mcp_server_list(server=server, user=getattr(self.request, "user", None), request=self.request)
+        except McpRefused as exc:
+            return exc.problems
+        except McpUnreachable as exc:
             return [(None, str(exc)[:300])]
         return mcp_listing_problems(server, self.listed)
 
@@ -210,9 +210,10 @@ class McpServerAdmin(GovernedAdmin):
     list_filter = ["project", "transport", "enabled"]
     inlines = [McpToolInline]
 
-    def get_form(self, request, obj=None, **kwargs):
-        form = super().get_form(request, obj, **kwargs)
-        return type(form.__name__, (form,), {"user": request.user})
+    def get_form(self, request, obj=None, change=False, **kwargs):
+        form = super().get_form(request, obj, change=change, **kwargs)  # a new class for each request
+        form.request = request
+        return form
 
     def save_through_service(self, request, obj, form, change):
         held = declaration_save(user=request.user, row=obj, fields=list(form.fields), request=request)

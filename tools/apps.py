@@ -19,7 +19,15 @@ class ToolsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self):
+        from django.core.exceptions import ImproperlyConfigured
+
+        from . import checks  # noqa: F401  (the secret grants' system check registers on import)
         from .registry import tools_load
+        from .secrets import grants_problems
+
+        # Before any tool is loaded: a grant of Warden's own settings is refused, in every process.
+        if problems := grants_problems():
+            raise ImproperlyConfigured("; ".join(problems))
 
         builtin = ["tools.human"]  # Warden's own, in every installation
         sandbox = ["tools.sandbox_tools"] if settings.WARDEN["SANDBOX_TOOLS"] else []

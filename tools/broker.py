@@ -34,10 +34,11 @@ from .catalog import tool_spec
 from .gate import REFUSE, Origin, Verdict, gate, gate_satisfied
 from .human import ASK
 from .installation import run_key_prefix
-from .kit import ArgumentsInvalid, ToolCutOff, ToolFailure, ToolRefused, ToolTimeout, ToolUnavailable, secrets_read
+from .kit import ArgumentsInvalid, ToolCutOff, ToolFailure, ToolRefused, ToolTimeout, ToolUnavailable
 from .ledger import operation_record
 from .models import SealedArguments, ToolOperation
 from .registry import REDACTED, TOOLS, ToolClass, ToolSpec, redact
+from .secrets import scrub, scrub_failure, secrets_for
 from .transitions import OPERATION
 
 log = logging.getLogger("warden.tools")
@@ -621,9 +622,9 @@ def _within_deadline(spec: ToolSpec, call):
 
 def _external(spec: ToolSpec, args: dict, *, key: str, fault: str | None) -> dict:
     """The call itself, with the tool's deadline; feeds the circuit breaker."""
-    # By name, now: never from the model, never recorded. A missing one refuses the call without
-    # counting against the tool's circuit (the system was not asked).
-    secrets = secrets_read(spec.secrets)
+    # By name, now, and only those granted to the tool's project: never from the model, never recorded.
+    # A refused one refuses the call without counting against the tool's circuit (the system was not asked).
+    secrets = secrets_for(spec.secrets, project_id=spec.project_id)
     try:
 
         def call():
@@ -635,26 +636,13 @@ def _external(spec: ToolSpec, args: dict, *, key: str, fault: str | None) -> dic
         result = _within_deadline(spec, call) if spec.cut_off else call()
     except ToolFailure as exc:
         _circuit_record(spec.name, ok=False)
-        if secrets:  # a careless service may quote the credential in its error
-            exc.args = tuple(_scrubbed(a, secrets.values()) for a in exc.args)
-        raise
+        raise scrub_failure(exc, secrets.values())  # a careless service may quote the credential in its error
+    except Exception as exc:  # a tool's own bug: its text may quote the credential too
+        raise scrub_failure(exc, secrets.values())
     _circuit_record(spec.name, ok=True)
-    return _scrubbed(result, secrets.values()) if secrets else result
-
-
-def _scrubbed(value, secrets):
-    """``value`` with every secret's value replaced: a service that echoes its credential (a debug
-    field, an error quoting the request) must not put it in the ledger, the journal or the prompt."""
-    if isinstance(value, str):
-        for secret in secrets:
-            if secret and len(secret) >= 4:
-                value = value.replace(secret, REDACTED)
-        return value
-    if isinstance(value, dict):
-        return {k: _scrubbed(v, secrets) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_scrubbed(v, secrets) for v in value]
-    return value
+    # Whatever shape a system echoes its credential in (a key, base64, ...): not in the ledger, the
+    # journal or the prompt.
+    return scrub(result, secrets.values())
 
 
 def _receipt(op: ToolOperation, spec: ToolSpec, result: dict, reason: str = "") -> ToolOutcome:

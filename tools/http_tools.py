@@ -4,7 +4,8 @@ A declaration is one request: a method, a URL template on a host the deployment 
 (WARDEN_HTTP_TOOL_HOSTS), the JSON Schema of its arguments (those not in the URL travel as the JSON body,
 or as the query of a GET or DELETE), headers whose secrets are named ({secret:NAME}) and read at call
 time, the idempotency header the service honours, an optional lookup by key and an optional undo.
-Everything is checked when it is saved (``http_tool_problems``), and the host again at every call.
+Everything is checked when it is saved (``http_tool_problems``), and the host, the headers and the
+secrets' grants again at every call.
 """
 
 import hashlib
@@ -22,7 +23,6 @@ from core.errors import TransientFailure
 
 from .kit import (
     NAME,
-    SECRET_NAME,
     OpenResult,
     Reversibility,
     ToolClass,
@@ -30,11 +30,10 @@ from .kit import (
     ToolSpec,
     ToolTimeout,
     ToolUnavailable,
-    secret_read,
-    secrets_read,
 )
 from .models import HttpTool, McpTool
 from .registry import TOOLS
+from .secrets import scrub, scrub_failure, secret_problems, secrets_for
 
 PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
 # The least a request of each method can be: a declaration below its method's floor is refused, and a
@@ -52,6 +51,13 @@ SECRET_REF = re.compile(r"\{secret:([^{}]*)\}")
 HEADER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,99}$")
 BODY_METHODS = ("POST", "PUT", "PATCH")
 REFUSAL_TEXT = 200  # of a refusing answer's body, in the reason the model and the ledger see
+# Headers that say where a request goes and how it is framed: httpx writes them, a declaration never
+# does (a Host of its choosing reaches another virtual host behind a shared gateway).
+WARDEN_HEADERS = frozenset(
+    {"host", "content-length", "transfer-encoding", "connection", "keep-alive", "upgrade", "te", "trailer",
+     "forwarded"}
+)  # fmt: skip
+WARDEN_HEADER_PREFIXES = ("proxy-", "x-forwarded-")
 
 
 # --- hosts ------------------------------------------------------------------------------------------
@@ -90,6 +96,14 @@ def url_problems(template: str, *, field: str, allowed: set[str]) -> list[tuple[
 # --- checking a declaration -------------------------------------------------------------------------
 
 
+def header_refusal(name: str) -> str | None:
+    """Why a declaration may not set the header ``name``, if it may not."""
+    lowered = str(name).lower()
+    if lowered in WARDEN_HEADERS or lowered.startswith(WARDEN_HEADER_PREFIXES):
+        return f"{name}: a header Warden sets itself (Host, framing, proxies); a declaration may not set it"
+    return None
+
+
 def _schema_problems(schema) -> list[tuple[str, str]]:
     if not isinstance(schema, dict) or schema.get("type") != "object":
         return [("arguments_schema", 'a JSON Schema of an object: {"type": "object", "properties": {...}}')]
@@ -100,7 +114,9 @@ def _schema_problems(schema) -> list[tuple[str, str]]:
     return []
 
 
-def _header_problems(headers) -> list[tuple[str, str]]:
+def _header_problems(headers, *, project_id: int | None) -> list[tuple[str, str]]:
+    """The headers' problems, their secrets' as the project may use them (``project_id`` None: no project
+    chosen yet, so no secret may be named)."""
     if not isinstance(headers, dict):
         return [("headers", 'an object: {"Header-Name": "value with {secret:NAME}"}')]
     problems = []
@@ -108,13 +124,15 @@ def _header_problems(headers) -> list[tuple[str, str]]:
         if not HEADER_NAME.fullmatch(str(name)) or not isinstance(value, str) or "\n" in value or "\r" in value:
             problems.append(("headers", f"{name!r}: a header name and a one-line text value"))
             continue
+        if refusal := header_refusal(name):
+            problems.append(("headers", refusal))
         if any(not p.startswith("secret:") for p in PLACEHOLDER.findall(value)):
             problems.append(("headers", f"{name}: only {{secret:NAME}} placeholders (a header never takes arguments)"))
-        for secret in SECRET_REF.findall(value):
-            if not SECRET_NAME.fullmatch(secret):
-                problems.append(("headers", f"{name}: the secret name {secret!r} : upper case letters, digits, _"))
-            elif secret_read(secret) is None:
-                problems.append(("headers", f"{name}: the secret {secret} is not set"))
+        named = SECRET_REF.findall(value)
+        if named and project_id is None:
+            problems.append(("headers", f"{name}: choose the project first: secrets are granted to projects"))
+        elif named:
+            problems += [("headers", f"{name}: {why}") for why in secret_problems(named, project_id=project_id)]
     return problems
 
 
@@ -183,6 +201,8 @@ def http_tool_problems(row: HttpTool) -> list[tuple[str, str]]:
         problems.append(("idempotency_header", "an idempotent write names the header the service deduplicates by"))
     if row.idempotency_header and not HEADER_NAME.fullmatch(row.idempotency_header):
         problems.append(("idempotency_header", "a header name: letters, digits and -"))
+    elif row.idempotency_header and (refusal := header_refusal(row.idempotency_header)):
+        problems.append(("idempotency_header", refusal))
     schema = _schema_problems(row.arguments_schema)
     problems += schema
     properties = set((row.arguments_schema or {}).get("properties") or {}) if not schema else set()
@@ -193,7 +213,7 @@ def http_tool_problems(row: HttpTool) -> list[tuple[str, str]]:
         problems.append(("arguments_schema", f"the URL's placeholders must be required arguments: {missing}"))
     if row.lookup_url:
         problems += url_problems(row.lookup_url, field="lookup_url", allowed={"key"})
-    problems += _header_problems(row.headers)
+    problems += _header_problems(row.headers, project_id=row.project_id)
     problems += _undo_problems(row)
     if not (0 < (row.timeout_seconds or 0) <= 3600):
         problems.append(("timeout_seconds", "between 0 and 3600 seconds"))
@@ -204,6 +224,11 @@ def http_tool_problems(row: HttpTool) -> list[tuple[str, str]]:
 
 
 def _secret_headers(headers: dict, secrets: dict) -> dict:
+    """The headers as sent. Checked again here: a row written straight to the database is not sent with
+    a Host or a framing header either."""
+    for name in headers:
+        if refusal := header_refusal(name):
+            raise ToolRefused(refusal)
     return {name: SECRET_REF.sub(lambda m: secrets[m.group(1)], value) for name, value in headers.items()}
 
 
@@ -212,8 +237,9 @@ def _filled(template: str, values: dict) -> str:
     return PLACEHOLDER.sub(lambda m: quote(str(values[m.group(1)]), safe=""), template)
 
 
-def _answer(response: httpx.Response) -> dict:
-    """The service's answer as the tool's result, or the failure it means for the ledger."""
+def _answer(response: httpx.Response, secrets: dict) -> dict:
+    """The service's answer as the tool's result, or the failure it means for the ledger. A refusal's body
+    is scrubbed before it is cut: a secret across the cut would leave a half nothing recognises."""
     code = response.status_code
     if 200 <= code < 300:
         try:
@@ -227,7 +253,7 @@ def _answer(response: httpx.Response) -> dict:
         raise ToolTimeout(f"HTTP {code}, the outcome is unknown")
     if 300 <= code < 400:
         raise ToolRefused(f"HTTP {code}, a redirect (not followed)")
-    raise ToolRefused(f"HTTP {code}: {response.text[:REFUSAL_TEXT]}")
+    raise ToolRefused(f"HTTP {code}: {scrub(response.text, secrets.values())[:REFUSAL_TEXT]}")
 
 
 def _send(method: str, url: str, *, headers: dict, deadline: float, tool: str, **body) -> httpx.Response:
@@ -246,22 +272,27 @@ def _execute(row: HttpTool, values: dict, *, key: str, deadline: float, secrets:
     rest = {k: v for k, v in values.items() if k not in in_url}
     headers = _secret_headers(row.headers or {}, secrets)
     if row.idempotency_header:
+        if refusal := header_refusal(row.idempotency_header):
+            raise ToolRefused(refusal)
         headers[row.idempotency_header] = key
     body = {"json": rest} if row.method in BODY_METHODS else {"params": rest} if rest else {}
     response = _send(row.method, _filled(row.url, values), headers=headers, deadline=deadline, tool=row.name, **body)
-    return _answer(response)
+    return _answer(response, secrets)
 
 
-def _lookup(row: HttpTool, key: str, secrets: dict) -> dict | None:
-    headers = _secret_headers(row.headers or {}, secrets)
+def _lookup(row: HttpTool, key: str, names: tuple[str, ...]) -> dict | None:
+    secrets = {}
     try:
+        secrets = secrets_for(names, project_id=row.project_id)  # the same door as the call's
+        headers = _secret_headers(row.headers or {}, secrets)
         response = _send("GET", _filled(row.lookup_url, {"key": key}), headers=headers, deadline=row.timeout_seconds,
                          tool=row.name)  # fmt: skip
         if response.status_code == 404:
             return None
-        return _answer(response)
+        return scrub(_answer(response, secrets), secrets.values())
     except (ToolUnavailable, ToolTimeout, ToolRefused) as exc:  # not an answer: ask again later
-        raise TransientFailure(f"the lookup of {row.name} by key failed: {exc}") from exc
+        failure = TransientFailure(f"the lookup of {row.name} by key failed: {exc}")
+        raise scrub_failure(failure, secrets.values()) from None
 
 
 def _derived(value, arguments: dict, result: dict):
@@ -322,7 +353,7 @@ def http_tool_spec(row: HttpTool) -> ToolSpec:
         arguments=OpenResult,
         result=OpenResult,
         execute=partial(_execute, row),
-        lookup=(lambda key: _lookup(row, key, secrets_read(names))) if row.lookup_url else None,
+        lookup=(lambda key: _lookup(row, key, names)) if row.lookup_url else None,
         undo=_undo(row) if row.undo else None,
         undo_tool=(row.undo or {}).get("tool", ""),
         timeout_seconds=row.timeout_seconds,

@@ -30,20 +30,20 @@ passed by the model: the broker reads them at call time from the secret source (
 default, WARDEN_SECRET_SOURCE for another) and hands them to the function alone.
 """
 
-import os
 import re
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from django.conf import settings
-from django.utils.module_loading import import_string
 from jsonschema import Draft202012Validator
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+# Teams import the failures and the default secret source from here.
+from .failures import ToolCutOff, ToolFailure, ToolRefused, ToolTimeout, ToolUnavailable  # noqa: F401
+from .secrets import SECRET_NAME, environment_secret, scrub, secret_read, secrets_for  # noqa: F401
+
 SECRET = {"secret": True}  # json_schema_extra of an argument field that must never be shown
 NAME = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)+$")  # system.operation, e.g. payments.refund
-SECRET_NAME = re.compile(r"^[A-Z][A-Z0-9_]{0,127}$")
 
 
 class ToolClass:
@@ -84,26 +84,6 @@ class ArgumentsInvalid(ValueError):
     def __init__(self, fields: list[dict]):
         super().__init__("; ".join(f"{f['field']}: {f['message']}" for f in fields))
         self.fields = fields
-
-
-class ToolFailure(Exception):
-    """Base of what a tool function raises."""
-
-
-class ToolRefused(ToolFailure):
-    """The system refused the request; nothing changed. Not tried again."""
-
-
-class ToolUnavailable(ToolFailure):
-    """The system is briefly unavailable; nothing changed. Worth another try."""
-
-
-class ToolTimeout(ToolFailure):
-    """No answer before the deadline: the change may or may not have been made."""
-
-
-class ToolCutOff(ToolTimeout):
-    """The broker stopped waiting at the tool's deadline: the call may still be under way."""
 
 
 @dataclass(frozen=True)
@@ -222,7 +202,8 @@ def _adapters(function, arguments: type[BaseModel], lookup, undo: Undo | None, n
         return answer.model_dump(mode="json") if isinstance(answer, BaseModel) else answer
 
     def find(key: str) -> dict | None:
-        return lookup(key, secrets=secrets_read(names))
+        secrets = secrets_for(names, project_id=None)  # the deployment's own code: no grant needed
+        return scrub(lookup(key, secrets=secrets), secrets.values())
 
     def undo_call(values: dict, receipt: dict) -> tuple[str, dict]:
         return undo.tool, undo.arguments(values, receipt)
@@ -284,24 +265,3 @@ def tool(
         return function
 
     return decorate
-
-
-def environment_secret(name: str) -> str | None:
-    """The default secret source: the process environment."""
-    return os.environ.get(name) or None
-
-
-def secret_read(name: str) -> str | None:
-    source = settings.WARDEN.get("SECRET_SOURCE") or "tools.kit.environment_secret"
-    return import_string(source)(name)
-
-
-def secrets_read(names: Sequence[str]) -> dict[str, str]:
-    """The named secrets, read now (a rotated secret is used at the next call). A missing one: refused."""
-    values = {}
-    for name in names:
-        value = secret_read(name)
-        if value is None:
-            raise ToolRefused(f"the secret {name} is not set")
-        values[name] = value
-    return values

@@ -21,18 +21,23 @@ deduplicate by it.
 import asyncio
 import hashlib
 import json
+import logging
 import os
 import re
+import tempfile
 import threading
+from contextlib import contextmanager
 from functools import partial
+from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from .http_tools import SECRET_REF, _header_problems, _secret_headers, url_problems
+from tenancy.audit import audit
+
+from .http_tools import SECRET_REF, _header_problems, _secret_headers, host_allowed, url_problems
 from .kit import (
-    SECRET_NAME,
     OpenResult,
     Reversibility,
     ToolClass,
@@ -40,19 +45,28 @@ from .kit import (
     ToolSpec,
     ToolTimeout,
     ToolUnavailable,
-    secret_read,
-    secrets_read,
 )
 from .models import HttpTool, McpServer, McpTool
 from .registry import TOOLS
+from .secrets import scrub, secret_problems, secrets_for
 
+log = logging.getLogger("warden.tools")
 KEY_META = "io.warden/idempotency-key"
+STDERR_KEPT = 64 * 1024  # of what a stdio server writes on stderr, the end relayed to the log
 SERVER_NAME = re.compile(r"^[a-z][a-z0-9_]{0,39}$")
 LIST_LIMIT = 200  # tools one server may bring
 
 
 class McpUnreachable(Exception):
     """The server did not answer (or not as an MCP server does)."""
+
+
+class McpRefused(ToolRefused):
+    """The server's declaration may not be used as it is: ``problems`` are (field, message) pairs."""
+
+    def __init__(self, problems: list[tuple[str | None, str]]):
+        super().__init__("; ".join(message for _, message in problems))
+        self.problems = problems
 
 
 def annotation_class(annotations: dict | None) -> tuple[str, str]:
@@ -75,11 +89,13 @@ def warden_name(server: str, remote: str) -> str:
 # --- talking to a server ----------------------------------------------------------------------------
 
 
-def _target(server: McpServer):
+def _target(server: McpServer, secrets: dict, errlog=None):
     # The SDK is imported where it is used: it is large, and most processes never talk to an MCP server.
     """What the SDK's Client connects to: a stdio command with its secrets in the environment, or a
-    streamable HTTP transport with the secret headers."""
-    from mcp.client.stdio import StdioServerParameters, get_default_environment
+    streamable HTTP transport with the secret headers. ``secrets``: read by ``secrets_for`` for the
+    server's project. The command and the host are checked again: the deployment may have changed its
+    mind since the server was saved."""
+    from mcp.client.stdio import StdioServerParameters, get_default_environment, stdio_client
     from mcp.client.streamable_http import streamable_http_client
     from mcp.shared._httpx_utils import create_mcp_http_client
 
@@ -89,11 +105,35 @@ def _target(server: McpServer):
             raise ToolRefused(f"the MCP command {server.command!r} is not one WARDEN_MCP_COMMANDS names")
         argv, passed = command
         environment = {**get_default_environment(), **{n: os.environ[n] for n in passed if n in os.environ}}
-        environment.update(secrets_read(server.secrets or []))
-        return StdioServerParameters(command=argv[0], args=list(argv[1:]), env=environment)
-    names = sorted({s for value in (server.headers or {}).values() for s in SECRET_REF.findall(str(value))})
-    headers = _secret_headers(server.headers or {}, secrets_read(names))
+        environment.update({name: secrets[name] for name in server.secrets or [] if name in secrets})
+        parameters = StdioServerParameters(command=argv[0], args=list(argv[1:]), env=environment)
+        return parameters if errlog is None else stdio_client(parameters, errlog=errlog)
+    if not host_allowed(server.url):
+        raise ToolRefused("its host is not one this deployment allows (WARDEN_HTTP_TOOL_HOSTS)")
+    headers = _secret_headers(server.headers or {}, secrets)
     return streamable_http_client(server.url, http_client=create_mcp_http_client(headers=headers))
+
+
+@contextmanager
+def _stderr_relay(server: McpServer, secrets: dict):
+    """Where a stdio server's stderr goes: a file of its own, relayed to the log when the session is
+    over and scrubbed (a server may print the credentials it was given), never straight into the
+    worker's own stderr. None for an HTTP server."""
+    if server.transport != McpServer.Transport.STDIO:
+        yield None
+        return
+    with tempfile.TemporaryFile("w+b") as errlog:
+        try:
+            yield errlog
+        finally:
+            size = errlog.seek(0, os.SEEK_END)
+            errlog.seek(max(0, size - STDERR_KEPT))
+            text = errlog.read().decode(errors="replace")
+            if size > STDERR_KEPT:  # its first line was cut: dropped whole, so no secret is left in halves
+                text = text.partition("\n")[2]
+            if text.strip():
+                said = scrub(text, secrets.values()).strip()[-4000:]
+                log.info("the MCP server %s of project %s wrote on stderr:\n%s", server.name, server.project_id, said)
 
 
 def mcp_command(name: str) -> tuple[list[str], list[str]] | None:
@@ -131,11 +171,17 @@ def _in_thread(coroutine_factory, timeout: float):
 
 
 def mcp_list(server: McpServer) -> list[dict]:
-    """The server's tools as it lists them now: [{remote_name, description, input_schema, annotations}]."""
+    """The server's tools as it lists them now: [{remote_name, description, input_schema, annotations}].
+    An outbound call under a tool call's rules: the host or command the deployment allows, the secrets
+    granted to the server's project, and what comes back scrubbed (descriptions, errors)."""
     from mcp import Client
 
-    async def listing():
-        async with Client(_target(server), mode="legacy", read_timeout_seconds=server.timeout_seconds) as client:
+    secrets = secrets_for(_server_secrets(server), project_id=server.project_id)
+
+    async def listing(errlog):
+        async with Client(
+            _target(server, secrets, errlog), mode="legacy", read_timeout_seconds=server.timeout_seconds
+        ) as client:
             tools, cursor = [], None
             while len(tools) < LIST_LIMIT:
                 page = await client.list_tools(cursor=cursor)
@@ -146,20 +192,55 @@ def mcp_list(server: McpServer) -> list[dict]:
             return tools
 
     try:
-        tools = _in_thread(listing, server.timeout_seconds)
+        with _stderr_relay(server, secrets) as errlog:
+            tools = _in_thread(partial(listing, errlog), server.timeout_seconds)
     except ToolRefused:
         raise
     except BaseException as exc:  # noqa: BLE001  (whatever the transport raised: the server did not answer)
-        raise McpUnreachable(f"the MCP server did not answer: {type(exc).__name__}: {str(exc)[:200]}") from exc
-    return [
+        text = scrub(str(exc), secrets.values())[:200]  # scrubbed before the cut
+        raise McpUnreachable(f"the MCP server did not answer: {type(exc).__name__}: {text}") from None
+    listed = [
         {
             "remote_name": t.name,
-            "description": (t.description or "")[:2000],
+            "description": scrub(t.description or "", secrets.values())[:2000],
             "input_schema": t.input_schema if isinstance(t.input_schema, dict) else {"type": "object"},
             "annotations": t.annotations.model_dump(by_alias=True, exclude_none=True) if t.annotations else {},
         }
         for t in tools[:LIST_LIMIT]
     ]
+    return scrub(listed, secrets.values())
+
+
+def _without_userinfo(url: str) -> str:
+    parts = urlsplit(url)
+    return parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl() if "@" in parts.netloc else url
+
+
+def mcp_server_list(*, server: McpServer, user, request=None) -> list[dict]:
+    """List a server's tools as its project saves it (the admin, the examples' setup), audited whatever
+    the outcome: listed, refused (with why: the declaration's problems, or a refusal at the call) or
+    unreachable. Raises McpRefused or McpUnreachable; the audit row never holds a secret (refusals name
+    secrets, never their values; errors are scrubbed)."""
+    record = {"actor": user, "action": "mcp_server_list", "project_id": server.project_id,
+              "target": f"mcp server {server.name}"[:200], "request": request}  # fmt: skip
+    at = server.command if server.transport == McpServer.Transport.STDIO else _without_userinfo(server.url or "")
+    detail = {"server": server.name, "transport": server.transport, "at": scrub(at)}
+    problems = mcp_server_problems(server)
+    try:
+        if problems:
+            raise McpRefused(problems)
+        listed = mcp_list(server)
+    except McpRefused as exc:
+        audit(**record, outcome="refused", detail={**detail, "why": str(exc)[:1000]})
+        raise
+    except ToolRefused as exc:
+        audit(**record, outcome="refused", detail={**detail, "why": str(exc)[:1000]})
+        raise McpRefused([(None, str(exc))]) from None
+    except McpUnreachable as exc:
+        audit(**record, outcome="unreachable", detail={**detail, "why": str(exc)[:1000]})
+        raise
+    audit(**record, outcome="listed", detail={**detail, "tools": [t["remote_name"] for t in listed][:100]})
+    return listed
 
 
 def mcp_server_problems(server: McpServer) -> list[tuple[str, str]]:
@@ -171,14 +252,16 @@ def mcp_server_problems(server: McpServer) -> list[tuple[str, str]]:
         if server.command not in settings.WARDEN["MCP_COMMANDS"]:
             named = ", ".join(sorted(settings.WARDEN["MCP_COMMANDS"])) or "none (set WARDEN_MCP_COMMANDS)"
             problems.append(("command", f"one of the commands this deployment names: {named}"))
-        for secret in server.secrets or []:
-            if not isinstance(secret, str) or not SECRET_NAME.fullmatch(secret):
-                problems.append(("secrets", f"{secret!r}: upper case letters, digits and _"))
-            elif secret_read(secret) is None:
-                problems.append(("secrets", f"the secret {secret} is not set"))
+        secrets = server.secrets or []
+        if not isinstance(secrets, list):
+            problems.append(("secrets", 'a list of secret names: ["TICKETS_TOKEN"]'))
+        elif secrets and server.project_id is None:
+            problems.append(("secrets", "choose the project first: secrets are granted to projects"))
+        elif secrets:
+            problems += [("secrets", why) for why in secret_problems(secrets, project_id=server.project_id)]
     else:
         problems += url_problems(server.url or "", field="url", allowed=set())
-        problems += _header_problems(server.headers or {})
+        problems += _header_problems(server.headers or {}, project_id=server.project_id)
     if not (0 < (server.timeout_seconds or 0) <= 600):
         problems.append(("timeout_seconds", "between 0 and 600 seconds"))
     return problems
@@ -220,10 +303,10 @@ def mcp_tools_store(server: McpServer, listed: list[dict]) -> list[McpTool]:
     return rows
 
 
-def _result(answer, tool: str) -> dict:
+def _result(answer, tool: str, secrets: dict) -> dict:
     text = "\n".join(getattr(c, "text", "") for c in answer.content or [] if getattr(c, "type", "") == "text")
-    if answer.is_error:
-        raise ToolRefused(f"the server answered with an error: {text[:200]}")
+    if answer.is_error:  # scrubbed before the cut (the broker scrubs the rest)
+        raise ToolRefused(f"the server answered with an error: {scrub(text, secrets.values())[:200]}")
     if isinstance(answer.structured_content, dict):
         return answer.structured_content
     try:
@@ -233,24 +316,25 @@ def _result(answer, tool: str) -> dict:
     return body if isinstance(body, dict) else {"body": body}
 
 
-def _execute(row: McpTool, values: dict, *, key: str, deadline: float, **_rest) -> dict:
+def _execute(row: McpTool, values: dict, *, key: str, deadline: float, secrets: dict, **_rest) -> dict:
     from mcp import Client
 
     server, sent = row.server, {}
 
-    async def call():
-        async with Client(_target(server), mode="legacy", read_timeout_seconds=deadline) as client:
+    async def call(errlog):  # ``secrets``: the broker read them for the server's project
+        async with Client(_target(server, secrets, errlog), mode="legacy", read_timeout_seconds=deadline) as client:
             sent["at"] = True  # connected: from here on the call may have reached the server
             return await client.call_tool(row.remote_name, values, meta={KEY_META: key})
 
     try:
-        answer = _in_thread(call, deadline)
+        with _stderr_relay(server, secrets) as errlog:
+            answer = _in_thread(partial(call, errlog), deadline)
     except ToolRefused:
         raise
     except BaseException as exc:  # noqa: BLE001
-        what = f"{type(exc).__name__}: {str(exc)[:200]}"
-        raise (ToolTimeout(what) if sent else ToolUnavailable(what)) from exc
-    return _result(answer, row.name)
+        what = f"{type(exc).__name__}: {scrub(str(exc), secrets.values())[:200]}"  # scrubbed before the cut
+        raise (ToolTimeout(what) if sent else ToolUnavailable(what)) from None
+    return _result(answer, row.name, secrets)
 
 
 def _server_secrets(server: McpServer) -> tuple[str, ...]:

@@ -17,11 +17,9 @@ from .kit import (  # noqa: F401  (the names the broker, the gate and the pages 
     ToolClass,
     ToolSpec,
     declared,
-    secret_read,
 )
 from .memory import MEMORY_TOOLS
-
-REDACTED = "[secret]"
+from .secrets import REDACTED, secret_problems
 
 TOOLS: dict[str, ToolSpec] = {}
 
@@ -52,11 +50,9 @@ def _problems(spec: ToolSpec, names: set[str]) -> list[str]:
         problems.append("a read has nothing to undo")
     if not (0 < spec.timeout_seconds <= 3600):
         problems.append("its timeout must be between 0 and 3600 seconds")
-    for secret in spec.secrets:
-        if not SECRET_NAME.fullmatch(secret):
-            problems.append(f"the secret name {secret!r} must be upper case letters, digits and _")
-        elif secret_read(secret) is None:
-            problems.append(f"it needs the secret {secret}, which is not set")
+    # The deployment's own code: no grant needed, but never one of Warden's own settings (and a value
+    # that is set, long enough to scrub, and none of the deployment's own secrets).
+    problems += secret_problems(spec.secrets, project_id=None)
     if spec.external_id and spec.external_id not in spec.result.model_fields:
         problems.append(f"external_id names {spec.external_id!r}, which its result does not have")
     return problems

@@ -7,6 +7,7 @@ mode, Dramatiq worker threads inside the server, in-memory channel layer); with 
 
 import json
 import os
+import re
 import secrets
 from datetime import timedelta
 from pathlib import Path
@@ -22,6 +23,34 @@ VAR_DIR.mkdir(parents=True, exist_ok=True)
 
 def _env_float(name: str, default: float) -> float:
     return float(os.environ.get(name, default))
+
+
+def _secret_grants() -> dict[str, list[str]]:
+    """WARDEN_SECRET_GRANTS: {"SECRET_NAME": ["project-slug", ...]}, which projects' HTTP tools and MCP
+    servers may name each secret (docs/tools.md, "Secrets"). A malformed value stops the start: a
+    half-read catalogue would grant less, or more, than the deployment meant."""
+    raw = os.environ.get("WARDEN_SECRET_GRANTS", "").strip()
+    if not raw:
+        return {}
+    shape = '{"SECRET_NAME": ["project-slug", ...]}'
+    try:
+        grants = json.loads(raw)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"WARDEN_SECRET_GRANTS is not JSON ({exc}): it must be {shape}") from None
+    if not isinstance(grants, dict):
+        raise ImproperlyConfigured(f"WARDEN_SECRET_GRANTS must be a JSON object {shape}")
+    for name, slugs in grants.items():
+        if not re.fullmatch(r"[A-Z][A-Z0-9_]{0,127}", name):
+            raise ImproperlyConfigured(
+                f"WARDEN_SECRET_GRANTS: {name!r} is not a secret name (upper case letters, digits, _)"
+            )
+        if not isinstance(slugs, list) or not all(
+            isinstance(s, str) and re.fullmatch(r"[-a-zA-Z0-9_]+", s) for s in slugs
+        ):
+            raise ImproperlyConfigured(
+                f'WARDEN_SECRET_GRANTS[{name!r}] must be a list of project slugs, e.g. ["payments"]'
+            )
+    return grants
 
 
 def _secret_key() -> str:
@@ -311,7 +340,10 @@ WARDEN = {
     "HTTP_TOOL_HOSTS": [h.strip() for h in os.environ.get("WARDEN_HTTP_TOOL_HOSTS", "").split(",") if h.strip()],
     "MCP_COMMANDS": json.loads(os.environ.get("WARDEN_MCP_COMMANDS", "{}") or "{}"),
     # Where the broker reads the secrets tools name: a callable name -> value (default: the environment).
-    "SECRET_SOURCE": os.environ.get("WARDEN_SECRET_SOURCE", "tools.kit.environment_secret"),
+    "SECRET_SOURCE": os.environ.get("WARDEN_SECRET_SOURCE", "tools.secrets.environment_secret"),
+    # Which projects may name each secret (tools/secrets.py); none: no project's HTTP tool or MCP server
+    # may name any. Grants of Warden's own settings stop the start (tools.apps).
+    "SECRET_GRANTS": _secret_grants(),
     # Drill faults in a run's input (docs/scenarios.md); they can kill a worker on purpose (off in production).
     "DRILL_FAULTS": os.environ.get("WARDEN_DRILL_FAULTS", "1") == "1",
     # Retention (runs/retention.py): bodies and payloads of runs finished this many days ago are pruned

@@ -59,14 +59,18 @@ def _http_tool(project, payments_url: str, **fields):
 
 
 def _mcp_server(project, command: str):
-    from tools.mcp_tools import mcp_list, mcp_listing_problems, mcp_server_problems, mcp_tools_store
+    from tools.mcp_tools import McpRefused, McpUnreachable, mcp_listing_problems, mcp_server_list, mcp_tools_store
     from tools.models import McpServer
 
     server = McpServer.objects.filter(project=project, name="helpdesk").first() or McpServer(project=project)
     server.name, server.transport, server.command, server.timeout_seconds = "helpdesk", "stdio", command, 30
-    problems = mcp_server_problems(server)
-    listed = mcp_list(server) if not problems else []
-    problems += mcp_listing_problems(server, listed)
+    try:
+        listed = mcp_server_list(server=server, user=None)  # checked, listed and audited as the admin does
+    except McpRefused as exc:
+        raise SetupFailed(f"helpdesk: {exc}") from None
+    except McpUnreachable as exc:
+        raise SetupFailed(f"helpdesk: {exc}") from None
+    problems = mcp_listing_problems(server, listed)
     if problems:
         raise SetupFailed("helpdesk: " + "; ".join(f"{f}: {m}" for f, m in problems))
     server.save()

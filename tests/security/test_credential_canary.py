@@ -30,8 +30,11 @@ class Kind:
     """How one kind of tool is set up with the canary as its credential, the call that succeeds, the
     call whose system quotes the credential back, and how the test knows the system got it."""
 
-    def __init__(self, name, monkeypatch, tmp_path):
+    def __init__(self, name, monkeypatch, tmp_path, settings):
         self.name, self.tmp = name, tmp_path
+        # HTTP tools and MCP servers name only secrets granted to their project (docs/tools.md, "Secrets").
+        settings.WARDEN = {**settings.WARDEN, "SECRET_GRANTS": {"PAYMENTS_API_KEY": ["default"],
+                                                                "TICKETS_TOKEN": ["default"]}}  # fmt: skip
         getattr(self, f"_{name}")(monkeypatch)
 
     def _python(self, monkeypatch):
@@ -103,10 +106,10 @@ def _run(kind: Kind, arguments: dict) -> Run:
 
 @pytest.mark.parametrize("name", ["python", "http", "mcp", "sandbox"])
 def test_a_named_credential_reaches_its_system_and_nothing_else(
-    name, demo_tx, worker, monkeypatch, tmp_path, logs, client, django_user_model, webhook_receiver
+    name, demo_tx, worker, monkeypatch, tmp_path, logs, client, django_user_model, webhook_receiver, settings
 ):
     WebhookEndpoint.objects.create(url=webhook_receiver.url, secret="whsec-canary")
-    kind = Kind(name, monkeypatch, tmp_path)
+    kind = Kind(name, monkeypatch, tmp_path, settings)
     try:
         ok = _run(kind, kind.ok)
         assert ok.status == Run.Status.COMPLETED, ok.status_reason

@@ -3,6 +3,7 @@
 credential by name (never shown), sent with the run's idempotency key, reconciled by their lookup when
 the answer is lost or late, undone by the tool they name, and nobody else's project's."""
 
+import html
 import json
 import logging
 import uuid
@@ -40,8 +41,10 @@ REFUND_SCHEMA = {
 
 
 @pytest.fixture
-def payments(monkeypatch):
+def payments(monkeypatch, settings):
     monkeypatch.setenv("PAYMENTS_API_KEY", CANARY)
+    # The deployment grants the key to the project whose tools name it (docs/tools.md, "Secrets").
+    settings.WARDEN = {**settings.WARDEN, "SECRET_GRANTS": {"PAYMENTS_API_KEY": ["default"]}}
     service = PaymentsService(api_key=CANARY).start()
     yield service
     service.stop()
@@ -127,7 +130,19 @@ BAD = [
     ({"undo": {"tool": "payments.unrefund", "arguments": {}}}, "undo", "not registered"),
     ({"url": "http://10.1.2.3/v1/charges/{charge_id}/refunds"}, "url", "host must be one this deployment allows"),
     ({"url": "http://{charge_id}.example/refunds"}, "url", "only in the path or the query"),
-    ({"headers": {"Authorization": "Bearer {secret:NOT_SET_ANYWHERE}"}}, "headers", "NOT_SET_ANYWHERE is not set"),
+    # Set or not, a secret the project was not granted reads the same (no oracle of the environment).
+    (
+        {"headers": {"Authorization": "Bearer {secret:NOT_SET_ANYWHERE}"}},
+        "headers",
+        "the secret NOT_SET_ANYWHERE is not granted to project default",
+    ),
+    (
+        {"headers": {"Authorization": "Bearer {secret:DJANGO_SECRET_KEY}"}},
+        "headers",
+        "DJANGO_SECRET_KEY is one of Warden's own settings",
+    ),
+    ({"headers": {"Host": "payments-admin.internal"}}, "headers", "Host: a header Warden sets itself"),
+    ({"idempotency_header": "Content-Length"}, "idempotency_header", "Content-Length: a header Warden sets itself"),
     ({"headers": {"X-Charge": "{charge_id}"}}, "headers", "only {secret:NAME} placeholders"),
     ({"arguments_schema": {"type": "object", "properties": {"x": {"type": "nope"}}}}, "arguments_schema", "valid"),
     ({"name": "Refund!"}, "name", "system.operation"),
@@ -151,7 +166,7 @@ def test_a_bad_declaration_gets_a_clear_error_in_the_admin_and_saves_nothing(
     data.update({k: json.dumps(v) if isinstance(v, dict) else v for k, v in change.items()})
     response = admin_client.post("/admin/tools/httptool/add/", data)
     assert response.status_code == 200  # the form again, with the reason
-    assert message in response.content.decode(), response.content.decode()[:3000]
+    assert message in html.unescape(response.content.decode()), response.content.decode()[:3000]
     assert not HttpTool.objects.exists()
 
 

@@ -145,7 +145,11 @@ BAD = {
     ),
     "a secret that is not set": (
         "tool_class=ToolClass.READ_ONLY, secrets=['NO_SUCH_WARDEN_SECRET']",
-        "it needs the secret NO_SUCH_WARDEN_SECRET, which is not set",
+        "the secret NO_SUCH_WARDEN_SECRET is not set",
+    ),
+    "one of Warden's own settings as a secret": (
+        "tool_class=ToolClass.READ_ONLY, secrets=['DATABASE_URL']",
+        "the secret DATABASE_URL is one of Warden's own settings: it can never be named",
     ),
     "a write that does not say whether it can be undone": (
         "tool_class=ToolClass.NON_IDEMPOTENT_WRITE",

@@ -4,6 +4,7 @@ suggest; every tool waits for a reviewer like any unclassified write until a pro
 class; every call goes through the gate and the ledger with the run's idempotency key,
 and the server's own record of what it did is counted."""
 
+import html
 import json
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from approvals.models import ApprovalPolicy, ApprovalRequest
 from runs.models import Run
 from runs.services import run_start
 from tenancy.access import default_project, membership_grant
+from tenancy.models import AuditEvent
 from tests.conftest import decide, free_port, wait_for
 from tests.runs.test_engine import finished, scripted_workflow
 from tools.catalog import tool_spec
@@ -106,9 +108,18 @@ def test_saving_a_server_in_the_admin_lists_and_classifies_its_tools(admin_clien
         ({"transport": "http", "url": "http://127.0.0.1:{port}/mcp"}, "did not answer"),
         ({"transport": "http", "url": "http://10.9.8.7/mcp"}, "host must be one this deployment allows"),
         ({"transport": "stdio", "command": "rm-rf"}, "one of the commands this deployment names"),
-        ({"transport": "stdio", "command": "tickets", "secrets": '["NOT_SET_ANYWHERE"]'}, "is not set"),
+        (
+            {"transport": "stdio", "command": "tickets", "secrets": '["NOT_SET_ANYWHERE"]'},
+            "the secret NOT_SET_ANYWHERE is not granted to project default",
+        ),
+        ({"transport": "stdio", "command": "tickets", "secrets": '["REDIS_URL"]'}, "REDIS_URL is one of Warden's own"),
+        (
+            {"transport": "http", "url": "http://127.0.0.1:{port}/mcp", "headers": '{"Host": "admin.internal"}'},
+            "Host: a header Warden sets itself",
+        ),
+        ({"transport": "stdio", "command": "tickets", "secrets": '"TICKETS_TOKEN"'}, "a list of secret names"),
     ],
-    ids=["no-answer", "host", "command", "secret"],
+    ids=["no-answer", "host", "command", "secret", "warden-setting", "host-header", "secrets-not-a-list"],
 )
 def test_a_server_that_cannot_be_used_is_not_saved(admin_client, db, fields, message):
     data = {
@@ -124,7 +135,8 @@ def test_a_server_that_cannot_be_used_is_not_saved(admin_client, db, fields, mes
     }
     data["url"] = data.get("url", "").replace("{port}", str(free_port()))
     response = admin_client.post("/admin/tools/mcpserver/add/", data)
-    assert response.status_code == 200 and message in response.content.decode(), response.content.decode()[:3000]
+    page = html.unescape(response.content.decode())
+    assert response.status_code == 200 and message in page, page[:3000]
     assert not McpServer.objects.exists() and not McpTool.objects.exists()
 
 
@@ -220,3 +232,29 @@ def test_bad_arguments_are_refused_by_the_tools_schema_and_call_nothing(demo_tx,
     stdio_server()
     run = finished(ticket_run("helpdesk.add_comment", {"ticket_id": 7}), timeout=60)
     assert not ToolOperation.objects.filter(run=run).exists() and effects(effects_file) == []
+
+
+def test_each_listing_on_save_is_audited_with_its_outcome_and_no_secret(admin_client, db, effects_file, settings,
+                                                                        monkeypatch):  # fmt: skip
+    token = f"tickets-{uuid.uuid4().hex}"
+    monkeypatch.setenv("TICKETS_TOKEN", token)
+    settings.WARDEN = {**settings.WARDEN, "SECRET_GRANTS": {"TICKETS_TOKEN": ["default"]}}
+    base = {"project": default_project().id, "name": "helpdesk", "headers": "{}", "secrets": "[]",
+            "timeout_seconds": "5", "enabled": "on", "tools-TOTAL_FORMS": "0", "tools-INITIAL_FORMS": "0"}  # fmt: skip
+    attempts = [
+        {"transport": "http", "url": f"http://127.0.0.1:{free_port()}/mcp",
+         "headers": '{"Authorization": "Bearer {secret:TICKETS_TOKEN}"}'},
+        {"transport": "stdio", "command": "tickets", "secrets": '["PAYMENTS_API_KEY"]'},
+        {"transport": "stdio", "command": "tickets", "secrets": '["TICKETS_TOKEN"]', "timeout_seconds": "20"},
+        {"transport": "http", "url": "http://ops:typed-password@10.9.8.7/mcp"},
+    ]  # fmt: skip
+    for fields in attempts:
+        admin_client.post("/admin/tools/mcpserver/add/", {**base, **fields})
+    rows = AuditEvent.objects.filter(action="mcp_server_list").order_by("id")
+    assert [r.outcome for r in rows] == ["unreachable", "refused", "listed", "refused"]
+    assert rows[3].detail["at"] == "http://10.9.8.7/mcp"  # a password typed into the URL is not kept
+    assert all(r.project_id == default_project().id and r.actor.is_superuser for r in rows)
+    assert "the secret PAYMENTS_API_KEY is not granted to project default" in rows[1].detail["why"]
+    assert sorted(rows[2].detail["tools"]) == ["add_comment", "create_ticket", "search_tickets"]
+    assert token not in json.dumps([r.detail for r in rows])
+    assert McpServer.objects.count() == 1

@@ -19,9 +19,11 @@ from tools.models import ToolOperation
 
 
 @pytest.fixture
-def services(monkeypatch, tmp_path):
+def services(monkeypatch, tmp_path, settings):
     key = f"demo-{uuid.uuid4().hex}"
     monkeypatch.setenv("PAYMENTS_API_KEY", key)
+    # As the README's step 2 says: the deployment grants the key to the default project.
+    settings.WARDEN = {**settings.WARDEN, "SECRET_GRANTS": {"PAYMENTS_API_KEY": ["default"]}}
     monkeypatch.setenv("TICKETS_EFFECTS", str(tmp_path / "tickets.jsonl"))
     payments = PaymentsService(api_key=key).start()
     yield payments, tmp_path / "tickets.jsonl"
