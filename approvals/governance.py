@@ -16,7 +16,7 @@ from tools.classifications import SUBJECT as CLASSIFICATION
 from tools.classifications import classification_change_apply
 from tools.governance import declaration_change_apply, declaration_change_preview
 from tools.kit import ToolRefused
-from tools.mcp_tools import McpUnreachable, mcp_list
+from tools.mcp_tools import McpUnreachable, mcp_server_list
 
 from .policies import SUBJECT as POLICY
 from .policies import policy_change_apply
@@ -52,7 +52,7 @@ def change_request_decide(*, request_id: int, user, approve: bool, note: str = "
               request=request)  # fmt: skip
     target = f"change request {request_id}"
     try:
-        listed = _listing(change) if approve else None
+        listed = _listing(change, user, request) if approve else None
         with transaction.atomic():
             change = ChangeRequest.objects.select_for_update().get(id=request_id)
             _check(change, user, approve, note)
@@ -84,16 +84,16 @@ def _check(change: ChangeRequest, user, approve: bool, note: str) -> None:
         raise InvalidInput("a rejection needs a reason", [{"field": "note", "message": "required to reject"}])
 
 
-def _listing(change: ChangeRequest):
+def _listing(change: ChangeRequest, user, request):
     """An MCP server's new address is asked for its tools before its change applies, outside any
-    transaction: what does not answer is not applied."""
+    transaction and audited as the decider's act: what does not answer is not applied."""
     if change.subject != "tools.mcpserver" or change.status != CS.PENDING:
         return None
     server = declaration_change_preview(change)
     if server is None:
         return None  # stale: the transaction says so
     try:
-        return mcp_list(server)
+        return mcp_server_list(server=server, user=user, request=request)
     except (McpUnreachable, ToolRefused) as exc:
         raise Conflict(f"the MCP server at its new address cannot be listed: {str(exc)[:300]}") from exc
 

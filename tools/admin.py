@@ -24,7 +24,14 @@ from .governance import (
     mcp_tool_class_refusal,
 )
 from .http_tools import http_tool_problems
-from .mcp_tools import McpRefused, McpUnreachable, mcp_listing_problems, mcp_server_list, mcp_tools_store
+from .mcp_tools import (
+    McpRefused,
+    McpUnreachable,
+    mcp_listing_problems,
+    mcp_server_list,
+    mcp_server_problems,
+    mcp_tools_store,
+)
 from .models import (
     HttpTool,
     Installation,

@@ -217,8 +217,8 @@ def test_an_mcp_servers_new_address_is_not_called_until_approved(admins, client,
     server = McpServer.objects.create(project=default_project(), name="helpdesk", transport="http",
                                       url="http://127.0.0.1:9301/mcp")  # fmt: skip
     asked = []
-    monkeypatch.setattr("tools.admin.mcp_list", lambda s: asked.append(s.url) or [])
-    monkeypatch.setattr("approvals.governance.mcp_list", lambda s: asked.append(s.url) or [])
+    # Where the listing leaves (the server is not running): what would have been asked, and of whom.
+    monkeypatch.setattr("tools.mcp_tools.mcp_list", lambda s: asked.append(s.url) or [])
     data = {"project": server.project_id, "name": "helpdesk", "transport": "http", "url": "http://127.0.0.1:9302/mcp",
             "command": "", "headers": "{}", "secrets": "[]", "timeout_seconds": "5", "enabled": "on",
             "tools-TOTAL_FORMS": "0", "tools-INITIAL_FORMS": "0"}  # fmt: skip
