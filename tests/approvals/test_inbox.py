@@ -79,7 +79,9 @@ def test_each_person_sees_what_waits_for_them_and_nothing_else(cast, worker):
     assert not ids(mine, "approval")
     assert sorted(ids(mine, "run")) == sorted([str(failed.id), str(unknown.id)])
     assert ids(mine, "operation") == [str(ambiguous.id)] and ids(mine, "breaker") == ["tool:crm.read"]
-    assert mine["counts"] == {"approval": 0, "question": 0, "operation": 1, "run": 2, "breaker": 1, "blackboard": 0}
+    assert mine["counts"] == {
+        "approval": 0, "question": 0, "operation": 1, "run": 2, "breaker": 1, "blackboard": 0, "change": 0
+    }  # fmt: skip
     assert _api(olivia, kind="run")["items"] and all(i["kind"] == "run" for i in _api(olivia, kind="run")["items"])
     # Someone of another project: none of it, whatever their role there (not even the shared breaker,
     # which they may see as an admin of theirs; no run of this project).

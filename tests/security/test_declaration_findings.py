@@ -26,9 +26,10 @@ OS = ToolOperation.Status
 
 
 @pytest.fixture
-def two_services(monkeypatch):
+def two_services(monkeypatch, settings):
     """The payments service the tool was declared for, and another one an admin points it at later."""
     monkeypatch.setenv("PAYMENTS_API_KEY", CANARY)
+    settings.WARDEN = {**settings.WARDEN, "SECRET_GRANTS": {"PAYMENTS_API_KEY": ["default"]}}
     first, second = PaymentsService(api_key=CANARY).start(), PaymentsService(api_key=CANARY).start()
     yield first, second
     first.stop()

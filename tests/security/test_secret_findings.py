@@ -30,7 +30,7 @@ from tenancy.tokens import api_token_create
 from tests.runs.test_engine import scripted_workflow
 from tests.runs.test_run_actions import drive
 from tests.tools.hostile_echo import HostileEcho, traces
-from tools.models import HttpTool, McpServer, McpTool, ToolOperation
+from tools.models import HttpTool, McpServer, McpTool, ToolClassification, ToolOperation
 
 OS = ToolOperation.Status
 HOSTILE_MCP = Path(__file__).resolve().parents[1] / "tools" / "hostile_mcp.py"
@@ -98,6 +98,12 @@ def call_run(project: Project, *tools: str) -> Run:
     wf.project = project
     wf.save(update_fields=["project"])
     return drive(run_start(workflow=wf.slug))
+
+
+def confirm_reads(project: Project, *tools: str) -> None:
+    """The project confirms what the server suggests (annotations alone make nothing a read)."""
+    for tool in tools:
+        ToolClassification.objects.create(project=project, tool=tool, tool_class="read_only", reversibility="")
 
 
 def mcp_form(project: Project, **fields) -> dict:
@@ -176,6 +182,7 @@ def test_a_stdio_server_cannot_pass_warden_settings_or_ungranted_secrets_to_its_
                                       secrets=["DATABASE_URL", "PAYMENTS_API_KEY"], timeout_seconds=20)  # fmt: skip
     McpTool.objects.create(server=server, name="helpdesk.leak", remote_name="leak", tool_class="read_only",
                            annotations={"readOnlyHint": True}, input_schema={"type": "object"})  # fmt: skip
+    confirm_reads(team_a, "helpdesk.leak")
     run = call_run(team_a, "helpdesk.leak")
     assert run.status == Run.Status.NEEDS_ATTENTION and "Warden's own settings" in run.status_reason, run.status_reason
     assert not hostile_mcp.exists(), "the command was started"
@@ -247,6 +254,7 @@ def test_an_mcp_server_that_quotes_its_secret_in_its_listing_answers_and_errors_
     data = mcp_form(team_a, transport="stdio", command="hostile", secrets='["TICKETS_TOKEN"]', timeout_seconds="20")
     response = client.post("/admin/tools/mcpserver/add/", data)
     assert response.status_code == 302, response.content.decode()[:3000]
+    confirm_reads(team_a, "helpdesk.leak", "helpdesk.fail")
     run = call_run(team_a, "helpdesk.leak", "helpdesk.fail")
     assert run.status == Run.Status.NEEDS_ATTENTION, run.status_reason
 
