@@ -78,6 +78,7 @@ ARGUMENTS = {
     "helpdesk.create_ticket": {"title": "Checkout down"},
 }
 CALLABLE = [*TOOLS, HTTP, *MCP]
+CALLS = [*TOOLS, HTTP, HTTP, HTTP, *MCP, *MCP]  # what an agent calls: the projects' own tools more often
 USERS = ["u0", "u1", "u2", "u3", "u4"]
 ROLES = [None, "viewer", "operator", "reviewer", "admin"]
 DECIDERS = ("reviewer", "admin")
@@ -169,6 +170,17 @@ class GateMachine(RuleBasedStateMachine):
                 membership_grant(
                     user=self.users[USERS[n % len(USERS)]], project=self.projects[n // len(USERS)], role=role
                 )
+        # Each project's own tools exist from the start (as declared at random); the rules edit them.
+        for project in (0, 1):
+            self.declare_http(
+                project=project, **{k: data.draw(v, label=k) for k, v in DECLARATION.items() if k != "project"}
+            )
+            self.connect_mcp(project=project, annotations=data.draw(st.lists(ANNOTATIONS, min_size=3, max_size=3)))
+            for tool in MCP:
+                if data.draw(st.booleans(), label=f"{tool} confirmed"):
+                    self.confirm_mcp(
+                        project=project, tool=tool, tool_class=data.draw(st.sampled_from([READ, IDEM, NONIDEM]))
+                    )
 
     # --- the world ---------------------------------------------------------------------------------
 
@@ -257,6 +269,18 @@ class GateMachine(RuleBasedStateMachine):
         called_as = max(tool_class, FLOORS[method], key=RANK.get)
         self.declared[(project, HTTP)] = ("http", row.url, method, tool_class, called_as, secret)
 
+    @rule(project=st.integers(0, 1))
+    def move_http(self, project):
+        """The project's HTTP tool is pointed elsewhere (a second admin approved it, or a superuser did it):
+        calls approved before must not follow it there unapproved."""
+        row = HttpTool.objects.filter(project=self.projects[project], name=HTTP).first()
+        if row is None or (project, HTTP) not in self.declared:
+            return
+        self.moves = getattr(self, "moves", 0) + 1
+        row.url = f"{row.url.rsplit('/', 1)[0]}/moved-{self.moves}"
+        assert declaration_save(user=self.root, row=row, fields=["url"]) is None
+        self.declared[(project, HTTP)] = ("http", row.url, *self.declared[(project, HTTP)][2:])
+
     @rule(project=st.integers(0, 1), annotations=st.lists(ANNOTATIONS, min_size=3, max_size=3))
     def connect_mcp(self, project, annotations):
         """The project connects the MCP server; its tools arrive with the classes their annotations suggest
@@ -302,7 +326,7 @@ class GateMachine(RuleBasedStateMachine):
         return sorted(r for r, f in self.runs.items() if not f.get("bundled"))
 
     @precondition(lambda self: self.callable_runs())
-    @rule(data=st.data(), tool=st.sampled_from(CALLABLE), last=st.booleans())
+    @rule(data=st.data(), tool=st.sampled_from(CALLS), last=st.booleans())
     def call(self, data, tool, last):
         """The run's agent calls a tool. In propose mode, its last call ends its work: what it proposed is
         bundled for one approval, as the end of a run's tasks does."""
@@ -322,7 +346,7 @@ class GateMachine(RuleBasedStateMachine):
                     proposals_bundle_if_any(locked, timezone.now())
 
     @precondition(lambda self: self.callable_runs())
-    @rule(data=st.data(), tool=st.sampled_from(CALLABLE), last=st.booleans())
+    @rule(data=st.data(), tool=st.sampled_from(CALLS), last=st.booleans())
     def another_call(self, data, tool, last):
         """(The same as ``call``: calls are what the invariant is about, so they come twice as often.)"""
         self.call(data, tool, last)
@@ -339,11 +363,18 @@ class GateMachine(RuleBasedStateMachine):
         return ApprovalRequest.objects.filter(status="pending", run_id__in=list(self.runs))
 
     @precondition(lambda self: self.runs and self.pending().exists())
-    @rule(data=st.data(), approve=st.sampled_from([True, True, True, False]))
-    def decide(self, data, approve):
+    @rule(
+        data=st.data(),
+        approve=st.sampled_from([True, True, True, False]),
+        wake=st.booleans(),
+        edit=st.sampled_from([False, False, True]),
+    )
+    def decide(self, data, approve, wake, edit):
         """Someone decides a pending request (as the API, the queue and the admin do: the role first, then
-        the service), and what the decision wakes goes on: the parked agent asks the broker again, the
-        supervisor's executor runs what its bundle's reviewers approved."""
+        the service), and what the decision wakes goes on (or, ``wake`` false, only later): the parked
+        agent asks the broker again, the supervisor's executor runs what its bundle's reviewers approved.
+        ``edit``: the decided call's tool changes between the yes and the call (it is pointed elsewhere,
+        or confirmed as another class)."""
         pending = list(self.pending().order_by("id").values_list("id", flat=True))
         request = ApprovalRequest.objects.select_related("run").get(id=data.draw(st.sampled_from(pending)))
         # Anyone; more often one who holds a deciding role in the request's project.
@@ -361,11 +392,30 @@ class GateMachine(RuleBasedStateMachine):
         project = self.runs[request.run_id]["project"]
         for op in ToolOperation.objects.filter(approval__in=[request.id, *request.items.values_list("id", flat=True)]):
             self.approved_for[(op.approval_id, user.pk)] = self.declared.get((project, op.tool))
-        for op in ToolOperation.objects.filter(run_id=request.run_id, proposed=False).exclude(
+            if edit and op.tool == HTTP:
+                self.move_http(project)
+            elif edit and op.tool in MCP:
+                other = data.draw(st.sampled_from([READ, IDEM, NONIDEM]), label="confirmed as")
+                self.confirm_mcp(project=project, tool=op.tool, tool_class=other)
+        if wake:
+            self.wake(request.run_id)
+
+    def asleep(self):
+        return ToolOperation.objects.filter(run_id__in=list(self.runs), status=OS.APPROVED).exists()
+
+    @precondition(lambda self: self.runs and self.asleep())
+    @rule(data=st.data())
+    def wake_later(self, data):
+        """What an earlier decision woke goes on now (its outbox message arrived late)."""
+        runs = ToolOperation.objects.filter(run_id__in=list(self.runs), status=OS.APPROVED)
+        self.wake(data.draw(st.sampled_from(sorted(set(runs.values_list("run_id", flat=True))))))
+
+    def wake(self, run_id: int):
+        for op in ToolOperation.objects.filter(run_id=run_id, proposed=False).exclude(
             status__in=[OS.COMMITTED, OS.AWAITING_APPROVAL]
         ):
             self._deliver(op.run, op.task, op.step, op.tool)
-        run_operations(request.run_id)
+        run_operations(run_id)
 
     # --- the model ---------------------------------------------------------------------------------
 
