@@ -1,6 +1,6 @@
 from django.apps import AppConfig
 
-from core import hooks
+from core import bus, hooks
 
 
 class RunsConfig(AppConfig):
@@ -11,6 +11,7 @@ class RunsConfig(AppConfig):
         # Every process that sends messages (server, workers, tests) needs the actors registered.
         from . import actors, checks  # noqa: F401  (checks: Warden's system checks register on import)
         from .fault_log import fault_fire_once
+        from .services.breakers import breaker_closed_heard
         from .saga import ledger_sweep, operation_awaits_decision, proposals_bundle_if_any, proposals_drop
         from .webhooks import webhook_emit
 
@@ -24,6 +25,7 @@ class RunsConfig(AppConfig):
         hooks.add_sweep(otlp_export_sweep)  # a no-op unless OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT is set
         hooks.provide(hooks.WEBHOOK_EMIT, webhook_emit)  # the broker's operation.ambiguous
         hooks.provide(hooks.FAULT_FIRE_ONCE, fault_fire_once)  # drill faults (core/faults.py)
+        bus.on_breaker_closed(breaker_closed_heard)  # a probe closed a breaker: its parked tasks go on
         from django.db.models.signals import post_save
 
         from agents.models import AgentVersion, WorkflowVersion
