@@ -204,15 +204,7 @@ def tool_call(
 
     call = _Call(run=run, task=task, step=step, call_number=call_number, spec=spec, args=args, key=key, digest=digest)
     with faults.around_call(run.input, run_id=run.id, task_key=task.key, call=call_number):
-        try:
-            return _call_out(call, verdict, propose=propose, fence=fence)
-        except TransientFailure as exc:
-            # The failure opened the breaker, or was its probe's: the task parks with the tasks it
-            # parked (resumed together), rather than spend its attempts against an open breaker.
-            wait = BREAKER.open_for(spec.name, project_id=spec.project_id)
-            if wait:
-                raise _parked(spec, run, wait) from exc
-            raise
+        return _call_out_or_park(call, verdict, propose=propose, fence=fence)
 
 
 def _stopped(spec: ToolSpec, run, task, verdict: Verdict) -> ToolOutcome | None:
@@ -254,6 +246,19 @@ def _answer(op: ToolOperation) -> ToolOutcome:
     if op.result is None:  # an operator resolved it as committed: the system's answer was never seen
         return ToolOutcome(result={"status": "committed", "note": op.status_reason[:500]})
     return ToolOutcome(result=op.result)
+
+
+def _call_out_or_park(call: "_Call", verdict: Verdict, *, propose: bool, fence) -> ToolOutcome:
+    """_call_out. A transient failure that opened the tool's breaker, or was its failed probe, parks the
+    task beside the others the breaker parked (they resume together) rather than spend its attempts
+    against an open breaker."""
+    try:
+        return _call_out(call, verdict, propose=propose, fence=fence)
+    except TransientFailure as exc:
+        wait = BREAKER.open_for(call.spec.name, project_id=call.spec.project_id)
+        if wait:
+            raise _parked(call.spec, call.run, wait) from exc
+        raise
 
 
 def _call_out(call: "_Call", verdict: Verdict, *, propose: bool, fence) -> ToolOutcome:
