@@ -7,12 +7,16 @@ import pytest
 from django.test import Client
 
 from approvals.models import ApprovalRequest
+from dashboard.inbox import breakers_visible
+from runs.heartbeat import lease_keeper
 from runs.models import Run, Task
 from runs.services import run_start
 from tenancy.access import default_project, membership_grant
 from tenancy.models import AuditEvent, Project
 from tenancy.tokens import api_token_create
 from tests.conftest import wait_for
+from tests.runs.test_engine import scripted_workflow
+from tests.runs.test_run_actions import drive
 from tools.broker import BREAKER
 from tools.models import SandboxCall, ToolOperation
 
@@ -158,3 +162,66 @@ def test_an_open_breaker_parks_the_tasks_that_need_it_and_closing_it_resumes_the
     assert effects.filter(tool="email.send").count() == 5
     assert effects.filter(tool="tickets.create").count() == 5 and effects.filter(tool="crm.update").count() == 5
     assert AuditEvent.objects.filter(action="task_retry", actor=cast["root"]).count() == parked
+
+
+# --- closing a breaker: what is not there, and the deployment's for every project -------------------------
+
+
+@pytest.fixture
+def parked_everywhere(cast, monkeypatch):
+    """crm.read (a registry tool: the deployment's breaker) parked a run of the default project and one
+    of "elsewhere"."""
+    monkeypatch.setattr(lease_keeper, "hold", lambda task_id, token: None)
+    for _ in range(2):
+        BREAKER.record("crm.read", ok=False)
+    wf = scripted_workflow("reader", [{"tool": "crm.read", "arguments": {"customer_id": "c1"}}, {"final": {}}],
+                           tools=["crm.read"])  # fmt: skip
+    projects = Project.objects.filter(slug__in=["default", "elsewhere"])
+    runs = [drive(run_start(workflow=wf.slug, project=p)) for p in projects]
+    assert {t.failure_class for t in Task.objects.filter(run__in=runs)} == {"breaker"}
+    return runs
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "/inbox/breakers/switch/crm.read/close",  # no such kind of breaker
+        "/inbox/breakers/tool/no-such-project/crm.read/close",  # no such project
+        "/inbox/breakers/provider/default/openai/close",  # a provider's breaker is no project's
+        "/inbox/breakers/tool/email.send/close",  # not open, nothing parked
+        "/inbox/breakers/tool/default/crm.read/close",  # the default project has no tool of its own by that name
+        "/inbox/breakers/provider/openai/close",
+    ],
+)
+def test_closing_a_breaker_that_is_not_there_answers_404_and_changes_nothing(parked_everywhere, cast, url):
+    root = Client()
+    root.force_login(cast["root"])
+    response = root.post(url)
+    assert response.status_code == 404 and "breaker" in response.content.decode()
+    assert BREAKER.open_for("crm.read")
+    assert set(Task.objects.values_list("status", flat=True)) == {"failed"}
+    assert not AuditEvent.objects.filter(action__in=["breaker_close", "task_retry"], outcome="done").exists()
+
+
+def test_a_superuser_closing_a_deployment_breaker_resumes_the_tasks_of_every_project(parked_everywhere, cast):
+    # The admin of "elsewhere" sees the breaker (it parked a task of hers), and may not close it.
+    admin = Client()
+    admin.force_login(cast["otto"])
+    [item] = [i for i in _api(cast["otto"])["items"] if i["kind"] == "breaker"]
+    assert item["id"] == "tool:crm.read" and item["project"] == "" and "1 task parked" in item["detail"]
+    assert admin.post(item["url"]).status_code == 403
+    root = Client()
+    root.force_login(cast["root"])
+    assert root.post(item["url"]).status_code == 302
+    assert set(Task.objects.values_list("status", flat=True)) == {"ready"}
+    retried = AuditEvent.objects.filter(action="task_retry", actor=cast["root"])
+    assert set(retried.values_list("project_id", flat=True)) == {r.project_id for r in parked_everywhere}
+
+
+def test_the_breakers_a_person_sees_cost_three_queries(parked_everywhere, cast, django_assert_num_queries):
+    BREAKER.record("payments.get_charge", ok=False, project_id=Project.objects.get(slug="elsewhere").id)
+    BREAKER.record("payments.get_charge", ok=False, project_id=Project.objects.get(slug="elsewhere").id)
+    with django_assert_num_queries(3):  # the person's projects, the parked tasks, the projects' slugs
+        rows = breakers_visible(cast["otto"])
+    assert [r.id for r in rows] == ["tool:crm.read", "tool:elsewhere:payments.get_charge"]
+    assert [r.id for r in breakers_visible(cast["olivia"])] == ["tool:crm.read"]

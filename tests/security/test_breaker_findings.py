@@ -193,6 +193,15 @@ def test_4_another_projects_people_never_see_a_projects_breaker_and_items_say_th
     assert item["url"] == f"/inbox/breakers/tool/team-a/{TOOL}/close"
 
 
+def test_4_the_workers_page_lists_only_the_breakers_the_viewer_may_see(db, world, driven):
+    open_team_a_breaker(world, driven)
+    theirs = browser(world.mallory).get("/workers/").content.decode()
+    row = re.search(r'<tr id="breaker-[^"]*">(.*?)</tr>', theirs, re.S)
+    assert row and TOOL in row.group(1) and "team-a" in row.group(1) and "open" in row.group(1)
+    others = browser(world.olga).get("/workers/")
+    assert others.status_code == 200 and TOOL not in others.content.decode()
+
+
 def test_4_metrics_tell_two_projects_tools_of_the_same_name_apart(db, world, driven):
     assert driven(world, world.payments).status == Run.Status.COMPLETED
     open_team_a_breaker(world, driven)
@@ -272,8 +281,8 @@ def test_5_a_breaker_that_closes_by_itself_resumes_every_task_it_parked(demo_tx,
     service = ChargeService(failing=True)
     try:
         declare(payments, service)
-        wf = scripted_workflow("charge-check", [{"tool": TOOL, "arguments": {"charge_id": "ch_1001"}},
-                                                {"final": {"answer": "{last}"}}], tools=[TOOL], max_attempts=3)  # fmt: skip
+        script = [{"tool": TOOL, "arguments": {"charge_id": "ch_1001"}}, {"final": {"answer": "{last}"}}]
+        wf = scripted_workflow("charge-check", script, tools=[TOOL], max_attempts=3)
         runs = [run_start(workflow=wf.slug, project=payments) for _ in range(3)]
 
         def all_parked():
