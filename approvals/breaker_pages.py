@@ -48,16 +48,12 @@ def breaker_notifications_add(breaker: BreakerRef, *, opened_at: float) -> int:
     """The pages of one opening, and the message that has a worker send them. Returns how many wait."""
     when = datetime.fromtimestamp(opened_at, tz=UTC)
     webhook = breaker.project_id is None and settings.WARDEN["APPROVAL_WEBHOOK_URL"]
-    rows = [
-        BreakerNotification(breaker=_key(breaker), kind=breaker.what, name=breaker.name,
-                            project_id=breaker.project_id, opened_at=when, channel=channel)  # fmt: skip
-        for channel in ["email"] + (["webhook"] if webhook else [])
-    ]
+    page = {"breaker": _key(breaker), "kind": breaker.what, "name": breaker.name, "opened_at": when}
+    channels = ["email"] + (["webhook"] if webhook else [])
+    rows = [BreakerNotification(**page, project_id=breaker.project_id, channel=channel) for channel in channels]
     with transaction.atomic():
         BreakerNotification.objects.bulk_create(rows, ignore_conflicts=True)  # once per opening and channel
-        ids = list(
-            _due(timezone.now()).filter(breaker=_key(breaker), opened_at=when).values_list("id", flat=True)
-        )
+        ids = list(_due(timezone.now()).filter(breaker=_key(breaker), opened_at=when).values_list("id", flat=True))
         if ids:
             outbox_add(actor=BREAKER_NOTIFY, kwargs={"ids": ids})
     return len(ids)

@@ -31,7 +31,9 @@ HOP_SECONDS = Histogram(
 MESSAGES = Counter("warden_messages", "Queue messages processed by workers, by actor and outcome", ["actor", "outcome"])
 MODEL_CALLS = Counter("warden_model_calls", "Model calls, by provider and outcome", ["provider", "outcome"])
 TOOL_CALLS = Counter(
-    "warden_tool_calls", "Tool calls, by tool (and project, for a project's own tool) and outcome", ["project", "tool", "outcome"]
+    "warden_tool_calls",
+    "Tool calls, by tool (and project, for a project's own tool) and outcome",
+    ["project", "tool", "outcome"],
 )
 TOKENS = Counter("warden_tokens", "Model tokens, by provider and direction (in, out)", ["provider", "direction"])
 COST = Counter("warden_cost_usd", "Model cost in US dollars, by provider", ["provider"])

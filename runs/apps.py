@@ -11,8 +11,8 @@ class RunsConfig(AppConfig):
         # Every process that sends messages (server, workers, tests) needs the actors registered.
         from . import actors, checks  # noqa: F401  (checks: Warden's system checks register on import)
         from .fault_log import fault_fire_once
-        from .services.breakers import breaker_closed_heard
         from .saga import ledger_sweep, operation_awaits_decision, proposals_bundle_if_any, proposals_drop
+        from .services.breakers import breaker_closed_heard
         from .webhooks import webhook_emit
 
         # The saga sits above the engine's services, which ask it by name (core.hooks) when a run finishes.

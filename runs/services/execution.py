@@ -122,7 +122,8 @@ _CONTEXT_SQL = (
     "a.slug, a.instructions, a.provider, a.model, a.script, a.is_planner, a.cache_seconds, a.fallback_provider, "
     "a.fallback_model, a.routing, "
     "r.input, r.status, r.steps_used, r.tokens_used, r.tool_calls_used, r.cost_micros, r.max_steps, r.max_tokens, "
-    "r.max_tool_calls, r.max_cost_micros, r.plan_version, w.max_tasks, t.journal_epoch, r.project_id, p.slug, v.config, "
+    "r.max_tool_calls, r.max_cost_micros, r.plan_version, w.max_tasks, t.journal_epoch, r.project_id, p.slug, "
+    "v.config, "
     # Whether the blackboard has anything a prompt may carry: most runs have none, and skip the query.
     "EXISTS (SELECT 1 FROM runs_blackboardentry b WHERE b.run_id = r.id AND b.verification = 'verified') "
     "FROM runs_task t JOIN agents_agent a ON a.id = t.agent_id JOIN runs_run r ON r.id = t.run_id "
