@@ -264,7 +264,13 @@ def breaker_close(*, user, what: str, name: str, project: str = "", request=None
     resumes that project's tasks; the deployment's (a registry tool's, a provider's) by a superuser, and
     resumes every task it parked. One who may not see it is told it does not exist. Returns the tasks
     retried."""
-    row = _breaker_seen(user, what, name, project)
+    try:
+        row = _breaker_seen(user, what, name, project)
+    except NotFound as exc:  # recorded for the project's people (the refused never see the audit log there)
+        pid = Project.objects.filter(slug=project).values_list("id", flat=True).first() if project else None
+        audit(actor=user, action="breaker_close", outcome="denied", target=":".join([what, project, name] if project
+              else [what, name]), project_id=pid, request=request, detail={"why": str(exc)})  # fmt: skip
+        raise
     ref = row.ref
     if ref.project_id is None and not user.is_superuser:
         why = "the deployment's breakers are closed by a superuser (every project shares them)"

@@ -242,6 +242,9 @@ def test_5_another_projects_admin_can_neither_close_a_projects_breaker_nor_resum
     assert statuses(parked) == {Task.Status.FAILED}
     assert not AuditEvent.objects.filter(actor=world.mallory, action="task_retry").exists()
     assert not AuditEvent.objects.filter(actor=world.mallory, action="breaker_close", outcome="done").exists()
+    # Her attempt on payments' breaker is on payments' record, for payments' people to see.
+    assert AuditEvent.objects.filter(actor=world.mallory, action="breaker_close", outcome="denied",
+                                     project_id=world.payments.id).exists()  # fmt: skip
     # Her own project's breaker of the same name: closing it resumes her tasks, never payments'.
     assert mallory.post(f"/inbox/breakers/tool/team-a/{TOOL}/close").status_code == 302
     assert statuses(mine) == {Task.Status.READY} and statuses(parked) == {Task.Status.FAILED}
