@@ -230,7 +230,8 @@ def breakers_visible(user, project: Project | None = None) -> list[BreakerRow]:
     """Open and half-open breakers, and closed ones whose parked tasks still wait, that ``user`` may see:
     a project's own tool's to the operators and admins of that project, the deployment's (registry tools,
     model providers) to whoever operates some project, counting only their projects' parked tasks.
-    ``project``: its own breakers, and the deployment's that parked its tasks. Two queries."""
+    ``project``: its own breakers, and the deployment's that parked its tasks. Three queries (the person's
+    projects, the parked tasks, the projects' slugs) and the shared cache."""
     operate = project_ids(user, "operate")
     if project is not None:
         operate = [project.id] if operate is None or project.id in operate else []
