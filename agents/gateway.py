@@ -30,9 +30,8 @@ from django.conf import settings
 from django.core.cache import cache
 
 from core.cache import tolerant
-from core.circuit import Breaker, rate_wait
+from core.circuit import Breaker, breaker_reason, rate_wait
 from core.errors import StepFailure, TransientFailure
-from tools.broker import breaker_reason
 
 log = logging.getLogger("warden.gateway")
 
@@ -267,9 +266,9 @@ def _call_with_retries(impl, model: str, request: ModelRequest) -> ModelResponse
 
     cfg = settings.WARDEN
     for tries in range(1, cfg["MODEL_RETRIES"] + 2):
-        wait = circuit_open_for(impl.name)
+        wait = BREAKER.admit(impl.name)  # half-open: this call may be its probe
         if wait:
-            raise StepFailure(breaker_reason("provider", impl.name, wait), "provider")
+            raise StepFailure(breaker_reason(BREAKER.ref(impl.name), wait), "provider")
         wait = rate_wait(f"model:{impl.name}", cfg["MODEL_RATE_PER_MINUTE"].get(impl.name))
         if wait > cfg["MODEL_RETRY_CAP_SECONDS"]:
             # Holding the worker that long would starve others: the task retries later, with backoff.
@@ -323,10 +322,13 @@ def cost_micros(provider: str, model: str, tokens_in: int, tokens_out: int) -> i
 
 # --- the breaker, per provider ------------------------------------------------------------------------------
 
-BREAKER = Breaker(prefix="warden:model-circuit", failures_setting="MODEL_CIRCUIT_FAILURES",
+# The deployment's, one per provider: every project's agents share the provider and its account.
+BREAKER = Breaker(what="provider", prefix="warden:model-circuit", failures_setting="MODEL_CIRCUIT_FAILURES",
                   open_setting="MODEL_CIRCUIT_OPEN_SECONDS")  # fmt: skip
 circuit_open_for, _circuit_record = BREAKER.open_for, BREAKER.record
 
 
 def circuit_reset(provider: str | None = None) -> None:
     BREAKER.reset([provider] if provider else ["openai", "anthropic"])
+    if provider is None:
+        BREAKER.reset_all()

@@ -17,12 +17,15 @@ Kind = Literal["approval", "question", "operation", "run", "breaker", "blackboar
 
 class InboxItemOut(Schema):
     kind: Kind
-    id: str = Field(description="The item's id within its kind (a breaker's is tool:NAME or provider:NAME)")
+    id: str = Field(
+        description="The item's id within its kind; a breaker's is tool:NAME or provider:NAME for the "
+        "deployment's, tool:PROJECT:NAME for a project's own tool (an HTTP or MCP tool it declared)"
+    )
     title: str
     detail: str
     since: datetime | None
     url: str = Field(description="The dashboard page where a person acts on it")
-    project: str
+    project: str = Field(description="The project's slug; empty for a deployment's breaker")
     run_id: int | None
 
 

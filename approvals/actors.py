@@ -6,9 +6,16 @@ import dramatiq
 
 from runs.actors import TIME_LIMIT_MS
 
+from .breaker_pages import BREAKER_NOTIFY, breaker_notifications_send
 from .notify import NOTIFY, notifications_send
 
 
 @dramatiq.actor(actor_name=NOTIFY, queue_name="warden", max_retries=0, time_limit=TIME_LIMIT_MS)
 def send_notifications(ids: list[int] | None = None) -> None:
     notifications_send(ids)
+
+
+@dramatiq.actor(actor_name=BREAKER_NOTIFY, queue_name="warden", max_retries=0, time_limit=TIME_LIMIT_MS)
+def send_breaker_notifications(ids: list[int] | None = None) -> None:
+    """Pages about an opened circuit breaker (approvals/breaker_pages.py)."""
+    breaker_notifications_send(ids)

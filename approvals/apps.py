@@ -1,6 +1,6 @@
 from django.apps import AppConfig
 
-from core import hooks
+from core import bus, hooks
 
 
 class ApprovalsConfig(AppConfig):
@@ -9,6 +9,7 @@ class ApprovalsConfig(AppConfig):
 
     def ready(self):
         from . import actors  # noqa: F401  (registered in every process)
+        from .breaker_pages import breaker_opened_heard, breaker_pages_sweep
         from .expiry import approvals_and_notifications_sweep
         from .plans import plan_hold
         from .questions import question_for_operation, questions_sweep
@@ -30,6 +31,9 @@ class ApprovalsConfig(AppConfig):
         hooks.provide(hooks.QUESTION_FOR_OPERATION, question_for_operation)
         hooks.add_sweep(approvals_and_notifications_sweep)
         hooks.add_sweep(questions_sweep)
+        # A breaker that opens pages the people who own what it stops (approvals/breaker_pages.py).
+        bus.on_breaker_opened(breaker_opened_heard)
+        hooks.add_sweep(breaker_pages_sweep)
         from django.db import transaction
         from django.db.models.signals import post_save
 

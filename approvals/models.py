@@ -214,6 +214,31 @@ class Notification(models.Model):
         ]
 
 
+class BreakerNotification(models.Model):
+    """One page about one opening of a circuit breaker on one channel (approvals/breaker_pages.py): written
+    when it opens, sent by a worker after commit, at most once (a sender claims it, as a Notification)."""
+
+    breaker = models.CharField(max_length=300, help_text="tool:NAME, provider:NAME, or tool:PROJECT_ID/NAME")
+    kind = models.CharField(max_length=16)  # tool, provider
+    name = models.CharField(max_length=200)
+    # A project's own tool's breaker pages its admins; none: the deployment's, paged to the superusers.
+    project = models.ForeignKey(Project, null=True, blank=True, on_delete=models.CASCADE, related_name="+")
+    opened_at = models.DateTimeField(help_text="Which opening: a breaker pages once per opening")
+    channel = models.CharField(max_length=16)  # email, webhook
+    created_at = models.DateTimeField(auto_now_add=True)
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    sent_at = models.DateTimeField(null=True, blank=True)
+    error = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["breaker", "opened_at", "channel"], name="breaker_notification_once_per_opening"
+            )
+        ]
+
+
 class AllowRule(models.Model):
     """“Always allow this tool with these arguments for this agent / run / project”: a call it covers does
     not wait for a reviewer. Listed, revocable and audited; never covers an irreversible tool unless an

@@ -58,6 +58,11 @@ urlpatterns = [
     path("inbox/", inbox_views.inbox, name="inbox"),
     path("inbox/counts", inbox_views.counts, name="inbox-counts"),
     path("inbox/breakers/<str:what>/<str:name>/close", inbox_views.breaker_close_view, name="inbox-breaker-close"),
+    path(  # a project's own tool's breaker (an HTTP or MCP tool it declared)
+        "inbox/breakers/<str:what>/<slug:project>/<str:name>/close",
+        inbox_views.breaker_close_view,
+        name="inbox-breaker-close-project",
+    ),
     path("questions/<int:question_id>/answer", questions_views.answer, name="questions-answer"),
     path("", include("dashboard.urls")),
     path("", RedirectView.as_view(pattern_name="runs:list", permanent=False), name="home"),

@@ -1,13 +1,21 @@
 """What the lower layers announce, for whoever listens above them.
 
 The engine, the broker and the approvals say "this run changed" or "this user's access changed" inside
-the transaction that changed it; listeners (the dashboard's live push) register once at start-up and hear
-after commit, never on rollback. So nothing below the dashboard imports it.
+the transaction that changed it, and a circuit breaker says it opened or closed by itself; listeners (the
+dashboard's live push, the approvals' paging, the engine's resuming of parked tasks) register once at
+start-up and hear after commit, never on rollback. So nothing below them imports them.
 """
 
+import logging
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from django.db import transaction
+
+if TYPE_CHECKING:
+    from core.circuit import BreakerRef
+
+log = logging.getLogger("warden.bus")
 
 _run_listeners: list[Callable[[int], None]] = []
 _access_listeners: list[Callable[[int], None]] = []
@@ -58,3 +66,40 @@ def access_changed(user_id: int) -> None:
             listener(user_id)
 
     transaction.on_commit(tell)
+
+
+# --- circuit breakers (core/circuit.py) ---------------------------------------------------------------
+# Said by the breaker itself, in whatever process saw the call; a listener's failure never reaches the
+# call that opened or closed it (paging and resuming have sweepers of their own to catch up).
+_breaker_opened_listeners: list[Callable[["BreakerRef", float], None]] = []
+_breaker_closed_listeners: list[Callable[["BreakerRef"], None]] = []
+
+
+def on_breaker_opened(listener: Callable[["BreakerRef", float], None]) -> None:
+    """Register ``listener(breaker, opened_at)``: a breaker went from closed to open (once per opening)."""
+    if listener not in _breaker_opened_listeners:
+        _breaker_opened_listeners.append(listener)
+
+
+def on_breaker_closed(listener: Callable[["BreakerRef"], None]) -> None:
+    """Register ``listener(breaker)``: an open or half-open breaker closed by itself (a call succeeded)."""
+    if listener not in _breaker_closed_listeners:
+        _breaker_closed_listeners.append(listener)
+
+
+def _tell_each(listeners: list, *args) -> None:
+    for listener in listeners:
+        try:
+            listener(*args)
+        except Exception:
+            log.exception("a listener of %s failed", args[0])
+
+
+def breaker_opened(breaker: "BreakerRef", *, opened_at: float) -> None:
+    """Listeners learn after commit (at once outside a transaction), never on rollback."""
+    transaction.on_commit(lambda: _tell_each(_breaker_opened_listeners, breaker, opened_at))
+
+
+def breaker_closed(breaker: "BreakerRef") -> None:
+    """Listeners learn after commit (at once outside a transaction), never on rollback."""
+    transaction.on_commit(lambda: _tell_each(_breaker_closed_listeners, breaker))

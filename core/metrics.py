@@ -30,7 +30,11 @@ HOP_SECONDS = Histogram(
 )
 MESSAGES = Counter("warden_messages", "Queue messages processed by workers, by actor and outcome", ["actor", "outcome"])
 MODEL_CALLS = Counter("warden_model_calls", "Model calls, by provider and outcome", ["provider", "outcome"])
-TOOL_CALLS = Counter("warden_tool_calls", "Tool calls, by tool and outcome", ["tool", "outcome"])
+TOOL_CALLS = Counter(
+    "warden_tool_calls",
+    "Tool calls, by tool (and project, for a project's own tool) and outcome",
+    ["project", "tool", "outcome"],
+)
 TOKENS = Counter("warden_tokens", "Model tokens, by provider and direction (in, out)", ["provider", "direction"])
 COST = Counter("warden_cost_usd", "Model cost in US dollars, by provider", ["provider"])
 RUNS_FINISHED = Counter("warden_runs_finished", "Runs that reached a final status, by status", ["status"])
@@ -50,14 +54,25 @@ def bounded(value) -> str:
     """A label value that came from configuration or a model (a tool name the model made up): kept as is
     while it looks like a name and this process has seen fewer than _MAX_VALUES of them, else "other"."""
     value = str(value or "")
-    if not _NAME.match(value):
-        return "other"
+    return value if _NAME.match(value) and _seen_or_room(value) else "other"
+
+
+def bounded_pair(project, name) -> tuple[str, str]:
+    """A project's own tool as two label values, bounded as a pair (one value of the same budget), so that
+    projects × tools cannot grow without bound either; past the bound, or not names, both are "other"."""
+    project, name = str(project or ""), str(name or "")
+    if _NAME.match(project) and _NAME.match(name) and _seen_or_room(f"{project}\n{name}"):
+        return project, name
+    return "other", "other"
+
+
+def _seen_or_room(value: str) -> bool:
     with _seen_lock:
         if value not in _seen:
             if len(_seen) >= _MAX_VALUES:
-                return "other"
+                return False
             _seen.add(value)
-    return value
+    return True
 
 
 def multiprocess() -> bool:

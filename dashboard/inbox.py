@@ -2,31 +2,31 @@
 
 One list for the page (/inbox/), the API (GET /api/v1/inbox) and the counts in the nav. Each kind is
 listed only to those who may act on it: approvals to people who may decide them (not the run's starter),
-ambiguous operations, runs needing attention and blackboard entries to operators, open breakers (shared
-by every project) to operators of any project, rule changes to the other admins of their project.
-Nothing here changes anything.
+ambiguous operations, runs needing attention and blackboard entries to operators, breakers to those who
+operate where they act (a project's own tool's to that project's operators, the deployment's to operators
+of any project), rule changes to the other admins of their project. Nothing here changes anything but
+breaker_close.
 """
 
 import logging
 from dataclasses import dataclass, fields
-from datetime import datetime
+from datetime import UTC, datetime
 
 from django.db.models import QuerySet
 from django.urls import reverse
 from django.utils import timezone
 
-from agents.gateway import BREAKER as MODEL_BREAKER
 from approvals.governance import change_requests_pending
 from approvals.models import ApprovalRequest
 from approvals.services import decider_refusal
-from core.errors import Forbidden, NotFound, WardenError
-from runs.models import BlackboardEntry, Run, Task
-from runs.services import task_retry
-from tenancy.access import project_ids
+from core.circuit import CLOSED, HALF_OPEN, OPEN, BreakerRef
+from core.errors import Forbidden, NotFound
+from runs.models import BlackboardEntry, Run
+from runs.selectors import breakers_parked
+from runs.services.breakers import BREAKERS, breaker_resume_parked
+from tenancy.access import ACTIONS, project_ids, role_of
 from tenancy.audit import audit
 from tenancy.models import Project
-from tools.broker import BREAKER as TOOL_BREAKER
-from tools.broker import breaker_reason
 from tools.models import ToolOperation
 
 from .views.questions import pending_questions, question_card
@@ -141,23 +141,10 @@ def _blackboard(user, project: Project | None) -> list[Item]:
 
 
 def _breakers(user, project: Project | None) -> list[Item]:
-    if project is not None or project_ids(user, "operate") == []:
-        return []  # breakers belong to no project
-    now = timezone.now()
-    items = []
-    for what, breaker in (("tool", TOOL_BREAKER), ("provider", MODEL_BREAKER)):
-        for name, left in breaker.open_now():
-            items.append(
-                Item(
-                    "breaker",
-                    f"{what}:{name}",
-                    f"The {what} {name} is failing: its breaker is open",
-                    f"calls to it are refused for another {left:.0f}s",
-                    now,
-                    reverse("inbox-breaker-close", args=[what, name]),
-                )  # fmt: skip
-            )
-    return items
+    return [
+        Item("breaker", row.id, row.title, row.detail, row.since, row.close_url, row.project)
+        for row in breakers_visible(user, project)
+    ]
 
 
 def _questions(user, project: Project | None) -> list[Item]:
@@ -216,31 +203,125 @@ def inbox_counts(user) -> dict[str, int]:
     return counts
 
 
-def breaker_close(*, user, what: str, name: str, request=None) -> None:
-    """Close an open breaker by hand (the system behind it is back): audited. A breaker is shared by every
-    project, so closing it is for project admins."""
-    breaker = {"tool": TOOL_BREAKER, "provider": MODEL_BREAKER}.get(what)
-    if breaker is None or not breaker.open_for(name):
-        raise NotFound(f"no open breaker for the {what} {name}")
-    if project_ids(user, "administer") == []:
-        audit(actor=user, action="breaker_close", outcome="denied", target=f"{what}:{name}", request=request,
-              detail={"why": "not a project admin"})  # fmt: skip
-        raise Forbidden("only a project admin may close a breaker (it is shared by every project)")
-    breaker.reset([name])
-    audit(actor=user, action="breaker_close", target=f"{what}:{name}", request=request)
-    _resume_parked(user, what, name, request)
+# --- breakers ----------------------------------------------------------------------------------------------
 
 
-def _resume_parked(user, what: str, name: str, request) -> None:
-    """The tasks the open breaker parked get another attempt, and their runs go on (each retry audited)."""
-    parked = Task.objects.filter(
-        status=Task.Status.FAILED,
-        failure_class__in=[Task.FailureClass.BREAKER, Task.FailureClass.PROVIDER],
-        run__status=Run.Status.NEEDS_ATTENTION,
-        status_reason__startswith=breaker_reason(what, name, 0).split(":")[0] + ":",
-    ).values_list("id", flat=True)
-    for task_id in list(parked):
-        try:
-            task_retry(task_id=task_id, reason=f"the {what} {name}'s breaker was closed", actor=user, request=request)
-        except WardenError as exc:  # the run moved on meanwhile: nothing of the breaker's to resume
-            log.info("task %s not resumed after the %s %s's breaker closed: %s", task_id, what, name, exc)
+@dataclass
+class BreakerRow:
+    """A breaker as a person may see it: open, half-open, or closed with tasks it parked still waiting."""
+
+    ref: BreakerRef
+    project: str  # the slug of the project whose own tool it is; "" for the deployment's
+    state: str  # open, half_open, closed
+    seconds_left: float
+    parked: int  # tasks it parked, of the projects the person may operate
+    since: datetime
+
+    @property
+    def id(self) -> str:
+        return ":".join([self.ref.what, *([self.project] if self.project else []), self.ref.name])
+
+    @property
+    def label(self) -> str:
+        return f"{self.ref.what} {self.ref.name}" + (f" of project {self.project}" if self.project else "")
+
+    @property
+    def close_url(self) -> str:
+        args = [self.ref.what, *([self.project] if self.project else []), self.ref.name]
+        return reverse("inbox-breaker-close-project" if self.project else "inbox-breaker-close", args=args)
+
+    @property
+    def title(self) -> str:
+        if self.state == CLOSED:
+            return f"The {self.label}: its breaker closed, the tasks it parked wait"
+        return f"The {self.label} is failing: its breaker is {'open' if self.state == OPEN else 'half-open'}"
+
+    @property
+    def detail(self) -> str:
+        parked = f"{self.parked} task{'' if self.parked == 1 else 's'} parked"
+        if self.state == OPEN:
+            return f"calls to it are refused for another {self.seconds_left:.0f}s; {parked}"
+        if self.state == HALF_OPEN:
+            return f"its open period is over: the next call probes it; {parked}"
+        return f"{parked}: closing it here resumes them"
+
+
+def breakers_visible(user, project: Project | None = None) -> list[BreakerRow]:
+    """Open and half-open breakers, and closed ones whose parked tasks still wait, that ``user`` may see:
+    a project's own tool's to the operators and admins of that project, the deployment's (registry tools,
+    model providers) to whoever operates some project, counting only their projects' parked tasks.
+    ``project``: its own breakers, and the deployment's that parked its tasks. Three queries (the person's
+    projects, the parked tasks, the projects' slugs) and the shared cache."""
+    operate = project_ids(user, "operate")
+    if project is not None:
+        operate = [project.id] if operate is None or project.id in operate else []
+    if operate == []:
+        return []
+    parked = breakers_parked(project_ids=operate)
+    states = {s.ref: s for breaker in BREAKERS.values() for s in breaker.open_now()}
+    shown = set(parked) | {ref for ref in states if _may_see(ref, operate, project)}
+    slugs = dict(Project.objects.filter(id__in={r.project_id for r in shown if r.project_id}).values_list("id", "slug"))
+    rows = []
+    for ref in shown:
+        state = states.get(ref) or BREAKERS[ref.what].state(ref.name, project_id=ref.project_id)
+        tasks = parked.get(ref, [])
+        opened = datetime.fromtimestamp(state.opened_at, tz=UTC) if state.opened_at else None
+        since = opened or (tasks[0].since if tasks else None) or timezone.now()
+        rows.append(BreakerRow(ref, slugs.get(ref.project_id, ""), state.state, state.seconds_left, len(tasks), since))
+    return sorted(rows, key=lambda r: (r.project, r.ref.what, r.ref.name))
+
+
+def _may_see(ref: BreakerRef, operate: list[int] | None, project: Project | None) -> bool:
+    """An open breaker that parked none of the person's tasks: a project's own to its operators; the
+    deployment's to every operator, unless a project is chosen (then only if it parked its tasks)."""
+    if ref.project_id is None:
+        return project is None
+    return operate is None or ref.project_id in operate
+
+
+def breaker_close(*, user, what: str, name: str, project: str = "", request=None) -> list[int]:
+    """Close a breaker by hand (the system behind it is back) and resume the tasks it parked, audited.
+    A project's own tool's breaker (``project``: its slug) is closed by an admin of that project and
+    resumes that project's tasks; the deployment's (a registry tool's, a provider's) by a superuser, and
+    resumes every task it parked. One who may not see it is told it does not exist. Returns the tasks
+    retried."""
+    try:
+        row = _breaker_seen(user, what, name, project)
+    except NotFound as exc:  # recorded for the project's people (the refused never see the audit log there)
+        pid = Project.objects.filter(slug=project).values_list("id", flat=True).first() if project else None
+        audit(actor=user, action="breaker_close", outcome="denied", target=":".join([what, project, name] if project
+              else [what, name]), project_id=pid, request=request, detail={"why": str(exc)})  # fmt: skip
+        raise
+    ref = row.ref
+    if ref.project_id is None and not user.is_superuser:
+        why = "the deployment's breakers are closed by a superuser (every project shares them)"
+    elif ref.project_id is not None and role_of(user, ref.project_id) not in ACTIONS["administer"][0]:
+        why = f"only an admin of project {row.project} may close its breakers"
+    else:
+        why = ""
+    if why:
+        audit(actor=user, action="breaker_close", outcome="denied", target=row.id, project_id=ref.project_id,
+              request=request, detail={"why": why})  # fmt: skip
+        raise Forbidden(why)
+    BREAKERS[what].reset([name], project_id=ref.project_id)
+    audit(actor=user, action="breaker_close", target=row.id, project_id=ref.project_id, request=request,
+          detail={"state": row.state, "parked": row.parked})  # fmt: skip
+    reason = f"the {row.label}'s breaker was closed"
+    return breaker_resume_parked(breaker=ref, reason=reason, actor=user, request=request)
+
+
+def _breaker_seen(user, what: str, name: str, project: str) -> BreakerRow:
+    """The breaker as ``user`` sees it in the inbox, or NotFound (none such, nothing open nor parked, or
+    not theirs to see: the same answer)."""
+    if what not in BREAKERS:
+        raise NotFound(f"there is no {what!r} breaker: a breaker is a tool's or a provider's")
+    if project and what != "tool":
+        raise NotFound(f"a {what}'s breaker is the deployment's, not a project's")
+    found = Project.objects.filter(slug=project).first() if project else None
+    if project and found is None:
+        raise NotFound(f"no open breaker for the tool {name} of project {project}")
+    ref = BreakerRef(what, name, found.id if found else None)
+    for row in breakers_visible(user, found):
+        if row.ref == ref:
+            return row
+    raise NotFound(f"no open breaker for the {what} {name}" + (f" of project {project}" if project else ""))

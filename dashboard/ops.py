@@ -28,16 +28,16 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from agents.gateway import BREAKER as MODEL_BREAKER
 from approvals.models import ApprovalRequest
 from core import metrics
 from core.errors import Forbidden
 from runs.models import Outbox, Run, Task, WebhookDelivery, WorkerProcess
+from runs.services.breakers import BREAKERS
 from runs.workers import WorkerRow, gone_after, workers_list
 from tenancy.access import authorize_token, project_ids
 from tenancy.audit import audit, client_address
+from tenancy.models import Project
 from tenancy.proxies import is_loopback, via_unnamed_proxy
-from tools.broker import BREAKER as TOOL_BREAKER
 
 log = logging.getLogger("warden.ops")
 ACTIVE_RUNS = [s for s in Run.Status.values if s not in Run.TERMINAL]
@@ -185,11 +185,27 @@ class StateCollector:
                                 value=1 if from_database else 0)  # fmt: skip
         yield from from_database
         yield from self._queues()
-        breakers = GaugeMetricFamily("warden_breaker_open", "1 while a breaker is open", labels=["kind", "name"])
-        for kind, breaker in (("tool", TOOL_BREAKER), ("provider", MODEL_BREAKER)):
-            for name, _left in breaker.open_now():
-                breakers.add_metric([kind, metrics.bounded(name)], 1)
-        yield breakers
+        yield self._breakers()
+
+    def _breakers(self):
+        """Open and half-open breakers: a project's own tool's with its project (two projects' tools of the
+        same name are two breakers), the deployment's with an empty project."""
+        breakers = GaugeMetricFamily("warden_breaker_open", "1 while a breaker is open or half-open",
+                                     labels=["kind", "project", "name", "state"])  # fmt: skip
+        found = [s for breaker in BREAKERS.values() for s in breaker.open_now()]
+        ids = {s.ref.project_id for s in found if s.ref.project_id}
+        try:
+            slugs = dict(Project.objects.filter(id__in=ids).values_list("id", "slug")) if ids else {}
+        except DatabaseError:  # the database away: the project's id names it for this scrape
+            connection.close()
+            slugs = {}
+        for s in found:
+            if s.ref.project_id is None:
+                project, name = "", metrics.bounded(s.ref.name)
+            else:
+                project, name = metrics.bounded_pair(slugs.get(s.ref.project_id, s.ref.project_id), s.ref.name)
+            breakers.add_metric([s.ref.what, project, name, s.state], 1)
+        return breakers
 
     def _runs_and_backlogs(self, now):
         runs = GaugeMetricFamily("warden_runs", "Runs not finished, by status", labels=["status"])

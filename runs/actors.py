@@ -6,6 +6,7 @@ from django.conf import settings
 
 from .evals import eval_grade
 from .saga import run_operations as operations_run
+from .services.breakers import RESUME, breaker_resume_after_close
 from .services.execution import task_execute
 from .webhooks import webhook_deliver
 
@@ -34,3 +35,9 @@ def run_operations(run_id: int) -> None:
 def grade_eval_result(result_id: int) -> None:
     """An evaluation case's judge checks: a model grades its run's artifact (runs/evals/judge.py)."""
     eval_grade(result_id)
+
+
+@dramatiq.actor(actor_name=RESUME, queue_name="warden", max_retries=0, time_limit=TIME_LIMIT_MS)
+def resume_parked_tasks(what: str, name: str, project_id: int | None) -> None:
+    """A breaker closed by itself: the tasks it parked are retried (runs/services/breakers.py)."""
+    breaker_resume_after_close(what=what, name=name, project_id=project_id)

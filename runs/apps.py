@@ -1,6 +1,6 @@
 from django.apps import AppConfig
 
-from core import hooks
+from core import bus, hooks
 
 
 class RunsConfig(AppConfig):
@@ -12,6 +12,7 @@ class RunsConfig(AppConfig):
         from . import actors, checks  # noqa: F401  (checks: Warden's system checks register on import)
         from .fault_log import fault_fire_once
         from .saga import ledger_sweep, operation_awaits_decision, proposals_bundle_if_any, proposals_drop
+        from .services.breakers import breaker_closed_heard
         from .webhooks import webhook_emit
 
         # The saga sits above the engine's services, which ask it by name (core.hooks) when a run finishes.
@@ -24,6 +25,7 @@ class RunsConfig(AppConfig):
         hooks.add_sweep(otlp_export_sweep)  # a no-op unless OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT is set
         hooks.provide(hooks.WEBHOOK_EMIT, webhook_emit)  # the broker's operation.ambiguous
         hooks.provide(hooks.FAULT_FIRE_ONCE, fault_fire_once)  # drill faults (core/faults.py)
+        bus.on_breaker_closed(breaker_closed_heard)  # a probe closed a breaker: its parked tasks go on
         from django.db.models.signals import post_save
 
         from agents.models import AgentVersion, WorkflowVersion

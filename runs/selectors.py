@@ -1,7 +1,11 @@
 """Reads, with their related rows loaded up front. Who may read what is decided by tenancy.access."""
 
+from dataclasses import dataclass
+from datetime import datetime
+
 from django.db.models import Prefetch, Q
 
+from core.circuit import BreakerRef, parked_by, parked_prefix
 from core.errors import NotFound
 
 from .models import Run, Task
@@ -20,3 +24,38 @@ def run_get(*, run_id: int) -> Run:
         return Run.objects.select_related("workflow", "project").prefetch_related(tasks).get(id=run_id)
     except Run.DoesNotExist:
         raise NotFound(f"run {run_id} does not exist") from None
+
+
+@dataclass(frozen=True)
+class ParkedTask:
+    task_id: int
+    run_id: int
+    project_id: int
+    key: str
+    since: datetime | None
+
+
+def breakers_parked(
+    *, project_ids: list[int] | None = None, breaker: BreakerRef | None = None
+) -> dict[BreakerRef, list[ParkedTask]]:
+    """The tasks each breaker parked, oldest first: failed because it refused their call, in a run that
+    needs attention, not retried since. ``project_ids``: of those projects' runs only (None: every one);
+    ``breaker``: that breaker's only (of its project, for a project's own tool). One query."""
+    rows = Task.objects.filter(
+        status=Task.Status.FAILED,
+        failure_class__in=[Task.FailureClass.BREAKER, Task.FailureClass.PROVIDER],
+        run__status=Run.Status.NEEDS_ATTENTION,
+    )
+    if project_ids is not None:
+        rows = rows.filter(run__project_id__in=project_ids)
+    if breaker is not None:
+        rows = rows.filter(status_reason__startswith=parked_prefix(breaker))
+        if breaker.project_id is not None:
+            rows = rows.filter(run__project_id=breaker.project_id)
+    found: dict[BreakerRef, list[ParkedTask]] = {}
+    fields = ("id", "run_id", "run__project_id", "key", "status_reason", "finished_at")
+    for task_id, run_id, project_id, key, reason, since in rows.order_by("finished_at", "id").values_list(*fields):
+        ref = parked_by(reason, project_id=project_id)
+        if ref is not None and (breaker is None or ref == breaker):
+            found.setdefault(ref, []).append(ParkedTask(task_id, run_id, project_id, key, since))
+    return found

@@ -25,7 +25,7 @@ from django.utils.crypto import salted_hmac
 from pydantic import ValidationError
 
 from core import bus, hooks, sql
-from core.circuit import Breaker, rate_wait
+from core.circuit import Breaker, BreakerRef, breaker_reason, rate_wait
 from core.errors import LeaseLost, StepFailure, TransientFailure
 from core.faults import faults
 from core.logs import log_context
@@ -113,25 +113,41 @@ def arguments_unseal(spec: ToolSpec, task_id: int, step: int, arguments: dict) -
 
 
 # --- rate limit and circuit breaker (shared by all workers through the cache) ---------------------
+# Per tool of a project for the tools a project declared (HTTP, MCP: spec.project_id), so that another
+# project's tool of the same name never opens its breaker nor uses up its calls; one for the deployment
+# for Warden's registry tools.
 
 
-BREAKER = Breaker(prefix="warden:circuit", failures_setting="TOOL_CIRCUIT_FAILURES",
-                   open_setting="TOOL_CIRCUIT_OPEN_SECONDS")  # fmt: skip
-_circuit_open_for, _circuit_record = BREAKER.open_for, BREAKER.record
+BREAKER = Breaker(what="tool", prefix="warden:circuit", failures_setting="TOOL_CIRCUIT_FAILURES",
+                  open_setting="TOOL_CIRCUIT_OPEN_SECONDS")  # fmt: skip
 
 
-def breaker_reason(what: str, name: str, wait: float) -> str:
-    """The parked task's reason; breaker_close finds the tasks to retry by its first words."""
-    return f"the {what} {name} is failing: its breaker is open for another {wait:.0f}s"
+def _breaker_of(spec: ToolSpec) -> BreakerRef:
+    return BREAKER.ref(spec.name, spec.project_id)
+
+
+def _circuit_record(spec: ToolSpec, *, ok: bool) -> None:
+    BREAKER.record(spec.name, ok, project_id=spec.project_id)
+
+
+def _parked(spec: ToolSpec, run, wait: float) -> StepFailure:
+    """The failure that parks a task on the tool's open breaker (breaker_close finds it by its reason)."""
+    project = run.project.slug if spec.project_id is not None else ""
+    return StepFailure(breaker_reason(_breaker_of(spec), wait, project=project), "breaker")
 
 
 def circuit_reset(tool: str | None = None) -> None:
-    BREAKER.reset([tool] if tool else TOOLS)
+    """A registry tool's breaker closed by hand; with no name, every tool breaker (tests)."""
+    if tool:
+        BREAKER.reset([tool])
+    else:
+        BREAKER.reset(TOOLS)
+        BREAKER.reset_all()
 
 
 def _rate_limited(spec: ToolSpec) -> float:
-    """Seconds until the next call may go, or 0. A fixed one-minute window per tool."""
-    return rate_wait(spec.name, spec.rate_per_minute)
+    """Seconds until the next call may go, or 0. A fixed one-minute window per breaker (tool of a project)."""
+    return rate_wait(_breaker_of(spec).key, spec.rate_per_minute)
 
 
 # --- the agent's path --------------------------------------------------------------------------------
@@ -183,29 +199,29 @@ def tool_call(
         allowed_tools=task.allowed_tools,
         repeats=repeats,
     )
-    stopped = _stopped(spec, task, verdict)
+    stopped = _stopped(spec, run, task, verdict)
     if stopped is not None:
         return stopped
 
     call = _Call(run=run, task=task, step=step, call_number=call_number, spec=spec, args=args, key=key, digest=digest)
     with faults.around_call(run.input, run_id=run.id, task_key=task.key, call=call_number):
-        return _call_out(call, verdict, propose=propose, fence=fence)
+        return _call_out_or_park(call, verdict, propose=propose, fence=fence)
 
 
-def _stopped(spec: ToolSpec, task, verdict: Verdict) -> ToolOutcome | None:
+def _stopped(spec: ToolSpec, run, task, verdict: Verdict) -> ToolOutcome | None:
     """What keeps a call the model asked for from going out: the gate's refusal or the rate limit (told
-    to the model), or an open breaker (the task parks)."""
+    to the model), or an open breaker (the task parks; half-open, one call goes as its probe)."""
     name = spec.name
     if verdict.decision == REFUSE:
         if name not in task.allowed_tools:
             message = f"tool {name!r} is not allowed for this task"
             return _refuse("not_allowed", message, available=sorted(task.allowed_tools))
         return _refuse("refused", f"{name} may not be called: {'; '.join(verdict.reasons)}")
-    wait = _circuit_open_for(name)
+    wait = BREAKER.admit(name, project_id=spec.project_id)
     if wait:
-        # Not the model's problem to work around: the task parks, needing attention, and a person
-        # closes the breaker (the inbox) once the system is back, which retries the task.
-        raise StepFailure(breaker_reason("tool", name, wait), "breaker")
+        # Not the model's problem to work around: the task parks, needing attention, until the breaker
+        # closes: by a probe that succeeds (the sweeper makes one), or by a person (the inbox).
+        raise _parked(spec, run, wait)
     wait = _rate_limited(spec)
     if wait:
         return _refuse("rate_limited", f"{name} is over its rate limit", retry_after=round(wait, 1))
@@ -231,6 +247,19 @@ def _answer(op: ToolOperation) -> ToolOutcome:
     if op.result is None:  # an operator resolved it as committed: the system's answer was never seen
         return ToolOutcome(result={"status": "committed", "note": op.status_reason[:500]})
     return ToolOutcome(result=op.result)
+
+
+def _call_out_or_park(call: "_Call", verdict: Verdict, *, propose: bool, fence) -> ToolOutcome:
+    """_call_out. A transient failure that opened the tool's breaker, or was its failed probe, parks the
+    task beside the others the breaker parked (they resume together) rather than spend its attempts
+    against an open breaker."""
+    try:
+        return _call_out(call, verdict, propose=propose, fence=fence)
+    except TransientFailure as exc:
+        wait = BREAKER.open_for(call.spec.name, project_id=call.spec.project_id)
+        if wait:
+            raise _parked(call.spec, call.run, wait) from exc
+        raise
 
 
 def _call_out(call: "_Call", verdict: Verdict, *, propose: bool, fence) -> ToolOutcome:
@@ -635,11 +664,11 @@ def _external(spec: ToolSpec, args: dict, *, key: str, fault: str | None) -> dic
 
         result = _within_deadline(spec, call) if spec.cut_off else call()
     except ToolFailure as exc:
-        _circuit_record(spec.name, ok=False)
+        _circuit_record(spec, ok=False)
         raise scrub_failure(exc, secrets.values())  # a careless service may quote the credential in its error
     except Exception as exc:  # a tool's own bug: its text may quote the credential too
         raise scrub_failure(exc, secrets.values())
-    _circuit_record(spec.name, ok=True)
+    _circuit_record(spec, ok=True)
     # Whatever shape a system echoes its credential in (a key, base64, ...): not in the ledger, the
     # journal or the prompt.
     return scrub(result, secrets.values())

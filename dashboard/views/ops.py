@@ -1,5 +1,6 @@
 """Operating Warden: /healthz and /readyz for load balancers (public, ok or not per dependency, nothing
-else), /metrics for Prometheus (its token or allowlist), and the workers page (operators)."""
+else), /metrics for Prometheus (its token or allowlist), and the workers page (operators), with the
+breakers they may see."""
 
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
@@ -11,6 +12,7 @@ from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4
 
 from core.errors import Forbidden
 
+from ..inbox import breakers_visible
 from ..ops import metrics_allowed, metrics_text, readiness, workers_visible
 
 
@@ -44,4 +46,7 @@ def workers(request):
         rows = workers_visible(request.user, request=request)
     except Forbidden as exc:
         raise PermissionDenied(str(exc)) from None
-    return render(request, "runs/workers.html", {"workers": rows})
+    # The breakers beside them: what keeps the workers from calling a tool or a provider, of the
+    # viewer's projects and the deployment's (closed from the inbox).
+    breakers = [b for b in breakers_visible(request.user) if b.state != "closed"]
+    return render(request, "runs/workers.html", {"workers": rows, "breakers": breakers})

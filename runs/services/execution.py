@@ -23,7 +23,9 @@ from core import bus, metrics
 from core.errors import BudgetExceeded, InvalidInput, LeaseLost, StepFailure, TransientFailure
 from core.faults import crash_now, faults
 from core.logs import log_context
+from tenancy.models import Project
 from tools.broker import TaskParked, tool_call, tool_call_for_journal
+from tools.registry import TOOLS
 
 from ..blackboard import MEMORY_TOOLS, knowledge, memory_tool_call
 from ..heartbeat import lease_keeper
@@ -120,11 +122,13 @@ _CONTEXT_SQL = (
     "a.slug, a.instructions, a.provider, a.model, a.script, a.is_planner, a.cache_seconds, a.fallback_provider, "
     "a.fallback_model, a.routing, "
     "r.input, r.status, r.steps_used, r.tokens_used, r.tool_calls_used, r.cost_micros, r.max_steps, r.max_tokens, "
-    "r.max_tool_calls, r.max_cost_micros, r.plan_version, w.max_tasks, t.journal_epoch, r.project_id, v.config, "
+    "r.max_tool_calls, r.max_cost_micros, r.plan_version, w.max_tasks, t.journal_epoch, r.project_id, p.slug, "
+    "v.config, "
     # Whether the blackboard has anything a prompt may carry: most runs have none, and skip the query.
     "EXISTS (SELECT 1 FROM runs_blackboardentry b WHERE b.run_id = r.id AND b.verification = 'verified') "
     "FROM runs_task t JOIN agents_agent a ON a.id = t.agent_id JOIN runs_run r ON r.id = t.run_id "
-    "JOIN agents_workflow w ON w.id = r.workflow_id LEFT JOIN agents_agentversion v ON v.id = t.agent_version_id "
+    "JOIN agents_workflow w ON w.id = r.workflow_id JOIN approvals_project p ON p.id = r.project_id "
+    "LEFT JOIN agents_agentversion v ON v.id = t.agent_version_id "
     "WHERE t.id = %s"
 )
 
@@ -136,7 +140,7 @@ def _load_context(lease: Lease) -> tuple[Run, Task, Agent, dict]:
     t_usage, (max_seconds, started_at), rest = rest[:8], rest[8:10], rest[10:]
     (slug, instructions, provider, model, script, is_planner, cache_seconds, fallback, fallback_model) = rest[:9]
     routing, rest = sql.loads(rest[9]), rest[10:]
-    run_input, r_status, *r_usage, r_plan, max_tasks, journal_epoch, project_id, pinned, has_knowledge = rest
+    run_input, r_status, *r_usage, r_plan, max_tasks, journal_epoch, project_id, project_slug, pinned, knows = rest
     agent = Agent(
         id=agent_id,
         slug=slug,
@@ -160,7 +164,7 @@ def _load_context(lease: Lease) -> tuple[Run, Task, Agent, dict]:
         input=run_input,
         status=r_status,
         plan_version=r_plan,
-        project_id=project_id,
+        project=Project(id=project_id, slug=project_slug),  # its slug names its own tools (metrics, breakers)
         **dict(zip(sql.USAGE_FIELDS, r_usage, strict=True)),
     )
     run.max_tasks = max_tasks
@@ -185,7 +189,7 @@ def _load_context(lease: Lease) -> tuple[Run, Task, Agent, dict]:
     task.agent, task.run = agent, run
     task.max_seconds, task.started_at = max_seconds, sql.parse_ts(started_at)
     deps, task.join_problems = _dependencies(lease.run_id, task.depends_on)
-    task.knowledge = knowledge(lease.run_id) if has_knowledge else []  # as of this attempt's start
+    task.knowledge = knowledge(lease.run_id) if knows else []  # as of this attempt's start
     # A re-planner sees the world as it is now, not as it was when the run began (seed 000).
     task.world = world_state(run.id, exclude_task=task.id) if agent.is_planner and plan_version > 1 else None
     return run, task, agent, deps
@@ -340,12 +344,18 @@ def _model_call_counted(provider: str, outcome: str, started, response: ModelRes
         metrics.COST.labels(provider).inc(response.cost_micros / 1_000_000)
 
 
-def _tool_call_counted(name: str, body: dict | None, started) -> None:
+def _tool_call_counted(run: Run, name: str, body: dict | None, started) -> None:
     error = (body or {"error": {}}).get("error")
-    tool = "unknown" if error and error.get("code") == "unknown_tool" else metrics.bounded(name)
+    if error and error.get("code") == "unknown_tool":
+        project, tool = "", "unknown"
+    elif name in TOOLS or name in MEMORY_TOOLS:  # the deployment's tools: the same in every project
+        project, tool = "", metrics.bounded(name)
+    else:  # a project's own tool: another project's of the same name is another series
+        project, tool = metrics.bounded_pair(run.project.slug, name)
     metrics.STEPS.labels(Span.Kind.TOOL_CALL, "error" if body is None else "ok").inc()
     metrics.STEP_SECONDS.labels(Span.Kind.TOOL_CALL).observe((timezone.now() - started).total_seconds())
-    metrics.TOOL_CALLS.labels(tool, "ok" if error is None else metrics.bounded(error.get("code") or "error")).inc()
+    outcome = "ok" if error is None else metrics.bounded(error.get("code") or "error")
+    metrics.TOOL_CALLS.labels(project, tool, outcome).inc()
 
 
 def _hold_worst_case(lease: Lease, run: Run, task: Task, agent: Agent, request: ModelRequest) -> None:
@@ -497,7 +507,7 @@ def _tool_step(lease: Lease, run: Run, task: Task, state: _LoopState):
             # decided before we could park: ask the broker again, it finds the decision
         except StepFailure as exc:
             _error_span(lease, kind=Span.Kind.TOOL_CALL, name=str(call.get("name")), started=started, message=str(exc))
-            _tool_call_counted(str(call.get("name")), None, started)
+            _tool_call_counted(run, str(call.get("name")), None, started)
             raise
     body = outcome.body
     if call.get("id"):  # the provider's id pairs the result with its call in the conversation
@@ -513,7 +523,7 @@ def _tool_step(lease: Lease, run: Run, task: Task, state: _LoopState):
         state=state,
         tool_call=True,
     )
-    _tool_call_counted(str(call.get("name")), outcome.body, started)
+    _tool_call_counted(run, str(call.get("name")), outcome.body, started)
     faults.crash_point(run.input, run_id=run.id, task_key=task.key, call=call_number, point="after_advance")
     return usage
 

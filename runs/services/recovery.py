@@ -1,7 +1,8 @@
 """The recovery sweeper: always on, in every worker process and in the embedded server.
 
 Each pass expires dead leases, re-sends what the outbox still holds, re-drives ready tasks whose
-message was lost, forces cancellations past their grace period and stops runs past their deadline;
+message was lost, forces cancellations past their grace period, stops runs past their deadline and
+probes half-open breakers whose tasks are all parked (runs/services/breakers.py);
 now and then it prunes the journals of old finished runs (runs/retention.py).
 Every change is a compare-and-set or happens under a row lock, so several sweepers may run at once.
 """
@@ -21,6 +22,7 @@ from core import bus, hooks, metrics
 from ..models import Outbox, Run, Span, Task
 from ..transitions import TASK
 from ..workers import registration
+from .breakers import breakers_sweep
 from .completion import fail_task
 from .leases import record_lease_expiry
 from .outbox import outbox_add, outbox_deliver
@@ -190,6 +192,7 @@ def sweep_once() -> dict:
         "tasks_redriven": redrive_ready(now),
         "runs_reaped": reap_cancelled(now),
         "runs_overdue": stop_overdue(now),
+        **breakers_sweep(now),
         **_ledger_sweep(now),
     }
 

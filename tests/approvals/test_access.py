@@ -489,7 +489,8 @@ PAGES = {
     "approvals/": "member",
     "inbox/": "member (what waits for them in their projects)",
     "inbox/counts": "member",
-    "inbox/breakers/<str:what>/<str:name>/close": "administer (POST), in any project: breakers are shared",
+    "inbox/breakers/<str:what>/<str:name>/close": "superuser (POST): the deployment's breakers, every project's",
+    "inbox/breakers/<str:what>/<slug:project>/<str:name>/close": "administer (POST), in the tool's project",
     "approvals/new": "member",
     "approvals/<int:request_id>/decide": "decide (POST)",
     "approvals/changes/<int:change_id>/decide": "administer (POST), not its author",
@@ -604,7 +605,7 @@ def _page_rule(rule: str) -> tuple[str, str | None]:
 def _page_url(route: str, ids: dict) -> str:
     import re
 
-    return "/" + re.sub(r"<(?:int|str):(\w+)>", lambda m: str(ids[m.group(1)]), route)
+    return "/" + re.sub(r"<(?:int|str|slug):(\w+)>", lambda m: str(ids[m.group(1)]), route)
 
 
 @pytest.mark.parametrize("who", ["anonymous", "outsider", "viewer", "operator", "reviewer", "admin"])
@@ -630,6 +631,7 @@ def test_every_page_answers_each_role_as_its_row_says(scene, client, who):
         "token": decision_link(scene["approval"]).rsplit("/", 1)[1],
         "what": "tool",
         "name": "crm.read",
+        "project": run.project.slug,
         "question_id": scene["ids"]["question_id"],
         "change_id": scene["change"].id,
     }

@@ -1,17 +1,22 @@
 """The "needs you" inbox: one list, across a person's projects, of what waits for them (approvals they may
 decide, ambiguous operations, runs needing attention, open breakers, blackboard entries), on the page,
-in the API and as the nav's count; and closing a breaker, which only a project admin may do, audited."""
+in the API and as the nav's count; and closing a deployment's breaker, which only a superuser may do,
+audited (a project's own tool's breakers: tests/security/test_breaker_findings.py)."""
 
 import pytest
 from django.test import Client
 
 from approvals.models import ApprovalRequest
+from dashboard.inbox import breakers_visible
+from runs.heartbeat import lease_keeper
 from runs.models import Run, Task
 from runs.services import run_start
 from tenancy.access import default_project, membership_grant
 from tenancy.models import AuditEvent, Project
 from tenancy.tokens import api_token_create
 from tests.conftest import wait_for
+from tests.runs.test_engine import scripted_workflow
+from tests.runs.test_run_actions import drive
 from tools.broker import BREAKER
 from tools.models import SandboxCall, ToolOperation
 
@@ -25,6 +30,7 @@ def cast(demo_tx, django_user_model, settings):
     for name, role in (("olivia", "operator"), ("rita", "reviewer"), ("ada", "admin")):
         membership_grant(user=people[name], project=default_project(), role=role)
     membership_grant(user=people["otto"], project=Project.objects.create(slug="elsewhere", name="E"), role="admin")
+    people["root"] = users.create_superuser(username="root", password="root-pass-1234", email="root@example.com")
     yield people
     BREAKER.reset(["crm.read"])
 
@@ -108,22 +114,29 @@ def test_a_project_of_someone_else_is_a_404_and_bad_filters_change_nothing(cast)
     assert Client().get("/api/v1/inbox").status_code == 401
 
 
-def test_only_a_project_admin_closes_a_breaker_and_it_is_audited(cast):
+def test_only_a_superuser_closes_a_deployment_breaker_and_refusals_are_audited(cast):
     for _ in range(2):
         BREAKER.record("crm.read", ok=False)
     assert BREAKER.open_for("crm.read")
     operator = Client()
     operator.force_login(cast["olivia"])
-    operator.post("/inbox/breakers/tool/crm.read/close")
+    assert operator.post("/inbox/breakers/tool/crm.read/close").status_code == 403
     assert BREAKER.open_for("crm.read")  # an operator's click closes nothing
     assert AuditEvent.objects.filter(action="breaker_close", outcome="denied", actor=cast["olivia"]).exists()
+    # A registry tool's breaker is every project's: a project's admin is told who closes it.
     admin = Client()
     admin.force_login(cast["ada"])
+    refused = admin.post("/inbox/breakers/tool/crm.read/close")
+    assert refused.status_code == 403 and "closed by a superuser" in refused.content.decode()
+    assert BREAKER.open_for("crm.read")
+    root = Client()
+    root.force_login(cast["root"])
     assert operator.get("/inbox/breakers/tool/crm.read/close").status_code == 405  # never by a GET
-    response = admin.post("/inbox/breakers/tool/crm.read/close", follow=True)
+    response = root.post("/inbox/breakers/tool/crm.read/close", follow=True)
     assert "breaker is closed" in response.content.decode()
     assert not BREAKER.open_for("crm.read") and not BREAKER.open_now()
-    assert AuditEvent.objects.filter(action="breaker_close", outcome="done", actor=cast["ada"]).count() == 1
+    assert AuditEvent.objects.filter(action="breaker_close", outcome="done", actor=cast["root"]).count() == 1
+    assert not AuditEvent.objects.filter(action="breaker_close", outcome="done").exclude(actor=cast["root"]).exists()
     assert "crm.read is failing" not in _page(cast["ada"])
 
 
@@ -142,12 +155,75 @@ def test_an_open_breaker_parks_the_tasks_that_need_it_and_closing_it_resumes_the
     assert [i["id"] for i in waiting["items"] if i["kind"] == "breaker"] == ["tool:email.send"]
     assert str(run.id) in [i["id"] for i in waiting["items"] if i["kind"] == "run"]
 
-    admin = Client()
-    admin.force_login(cast["ada"])
-    admin.post("/inbox/breakers/tool/email.send/close")
+    root = Client()
+    root.force_login(cast["root"])
+    root.post("/inbox/breakers/tool/email.send/close")
     _settled(run.id, Run.Status.COMPLETED)
     # Each e-mail went out once; the tickets and record changes made before the breaker were not repeated.
     effects = SandboxCall.objects.filter(is_effect=True)
     assert effects.filter(tool="email.send").count() == 5
     assert effects.filter(tool="tickets.create").count() == 5 and effects.filter(tool="crm.update").count() == 5
-    assert AuditEvent.objects.filter(action="task_retry", actor=cast["ada"]).count() == parked
+    assert AuditEvent.objects.filter(action="task_retry", actor=cast["root"]).count() == parked
+
+
+# --- closing a breaker: what is not there, and the deployment's for every project -------------------------
+
+
+@pytest.fixture
+def parked_everywhere(cast, monkeypatch):
+    """crm.read (a registry tool: the deployment's breaker) parked a run of the default project and one
+    of "elsewhere"."""
+    monkeypatch.setattr(lease_keeper, "hold", lambda task_id, token: None)
+    for _ in range(2):
+        BREAKER.record("crm.read", ok=False)
+    wf = scripted_workflow("reader", [{"tool": "crm.read", "arguments": {"customer_id": "c1"}}, {"final": {}}],
+                           tools=["crm.read"])  # fmt: skip
+    projects = Project.objects.filter(slug__in=["default", "elsewhere"])
+    runs = [drive(run_start(workflow=wf.slug, project=p)) for p in projects]
+    assert {t.failure_class for t in Task.objects.filter(run__in=runs)} == {"breaker"}
+    return runs
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "/inbox/breakers/switch/crm.read/close",  # no such kind of breaker
+        "/inbox/breakers/tool/no-such-project/crm.read/close",  # no such project
+        "/inbox/breakers/provider/default/openai/close",  # a provider's breaker is no project's
+        "/inbox/breakers/tool/email.send/close",  # not open, nothing parked
+        "/inbox/breakers/tool/default/crm.read/close",  # the default project has no tool of its own by that name
+        "/inbox/breakers/provider/openai/close",
+    ],
+)
+def test_closing_a_breaker_that_is_not_there_answers_404_and_changes_nothing(parked_everywhere, cast, url):
+    root = Client()
+    root.force_login(cast["root"])
+    response = root.post(url)
+    assert response.status_code == 404 and "breaker" in response.content.decode()
+    assert BREAKER.open_for("crm.read")
+    assert set(Task.objects.values_list("status", flat=True)) == {"failed"}
+    assert not AuditEvent.objects.filter(action__in=["breaker_close", "task_retry"], outcome="done").exists()
+
+
+def test_a_superuser_closing_a_deployment_breaker_resumes_the_tasks_of_every_project(parked_everywhere, cast):
+    # The admin of "elsewhere" sees the breaker (it parked a task of hers), and may not close it.
+    admin = Client()
+    admin.force_login(cast["otto"])
+    [item] = [i for i in _api(cast["otto"])["items"] if i["kind"] == "breaker"]
+    assert item["id"] == "tool:crm.read" and item["project"] == "" and "1 task parked" in item["detail"]
+    assert admin.post(item["url"]).status_code == 403
+    root = Client()
+    root.force_login(cast["root"])
+    assert root.post(item["url"]).status_code == 302
+    assert set(Task.objects.values_list("status", flat=True)) == {"ready"}
+    retried = AuditEvent.objects.filter(action="task_retry", actor=cast["root"])
+    assert set(retried.values_list("project_id", flat=True)) == {r.project_id for r in parked_everywhere}
+
+
+def test_the_breakers_a_person_sees_cost_three_queries(parked_everywhere, cast, django_assert_num_queries):
+    BREAKER.record("payments.get_charge", ok=False, project_id=Project.objects.get(slug="elsewhere").id)
+    BREAKER.record("payments.get_charge", ok=False, project_id=Project.objects.get(slug="elsewhere").id)
+    with django_assert_num_queries(3):  # the person's projects, the parked tasks, the projects' slugs
+        rows = breakers_visible(cast["otto"])
+    assert [r.id for r in rows] == ["tool:crm.read", "tool:elsewhere:payments.get_charge"]
+    assert [r.id for r in breakers_visible(cast["olivia"])] == ["tool:crm.read"]

@@ -217,6 +217,7 @@ def fill(route: str, scene, *, every: bool, admin_rows: int = 1) -> list[str]:
                 # a breaker (dashboard/inbox.py): the sweeps see how its close answers each caller
                 "what": ["tool"],
                 "name": ["crm.read"],
+                "project": [run.project.slug],  # a project's own tool's breaker
             }
         ]
     if "token" in names:  # a decision link (approvals/links.py) to a pending request: made only when needed

@@ -153,7 +153,8 @@ def test_no_get_of_any_page_admin_page_or_api_endpoint_changes_the_database(
     refused = {url: status for url, status in statuses.items() if status >= 400 and url not in needs_query}
     post_only = {
         "logout", "runs:bulk", "runs:eval-run", "approvals-decide", "admin:logout", "inbox-breaker-close",
-        "questions-answer", "runs:annotate", "runs:eval-case", "approvals-change-decide",
+        "inbox-breaker-close-project", "questions-answer", "runs:annotate", "runs:eval-case",
+        "approvals-change-decide",
     }  # fmt: skip
     assert {url for url, status in refused.items() if status == 405} == {
         url for url in pages if resolve(urlsplit(url).path).view_name in post_only
