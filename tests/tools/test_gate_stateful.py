@@ -140,6 +140,7 @@ class GateMachine(RuleBasedStateMachine):
         self.needs: dict[str, tuple] = {}  # idempotency key → (need when judged, declaration then)
         self.verified: set[str] = set()
         self.declared: dict[tuple, tuple] = {}  # (project, tool) → what the model says the tool is now
+        self.confirmed: dict[tuple, bool] = {}  # (project, MCP tool) → a project admin confirmed its class
         self.approved_for: dict[tuple, tuple] = {}  # (request, reviewer) → the declaration they approved
 
     @initialize(
@@ -297,7 +298,10 @@ class GateMachine(RuleBasedStateMachine):
         mcp_tools_store(server, listed)
         for name in MCP:
             confirmed = ToolClassification.objects.filter(project=self.projects[project], tool=name).first()
-            self.declared[(project, name)] = ("mcp", confirmed.tool_class if confirmed else None)
+            # What a call is: the confirmed class, or the most dangerous one (an approval given for the
+            # tool unconfirmed stands for that class); whether it is confirmed is said apart.
+            self.declared[(project, name)] = ("mcp", confirmed.tool_class if confirmed else NONIDEM)
+            self.confirmed[(project, name)] = confirmed is not None
 
     @rule(project=st.integers(0, 1), tool=st.sampled_from(list(MCP)), tool_class=st.sampled_from([READ, IDEM, NONIDEM]))
     def confirm_mcp(self, project, tool, tool_class):
@@ -308,6 +312,7 @@ class GateMachine(RuleBasedStateMachine):
         tool_classification_set(user=self.root, project=self.projects[project], tool=tool, tool_class=tool_class,
                                 reversibility="" if tool_class == READ else "irreversible")  # fmt: skip
         self.declared[(project, tool)] = ("mcp", tool_class)
+        self.confirmed[(project, tool)] = True
 
     @rule(**START)
     def start(self, project, starter, propose):
@@ -424,7 +429,7 @@ class GateMachine(RuleBasedStateMachine):
         if tool in TOOLS:
             return True, *TOOLS[tool]
         declared = self.declared.get((project, tool))
-        if declared is None or declared[0] == "mcp" and declared[1] is None:
+        if declared is None or declared[0] == "mcp" and not self.confirmed[(project, tool)]:
             return False, True, True  # unknown (no call is made) or unconfirmed: the most dangerous class
         tool_class = declared[4] if declared[0] == "http" else declared[1]
         return True, tool_class != READ, tool_class != READ  # no undo: a declared write is irreversible
