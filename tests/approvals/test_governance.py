@@ -13,7 +13,7 @@ from django.urls import reverse
 from approvals.models import ApprovalPolicy
 from tenancy.access import default_project, membership_grant
 from tenancy.models import AuditEvent, ChangeRequest, Project
-from tools.models import HttpTool, McpServer
+from tools.models import HttpTool, McpServer, McpTool, ToolClassification
 
 SCHEMA = {"type": "object", "properties": {"charge_id": {"type": "string"}}, "required": ["charge_id"]}
 
@@ -244,3 +244,51 @@ def test_another_projects_admin_cannot_see_or_decide_a_change(admins, client):
     assert decide_on_the_queue(client, change, "withdraw").status_code == 404
     change.refresh_from_db()
     assert change.status == "pending"
+
+
+def test_a_bad_decision_on_the_queue_is_refused_and_changes_nothing(admins, client):
+    ada, abe = admins("ada"), admins("abe")
+    tool = http_tool()
+    post_change(as_user(client, ada), tool, url="http://127.0.0.1:8702/v1/charges/{charge_id}")
+    change = ChangeRequest.objects.get()
+    as_user(client, abe)
+    for decision in ("maybe", ""):
+        answer = client.post(reverse("approvals-change-decide", args=[change.id]), {"decision": decision},
+                             HTTP_HX_REQUEST="true")  # fmt: skip
+        assert answer.status_code == 409 and "approve, reject or withdraw" in answer.content.decode()
+    assert client.get(reverse("approvals-change-decide", args=[change.id])).status_code == 405
+    assert decide_on_the_queue(client, change, "withdraw").status_code == 302  # not abe's to withdraw
+    change.refresh_from_db()
+    tool.refresh_from_db()
+    assert change.status == "pending" and tool.url.startswith("http://127.0.0.1:8701")
+
+
+def test_an_mcp_tool_is_confirmed_at_its_suggestion_at_once_and_below_it_by_two_admins(admins, client):
+    ada, abe = admins("ada"), admins("abe")
+    server = McpServer.objects.create(project=default_project(), name="helpdesk", transport="http",
+                                      url="http://127.0.0.1:9301/mcp")  # fmt: skip
+    suggested = McpTool.objects.create(server=server, name="helpdesk.create_ticket", remote_name="create_ticket",
+                                       tool_class="non_idempotent_write", reversibility="irreversible",
+                                       input_schema={"type": "object"})  # fmt: skip
+    McpTool.objects.create(server=server, name="helpdesk.search", remote_name="search", tool_class="read_only",
+                           annotations={"readOnlyHint": True}, input_schema={"type": "object"})  # fmt: skip
+    changelist = reverse("admin:tools_mcptool_changelist")
+    as_user(client, ada).post(changelist, {"action": "confirm_suggested_class", "_selected_action": [
+        t.pk for t in McpTool.objects.all()]})  # fmt: skip
+    confirmed = dict(ToolClassification.objects.values_list("tool", "tool_class"))
+    assert confirmed == {"helpdesk.search": "read_only", "helpdesk.create_ticket": "non_idempotent_write"}
+    ToolClassification.objects.filter(tool=suggested.name).delete()
+    # A read where the server suggests a write: one admin's word is not enough.
+    add = reverse("admin:tools_toolclassification_add")
+    client.post(add, {"project": default_project().id, "tool": suggested.name, "tool_class": "read_only",
+                      "reversibility": "", "approval": "", "note": ""})  # fmt: skip
+    assert not ToolClassification.objects.filter(tool=suggested.name).exists()
+    change = ChangeRequest.objects.get()
+    assert change.loosens == [
+        "the class confirmed is below what its MCP server suggests: its class is lowered from non_idempotent_write "
+        "to read_only",
+        "the class confirmed is below what its MCP server suggests: its reversibility is lowered from irreversible "
+        "to none (a read)",
+    ]
+    decide_on_the_queue(as_user(client, abe), change, "approve")
+    assert ToolClassification.objects.get(tool=suggested.name).tool_class == "read_only"
