@@ -7,7 +7,16 @@ from core.errors import WardenError
 from tenancy.access import authorize
 from tenancy.admin_scope import GovernedAdmin, ReadOnlyScopedAdmin, ScopedInline
 
-from .models import AllowRule, ApprovalPolicy, ApprovalRequest, Decision, DecisionLink, Notification, Question
+from .models import (
+    AllowRule,
+    ApprovalPolicy,
+    ApprovalRequest,
+    BreakerNotification,
+    Decision,
+    DecisionLink,
+    Notification,
+    Question,
+)
 from .policies import policy_delete, policy_problems, policy_save
 from .services import approval_decide
 
@@ -158,6 +167,17 @@ class ApprovalPolicyAdmin(GovernedAdmin):
         held = policy_delete(user=request.user, row=obj, request=request)
         if held is not None:
             self.held(request, held)
+
+
+@admin.register(BreakerNotification)
+class BreakerNotificationAdmin(ReadOnlyScopedAdmin):
+    """Pages sent about opened circuit breakers: a project's own tools' to its members; the deployment's
+    (no project) to superusers."""
+
+    project_path = "project"
+    list_display = ["id", "breaker", "project", "channel", "opened_at", "sent_at", "error"]
+    list_filter = ["channel", "kind"]
+    search_fields = ["breaker", "name", "error"]
 
 
 @admin.register(Notification)

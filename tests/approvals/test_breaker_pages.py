@@ -124,3 +124,12 @@ def test_the_sweeper_writes_the_pages_of_an_opening_whose_announcement_was_lost(
     assert breaker_pages_sweep(timezone.now())["breaker_pages_written"] == 0  # once
     send_breaker_notifications.fn(ids=None)
     assert [m.to for m in mail.outbox] == [["pat@example.test"]]
+
+
+def test_the_pages_actor_fed_its_message_twice_sends_each_page_once(people, django_capture_on_commit_callbacks):
+    with django_capture_on_commit_callbacks(execute=True):
+        fail(2, project_id=people.payments.id)
+    ids = list(BreakerNotification.objects.values_list("id", flat=True))
+    send_breaker_notifications.fn(ids=ids)
+    send_breaker_notifications.fn(ids=ids)  # at least once delivery: the same message again
+    assert len(mail.outbox) == 1 and BreakerNotification.objects.filter(sent_at__isnull=False).count() == 1

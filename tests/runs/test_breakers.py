@@ -99,3 +99,18 @@ def test_the_resume_after_a_close_leaves_them_parked_when_the_breaker_opened_aga
     BREAKER.reset(["crm.read"])
     assert breaker_resume_after_close(what="tool", name="crm.read", project_id=None) == [t.id for t in parked.tasks]
     assert breaker_resume_after_close(what="nothing", name="crm.read", project_id=None) == []
+
+
+def test_the_resume_actor_fed_its_message_twice_retries_each_task_once(parked):
+    """resume_parked_tasks, delivered twice (at least once delivery): the second changes nothing."""
+    from runs.actors import resume_parked_tasks
+
+    BREAKER.reset(["crm.read"])
+    resume_parked_tasks.fn(what="tool", name="crm.read", project_id=None)
+    after_first = list(Task.objects.filter(id__in=[t.id for t in parked.tasks]).values("id", "status", "attempts"))
+    retries = AuditEvent.objects.filter(action="task_retry").count()
+    resume_parked_tasks.fn(what="tool", name="crm.read", project_id=None)
+    assert (
+        list(Task.objects.filter(id__in=[t.id for t in parked.tasks]).values("id", "status", "attempts")) == after_first
+    )
+    assert AuditEvent.objects.filter(action="task_retry").count() == retries == len(parked.tasks)

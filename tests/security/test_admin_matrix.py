@@ -16,9 +16,19 @@ from django.contrib import admin
 from django.contrib.auth.models import Group, Permission
 from django.forms.models import model_to_dict
 from django.urls import reverse
+from django.utils import timezone
 
 from agents.models import Agent, ModelPrice, ModelVersion, Workflow
-from approvals.models import AllowRule, ApprovalPolicy, ApprovalRequest, Decision, DecisionLink, Notification, Question
+from approvals.models import (
+    AllowRule,
+    ApprovalPolicy,
+    ApprovalRequest,
+    BreakerNotification,
+    Decision,
+    DecisionLink,
+    Notification,
+    Question,
+)
 from runs.models import (
     Annotation,
     Artifact,
@@ -124,6 +134,7 @@ TABLE = {
     "tenancy.membership": (V, ADM, ADM, ADM),
     "tenancy.auditevent": (V, NOBODY, NOBODY, NOBODY),
     "tenancy.changerequest": (ADM, NOBODY, NOBODY, SU),  # decided on the queue and through the API
+    "approvals.breakernotification": (V, NOBODY, NOBODY, SU),
     "approvals.decision": (V, NOBODY, NOBODY, NOBODY),
     "approvals.approvalpolicy": (V, ADM, ADM, ADM),
     "approvals.notification": (V, NOBODY, NOBODY, SU),
@@ -296,6 +307,9 @@ def scene(demo, people, django_user_model):
         ),
         "approvals.approvalpolicy": ApprovalPolicy.objects.create(name="mail", project=home, tool="email.send"),
         "approvals.notification": Notification.objects.create(request=request, channel="email", kind="new"),
+        "approvals.breakernotification": BreakerNotification.objects.create(
+            breaker="tool:1/x.y", kind="tool", name="x.y", project=home, opened_at=timezone.now(), channel="email"
+        ),
         "approvals.decisionlink": DecisionLink.objects.create(nonce="n" * 32, request=request, arguments_hash="a" * 64),
         "approvals.allowrule": AllowRule.objects.create(project=home, tool="tickets.create", created_by=victim),
         "approvals.question": Question.objects.create(run=run, task=task, step=1, text="Ship?"),
