@@ -78,6 +78,7 @@ def test_a_post_stored_as_a_read_still_waits_under_every_write_waits(demo_tx, wo
 def test_an_approval_does_not_carry_over_to_a_changed_declaration(demo_tx, worker, two_services, reviewer):
     old, new = two_services
     tool = refund_tool(old)
+    ApprovalPolicy.objects.create(name="refunds wait", tool="payments.refund")  # as when it was found
     run = run_start(workflow=refund_run("moved").slug)
     wait_for(lambda: ApprovalRequest.objects.filter(run=run).exists(), message="the refund's approval request")
     first = ApprovalRequest.objects.get(run=run)
