@@ -29,7 +29,7 @@ from runs.services.outbox import outbox_add
 from tenancy.models import Membership
 
 from .models import BreakerNotification
-from .notify import RESEND_AFTER_SECONDS, signature
+from .notify import RESEND_AFTER_SECONDS, claimed_send, signature
 
 log = logging.getLogger("warden.notify")
 BREAKER_NOTIFY = "send_breaker_notifications"  # the actor (approvals/actors.py)
@@ -91,21 +91,12 @@ def breaker_notifications_send(ids=None) -> int:
     """Send the given (or every due) page not sent yet. Returns how many went out."""
     now = timezone.now()
     due = _due(now) if ids is None else _due(now).filter(id__in=ids)
-    sent = 0
-    for note in due.select_related("project"):
-        # Claimed first: of several senders (after commit, sweepers) only one sends.
-        if not BreakerNotification.objects.filter(id=note.id, sent_at__isnull=True,
-                                                  claimed_at=note.claimed_at).update(claimed_at=now):  # fmt: skip
-            continue
-        try:
-            (_email if note.channel == "email" else _webhook)(note)
-        except Exception as exc:  # the next sweep tries again
-            log.warning("breaker page %s (%s) failed: %r", note.id, note.channel, exc)
-            BreakerNotification.objects.filter(id=note.id).update(error=repr(exc)[:2000])
-            continue
-        BreakerNotification.objects.filter(id=note.id).update(sent_at=timezone.now(), error="")
-        sent += 1
-    return sent
+    rows = due.select_related("project")
+    return claimed_send(rows, model=BreakerNotification, send=_deliver, now=now, what="breaker page")
+
+
+def _deliver(note: BreakerNotification) -> None:
+    (_email if note.channel == "email" else _webhook)(note)
 
 
 def _recipients(note: BreakerNotification) -> list[str]:

@@ -71,21 +71,31 @@ def notifications_send(ids=None) -> int:
     due = _due(now)
     if ids is not None:
         due = due.filter(id__in=ids)
+    rows = due.select_related("request__run__project")
+    return claimed_send(rows, model=Notification, send=_deliver, now=now, what="notification")
+
+
+def _deliver(note: Notification) -> None:
+    (_email if note.channel == "email" else _webhook)(note)
+
+
+def claimed_send(rows, *, model, send, now, what: str) -> int:
+    """Send each row (a notification, a breaker's page) not sent yet, each claimed first: of several
+    senders (after commit, sweepers) only one sends it; a failure stays on the row for the next sweep.
+    Returns how many went out."""
     sent = 0
-    for note in due.select_related("request__run__project"):
-        # Claim it: of several senders (after commit, sweepers) only one sends.
-        claimed = Notification.objects.filter(id=note.id, sent_at__isnull=True, claimed_at=note.claimed_at).update(
+    for note in rows:
+        if not model.objects.filter(id=note.id, sent_at__isnull=True, claimed_at=note.claimed_at).update(
             claimed_at=now
-        )
-        if not claimed:
+        ):
             continue
         try:
-            (_email if note.channel == "email" else _webhook)(note)
+            send(note)
         except Exception as exc:  # the next sweep tries again
-            log.warning("notification %s (%s) failed: %r", note.id, note.channel, exc)
-            Notification.objects.filter(id=note.id).update(error=repr(exc)[:2000])
+            log.warning("%s %s (%s) failed: %r", what, note.id, note.channel, exc)
+            model.objects.filter(id=note.id).update(error=repr(exc)[:2000])
             continue
-        Notification.objects.filter(id=note.id).update(sent_at=timezone.now(), error="")
+        model.objects.filter(id=note.id).update(sent_at=timezone.now(), error="")
         sent += 1
     return sent
 

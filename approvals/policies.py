@@ -17,7 +17,7 @@ from tenancy.access import default_project
 from tenancy.audit import audit
 from tenancy.governance import change_request_open, second_admin_needed
 from tenancy.models import ChangeRequest
-from tools.governance import changed_fields, values_of
+from tools.governance import change_audited, changed_fields, values_of
 from tools.registry import TOOLS, Reversibility
 
 from .models import ApprovalPolicy
@@ -134,7 +134,7 @@ def policy_save(*, user, row: ApprovalPolicy, fields=FIELDS, request=None) -> Ch
     changed = changed_fields(before, row, fields) if before is not None else list(FIELDS)
     with transaction.atomic():
         row.save()
-        _audited(user, row, before, changed, loosens, request)
+        change_audited(user, row, before, changed, loosens, request)
     return None
 
 
@@ -161,24 +161,6 @@ def _deleted(user, row: ApprovalPolicy, loosens, request, change=None) -> None:
           detail=detail)  # fmt: skip
 
 
-def _audited(user, row, before, changed, loosens, request, change=None) -> None:
-    detail = {"object": str(row)[:200], "changed": sorted(changed), "after": values_of(row, changed)}
-    if before is not None:
-        detail["before"] = values_of(before, changed)
-    if loosens:
-        detail["loosens"] = loosens
-    if change is not None:
-        detail |= {"change_request": change.id, "asked_by": change.requested_by.get_username()}
-    audit(
-        actor=user,
-        action="admin:change" if before is not None else "admin:add",
-        project_id=row.project_id,
-        target=f"approvals.approvalpolicy {row.pk}",
-        request=request,
-        detail=detail,
-    )
-
-
 def policy_change_apply(*, change: ChangeRequest, user, request=None) -> None:
     """Apply an approved change request of a policy, if the row is still as it was asked about (else
     Conflict: it is stale), checked again. Inside the deciding transaction."""
@@ -201,7 +183,7 @@ def policy_change_apply(*, change: ChangeRequest, user, request=None) -> None:
         errors = [{"field": f, "message": m} for f, m in problems]
         raise InvalidInput(f"{change.label} would not be valid any more", errors)
     row.save()
-    _audited(user, row, before, list(change.after), change.loosens, request, change)
+    change_audited(user, row, before, list(change.after), change.loosens, request, change)
 
 
 def demo_waivers_load() -> list[ApprovalPolicy]:

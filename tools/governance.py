@@ -147,11 +147,13 @@ def declaration_save(*, user, row, fields, request=None) -> ChangeRequest | None
     changed = changed_fields(before, row, fields) if before is not None else list(fields)
     with transaction.atomic():
         row.save()
-        _audited(user, row, before, changed, loosens, request)
+        change_audited(user, row, before, changed, loosens, request)
     return None
 
 
-def _audited(user, row, before, changed, loosens, request, change_request=None) -> None:
+def change_audited(user, row, before, changed, loosens, request, change_request=None) -> None:
+    """Audit a saved change of a project's configuration row: its fields before and after, why it loosens
+    the rules, and the change request it applies (with who asked). Inside the saving transaction."""
     detail = {"object": str(row)[:200], "changed": sorted(changed), "after": values_of(row, changed)}
     if before is not None:
         detail["before"] = values_of(before, changed)
@@ -200,5 +202,5 @@ def declaration_change_apply(*, change: ChangeRequest, user, listed: list | None
     row.save()
     if model is McpServer and listed is not None:
         mcp_tools_store(row, listed)
-    _audited(user, row, before, list(change.after), change.loosens, request, change_request=change)
+    change_audited(user, row, before, list(change.after), change.loosens, request, change_request=change)
     return row
