@@ -8,6 +8,7 @@ request the page's own code did not make, no handler or htmx attribute carrying 
 but ours, no CSP violation — and the payloads are on the page, as text.
 """
 
+import contextlib
 import os
 import re
 from pathlib import Path
@@ -230,10 +231,18 @@ class Browser:
                     pass
                 # Its children arrive, or a re-render replaced the link before it fetched (then look again).
                 pending = page.locator(f'li.lazy > a[hx-get="{url}"]')
-                self.wait(
-                    lambda url=url, pending=pending: any(u.endswith(url) for u in self.answered) or not pending.count(),
-                    f"the children at {url}",
-                )
+
+                def arrived(url=url, pending=pending, tries=[0]):  # noqa: B006  (a counter per link)
+                    tries[0] += 1
+                    if tries[0] % 200 == 0 and pending.count():
+                        # No answer within 10 s on a loaded machine: the observer may not have seen the link
+                        # come into view. Scroll it out and back, as a reader would, so that it does.
+                        page.mouse.wheel(0, -100_000)
+                        with contextlib.suppress(PlaywrightError):
+                            pending.first.scroll_into_view_if_needed(timeout=2000)
+                    return any(u.endswith(url) for u in self.answered) or not pending.count()
+
+                self.wait(arrived, f"the children at {url}")
                 self.settle()
                 continue
             show = page.locator(".payload-slot > a[hx-get]")
