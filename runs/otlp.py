@@ -18,7 +18,7 @@ import os
 import threading
 from datetime import UTC, datetime, timedelta
 
-from django.db import connections, transaction
+from django.db import connection, connections, transaction
 from django.utils import timezone
 from google.protobuf.json_format import MessageToDict
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
@@ -39,6 +39,7 @@ FIELDS = ("id", "run_id", "parent_id", "task_id", "kind", "name", "status", "att
           "ended_at", "tokens_in", "tokens_out", "cost_micros", "body")  # fmt: skip
 EXPORT_BATCH = 512
 EXPORT_LAG = timedelta(seconds=2)  # spans that closed this long ago: workers' clocks differ a little
+EXPORT_HOLD = timedelta(minutes=5)  # the longest an open transaction holds the export back (a forgotten psql)
 
 
 def trace_id(run_id: int) -> str:
@@ -168,13 +169,31 @@ def _export(spans: list[dict]) -> bool:
     return _exporter.export(readable_spans(spans)) == SpanExportResult.SUCCESS
 
 
+def _until(now) -> datetime:
+    """Where this pass may stop: spans stamped before it are committed. A span's end is stamped before
+    its transaction commits, so on PostgreSQL the pass also stops short of the oldest transaction still
+    open (one that commits later would otherwise land behind the cursor and never go out)."""
+    until = now - EXPORT_LAG
+    if connection.vendor != "postgresql":
+        return until  # embedded: one process, short transactions; the lag covers them
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT min(xact_start) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid() AND xact_start IS NOT NULL"
+        )
+        (oldest,) = cursor.fetchone()
+    if oldest is None:
+        return until
+    return max(min(until, oldest - EXPORT_LAG), now - EXPORT_HOLD)
+
+
 def otlp_export_pass(now=None) -> dict:
     """One pass of the live export (a sweep: one process at a time holds the cursor). Spans that closed
     since the last pass go out: new ones by id, and older ones that were still open then by the time
     they ended. A failed export moves nothing: the same spans go in the next pass."""
     if not export_enabled():
         return {}
-    until = (now or timezone.now()) - EXPORT_LAG
+    until = _until(now or timezone.now())
     with transaction.atomic():
         cursor = OtlpExportCursor.objects.select_for_update(skip_locked=True).filter(id=1).first()
         if cursor is None:

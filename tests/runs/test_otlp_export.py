@@ -6,9 +6,10 @@ again in the next pass. Tested against a local OTLP receiver."""
 import http.server
 import threading
 import time
-from datetime import timedelta
 
+import psycopg
 import pytest
+from django.db import connection
 from django.utils import timezone
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
@@ -59,7 +60,8 @@ def collector(monkeypatch):
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", receiver.url)
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "2")  # the SDK retries a failed export until then
     monkeypatch.setattr(otlp, "_exporter", None)
-    monkeypatch.setattr(otlp, "EXPORT_LAG", timedelta(0))  # one process: no clocks to wait for
+    # The production lag: a span is stamped before its transaction commits (the worker's sweeper passes
+    # while the run goes on), so with no lag a pass could step past a span not yet committed.
     wait_for(lambda: otlp.otlp_export_pass() is not None and OtlpExportCursor.objects.exists(), message="a cursor")
     yield receiver
     monkeypatch.delenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")  # no pass sends to it once it is gone
@@ -134,3 +136,39 @@ def test_the_download_names_the_provider_that_answered_not_the_agents(demo, oper
     found = {a["key"]: next(iter(a["value"].values())) for a in chat["attributes"]}
     assert found["gen_ai.provider.name"] == "anthropic" and found["gen_ai.system"] == "anthropic"
     assert len(chat["traceId"]) == 32 and len(chat["spanId"]) == 16  # hex, as OTLP/JSON writes ids
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="open transactions are read from pg_stat_activity")
+def test_a_span_committed_long_after_its_end_is_stamped_still_goes_out(demo_tx, collector):
+    """A worker stamps a span's end, then its transaction stays open past the lag (a slow commit under load):
+    the pass meanwhile must not step past it, or the span lands behind the cursor and never goes out."""
+    run = run_start(workflow="deploy-review")
+    root = Span.objects.get(run=run, kind="run")
+    settings = connection.settings_dict
+    slow = psycopg.connect(host=settings["HOST"], port=settings["PORT"] or 5432, user=settings["USER"],
+                           dbname=settings["NAME"], password=settings["PASSWORD"] or None)  # fmt: skip
+    try:
+        with slow.cursor() as cursor:
+            cursor.execute(
+                "INSERT INTO runs_span (run_id, task_id, parent_id, kind, name, status, attempt, step,"
+                " fencing_token, started_at, ended_at, tokens_in, tokens_out, cost_micros, attributes)"
+                " VALUES (%s, NULL, %s, 'tool_call', 'late', 'ok', NULL, NULL, NULL, now(), now(), 0, 0, 0, '{}')"
+                " RETURNING id",
+                (run.id, root.id),
+            )
+            (late,) = cursor.fetchone()
+        # Meanwhile another worker's span, later in id, closes and commits: the pass sends it and moves on.
+        moment = timezone.now()
+        Span.objects.create(run=run, parent=root, kind="tool_call", name="prompt", status="ok",
+                            started_at=moment, ended_at=moment)  # fmt: skip
+        time.sleep(otlp.EXPORT_LAG.total_seconds() + 0.5)
+        otlp.otlp_export_pass()  # the late span is stamped well before `now - lag`, and not yet committed
+        slow.commit()
+    finally:
+        slow.close()
+    wait_for(lambda: otlp.otlp_export_pass() is not None and late in exported_ids(collector), timeout=30,
+             message="the late span at the collector")  # fmt: skip
+
+
+def exported_ids(collector) -> set[int]:
+    return {int.from_bytes(s.span_id, "big") for _, s in collector.spans}
