@@ -19,7 +19,9 @@ from tests.conftest import CHROMIUM_ARGS as ARGS
 from tools.installation import run_key_prefix
 from tools.models import SandboxCall, SandboxEmail
 
-SCREENSHOTS = ROOT / "docs" / "screenshots"
+# A test run leaves the checkout clean: pages are captured under var/ unless WARDEN_SCREENSHOTS names
+# another folder (WARDEN_SCREENSHOTS=docs/screenshots refreshes the ones the docs show).
+SCREENSHOTS = ROOT / os.environ.get("WARDEN_SCREENSHOTS", "var/screenshots")
 # Each worker's first three calls take half a second (the sandbox's `slow` fault), so the run is still
 # going when the page opens and when the server is killed.
 SLOW_WORKERS = [{"task": f"worker-{n}", "call": c, "mode": "slow"} for n in range(1, 6) for c in (1, 2, 3)]
@@ -40,6 +42,7 @@ def reviewer(django_user_model):
 def browser():
     # Playwright's sync API runs an event loop in this thread; the test's own ORM calls are still sync.
     os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
@@ -231,8 +234,7 @@ def test_the_page_reconnects_after_the_server_is_killed_and_catches_up(demo_tx, 
 
 
 def test_screenshots_of_the_dashboard(demo_tx, operator, reviewer, processes, browser):
-    """docs/screenshots/, written on every run: the README and docs/dashboard.md point at them."""
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    """The pages the README and docs/dashboard.md show (docs/screenshots/, refreshed with WARDEN_SCREENSHOTS)."""
     warden = Warden(processes)
     done = warden.run_start(operator, "incident-fanout")
     waiting = warden.run_start(operator, "incident-fanout", {"propose_tools": ["email.send"]})
