@@ -231,6 +231,20 @@ def test_the_page_draws_every_chart_without_inline_styles_or_scripts(known, oper
     assert "style-src 'self'" in csp
 
 
+def test_the_wide_tables_scroll_by_keyboard_and_are_named(known, operator, client):
+    """A region that scrolls sideways must take focus so a keyboard can scroll it (WCAG 2.1.1; axe-core's
+    scrollable-region-focusable found four on this page), and a focusable region needs a name."""
+    client.force_login(operator)
+    html = client.get(URL).content.decode()
+    wrappers = re.findall(r'<div class="table-scroll"[^>]*>\s*<table[^>]*>\s*<caption>([^<]*)</caption>', html)
+    tags = re.findall(r'<div class="table-scroll"[^>]*>', html)
+    assert len(tags) == len(wrappers) >= 4
+    for tag, caption in zip(tags, wrappers, strict=True):
+        assert 'tabindex="0"' in tag and 'role="region"' in tag, tag
+        label = re.search(r'aria-label="([^"]+)"', tag)
+        assert label and caption.startswith(label.group(1)), (tag, caption)
+
+
 def test_names_from_the_data_are_escaped_in_the_svg(known, operator, client):
     Workflow.objects.filter(slug="deploy-review").update(name=EVIL)
     failing_op(known["ok1"], EVIL)
