@@ -9,6 +9,8 @@ import json
 import httpx
 import pytest
 from google.protobuf import json_format
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
@@ -498,3 +500,58 @@ def test_nul_characters_and_absurd_numbers_are_stored_without_an_error(people, c
     assert post(client, agent, body).status_code == 200
     stored = Span.objects.get(attributes__otlp_span_id=(1).to_bytes(8, "big").hex())
     assert stored.name == "m" and stored.attributes["otlp_name"] == "chatx" and stored.tokens_in == 2_000_000_000
+
+
+def _paths(value, path=()):
+    """Every level of a JSON document: each object and list, and each member of a span."""
+    if isinstance(value, dict | list) or (len(path) >= 3 and path[-3] == "spans"):
+        yield path
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield from _paths(item, (*path, key))
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            yield from _paths(item, (*path, i))
+
+
+def _replaced(document, path, value):
+    if not path:
+        return value
+    copy = json.loads(json.dumps(document))
+    target = copy
+    for step in path[:-1]:
+        target = target[step]
+    target[path[-1]] = value
+    return copy
+
+
+SDK_JSON = b""  # the SDK's trace as OTLP/JSON, made once for every example
+
+
+def _sdk_json() -> bytes:
+    global SDK_JSON
+    SDK_JSON = otlp_json(list(sdk_spans().values()))
+    return SDK_JSON
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=40),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=12), inner, max_size=3),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_any_value_anywhere_in_an_otlp_json_body_is_taken_or_refused_with_a_400(people, client, data):  # noqa: F811
+    """Fuzz: one member of a real export replaced by any JSON value; never a 500, and a 400 writes nothing."""
+    agent, _ = people
+    document = json.loads(SDK_JSON or _sdk_json())
+    path = data.draw(st.sampled_from(list(_paths(document))))
+    body = js(_replaced(document, path, data.draw(JSON_VALUES)))
+    before = (Run.objects.count(), Span.objects.count(), Task.objects.count())
+    answer = post(client, agent, body, "application/json")
+    assert answer.status_code in (200, 400), (path, answer.content[:300])
+    if answer.status_code == 400:
+        assert answer.json()["message"], path
+        assert (Run.objects.count(), Span.objects.count(), Task.objects.count()) == before
