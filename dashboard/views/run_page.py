@@ -581,7 +581,30 @@ def _subtree_totals(run: Run, nodes: dict, summary: dict) -> None:
                         tokens, cost, count = tokens + node.tokens, cost + node.cost_micros, count + 1
                         errors += node.status == Span.Status.ERROR
                     node.sub_tokens, node.sub_cost, node.sub_count, node.sub_errors = tokens, cost, count, errors
+    _inner_totals(run.id, nodes)
     root_totals(run, nodes, summary)
+
+
+def _inner_totals(run_id: int, nodes: dict) -> None:
+    """Σ of the pushed spans with children that are not containers (an ingested OTLP tree is deeper than
+    run, task, attempt, call): summed by the database over the whole subtree, as the push loaded only the
+    path to what changed. No query for a run of Warden's own workers."""
+    inner = [n.id for n in nodes.values() if n.kind not in CONTAINERS and n.children]
+    if not inner:
+        return
+    in_ids, params = sql.in_list("id", inner)
+    found = sql.fetchall(
+        "WITH RECURSIVE below(root, id) AS ("
+        f"SELECT id, id FROM runs_span WHERE run_id = %s AND {in_ids} "
+        "UNION ALL SELECT below.root, s.id FROM runs_span s JOIN below ON s.parent_id = below.id WHERE s.run_id = %s) "
+        "SELECT below.root, SUM(s.tokens_in) + SUM(s.tokens_out), SUM(s.cost_micros), COUNT(*), "
+        "SUM(CASE WHEN s.status = 'error' THEN 1 ELSE 0 END) FROM below JOIN runs_span s ON s.id = below.id "
+        "GROUP BY below.root",
+        [run_id, *params, run_id],
+    )
+    for root, tokens, cost, count, errors in found:
+        node = nodes[root]
+        node.sub_tokens, node.sub_cost, node.sub_count, node.sub_errors = tokens or 0, cost or 0, count, errors or 0
 
 
 def root_totals(run: Run, nodes: dict, summary: dict) -> None:

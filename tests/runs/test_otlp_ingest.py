@@ -5,6 +5,7 @@ too large payload is refused with the reason and writes nothing."""
 
 import base64
 import json
+import re
 
 import httpx
 import pytest
@@ -395,6 +396,23 @@ def test_a_push_after_a_parent_arrives_sends_the_page_back_to_the_database(peopl
     assert "refetch" not in run_push(run.id)  # a new span: pushed as usual
     assert send(client, agent, [spans["invoke_agent support-agent"]], "protobuf").status_code == 200
     assert run_push(run.id) == {"refetch": True}
+
+
+def test_a_push_carries_the_whole_subtrees_totals_of_a_deeper_ingested_tree(people, client, priced):  # noqa: F811
+    """A push loads only the new span and its ancestors: an agent span's Σ must still be its whole subtree's."""
+    agent, _ = people
+    spans = sdk_spans()
+    assert send(client, agent, [spans["invoke_agent support-agent"], spans["chat plan"]], "protobuf").status_code == 200
+    run = Run.objects.get(otlp_traces__isnull=False)
+    assert run_push(run.id) == {"refetch": True}  # the watermark
+    assert send(client, agent, [spans["execute_tool lookup"], spans["chat summarise"]], "protobuf").status_code == 200
+    pushed = run_push(run.id)["html"]
+    client.force_login(run.started_by)
+    page = client.get(f"/runs/{run.id}/").content.decode()
+    for name in ("invoke_agent support-agent", "execute_tool lookup"):
+        node = span_named(run, name)
+        assert re.search(r"Σ[^<]*", row(pushed, node)).group(0) == re.search(r"Σ[^<]*", row(page, node)).group(0)
+    assert "Σ 550 tok" in row(pushed, span_named(run, "invoke_agent support-agent"))
 
 
 def span_named(run, otlp_name: str) -> Span:
