@@ -161,9 +161,10 @@ def get_trace(request, run_id: PathId):
             "cost_usd": row["cost_micros"] / 1_000_000,
             "children": [],
         }
-        nodes[row["id"]] = node
-        parent = nodes.get(row["parent_id"]) if row["parent_id"] else None
-        (parent["children"] if parent else roots).append(node)
+        nodes[row["id"]] = (node, row["parent_id"])
+    for node, parent_id in nodes.values():  # a second pass: an ingested span may be older than its parent
+        parent = nodes.get(parent_id) if parent_id else None
+        (parent[0]["children"] if parent else roots).append(node)
     return roots
 
 

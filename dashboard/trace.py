@@ -17,7 +17,9 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.safestring import SafeString, mark_safe
 
+from agents.models import Workflow
 from runs.models import Span
+from runs.otlp_ingest import ORPHAN
 
 SPAN_FIELDS = (
     "id",
@@ -53,6 +55,7 @@ KIND_LABELS = {
     "compensation": "compensation",
     "plan": "plan",
 }
+FLAG_LABELS = {"orphan": "parent not received"}
 ONLY_CHOICES = {"failed": "failed", "approval": "awaiting approval", "irreversible": "irreversible"}
 
 
@@ -107,8 +110,11 @@ def operation_flags(operations) -> dict[tuple[int, int], set]:
     return flags
 
 
-def tree_build(rows: list[dict], op_flags: dict | None = None) -> tuple[list[Node], dict[int, Node]]:
-    """Roots and an index of every node, with subtree totals (tokens, cost, spans, errors)."""
+def tree_build(
+    rows: list[dict], op_flags: dict | None = None, orphans: set[int] | frozenset = frozenset()
+) -> tuple[list[Node], dict[int, Node]]:
+    """Roots and an index of every node, with subtree totals (tokens, cost, spans, errors). ``orphans``:
+    ingested spans whose parent was never received (they hang under their task's span)."""
     nodes = {row["id"]: Node(**row) for row in rows}
     roots = []
     for node in nodes.values():  # ids ascend, so children keep their order
@@ -120,7 +126,16 @@ def tree_build(rows: list[dict], op_flags: dict | None = None) -> tuple[list[Nod
             node.flags.add("approval")
         if op_flags and node.kind == Span.Kind.TOOL_CALL and node.task_id and node.step:
             node.flags |= op_flags.get((node.task_id, node.step), set())
-    for node in sorted(nodes.values(), key=lambda n: -n.id):  # children before parents
+        if node.id in orphans:
+            node.flags.add("orphan")
+    # Children before parents, walked from the roots: an ingested span may be older (a lower id) than
+    # the parent it was attached to later, so id order is not enough.
+    order, stack = [], list(roots)
+    while stack:
+        node = stack.pop()
+        order.append(node)
+        stack.extend(node.children)
+    for node in reversed(order):
         node.sub_tokens += node.tokens
         node.sub_cost += node.cost_micros
         node.sub_errors += node.status == Span.Status.ERROR
@@ -131,6 +146,13 @@ def tree_build(rows: list[dict], op_flags: dict | None = None) -> tuple[list[Nod
             parent.sub_count += node.sub_count
             parent.sub_errors += node.sub_errors
     return roots, nodes
+
+
+def orphan_ids(run) -> frozenset[int]:
+    """The run's ingested spans whose parent has not been received (an external run's only: a query)."""
+    if run.workflow.planner != Workflow.Planner.EXTERNAL:
+        return frozenset()
+    return frozenset(Span.objects.filter(run=run, attributes__has_key=ORPHAN).values_list("id", flat=True))
 
 
 def task_totals(run_id: int, task_ids: list[int] | None = None) -> dict[int, tuple[int, int, int, int]]:
@@ -233,7 +255,7 @@ def node_row(node: Node, now) -> SafeString:
             f"{money(node.sub_cost)} · {int(node.sub_count)} spans{failed}</span>"
         )
     for flag in sorted(node.flags):
-        parts.append(f' <span class="flag f-{esc(flag)}">{esc(flag)}</span>')
+        parts.append(f' <span class="flag f-{esc(flag)}">{esc(FLAG_LABELS.get(flag, flag))}</span>')
     parts.append("</summary>")
     return mark_safe("".join(parts))
 

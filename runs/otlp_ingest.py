@@ -1,141 +1,50 @@
 """OTLP ingest: spans from any OpenTelemetry-instrumented agent become a Warden run's trace (docs/integrations.md,
 "OpenTelemetry").
 
-A request (OTLP/HTTP, protobuf or JSON) is parsed whole and checked before anything is written; then,
-in one transaction, each span goes to a run: the one its ``warden.run.id`` attribute (on the span or its
-resource) names, else the run of its trace (a new external run the first time a trace is seen). Spans
-are grouped into tasks by the agent that made them (``gen_ai.agent.name``, else the resource's
-``service.name``). A span with GenAI usage (``gen_ai.usage.input_tokens`` / ``output_tokens``) or a chat
+A request (OTLP/HTTP, protobuf or JSON) is parsed whole and checked before anything is written
+(runs/otlp_parse.py); then, in one transaction, each span goes to a run: the one its ``warden.run.id``
+attribute (on the span or its resource) names, else the run of its trace (a new external run the first
+time a trace is seen). The tree is kept as the exporter sent it: a span hangs under its parent and joins
+its parent's task; a trace's root span opens (or joins) the task of the agent that made it
+(``gen_ai.agent.name``, else the resource's ``service.name``). A span whose parent has not arrived yet
+(exporters send children first, and a batch may end between them) hangs under that task's span, marked
+``otlp_orphan``, until its parent arrives in a later request: then it moves under it, with its subtree
+and their usage. A span with GenAI usage (``gen_ai.usage.input_tokens`` / ``output_tokens``) or a chat
 operation is a model call, priced by the price table for the provider that answered
 (``gen_ai.provider.name``, formerly ``gen_ai.system``); ``execute_tool`` is a tool call; anything else a
-step of the agent's plan. A span sent twice (exporters retry) is kept once. Usage counts against the
-run's budget as any external report does.
+step of the agent's plan. A span sent twice (exporters retry) is kept once, by trace and span id. Usage
+counts against the run's budget as any external report does.
 """
 
-import base64
-import json
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from dataclasses import dataclass
 
 from django.db import transaction
+from django.db.models import Count, Q, Sum
 from django.utils.text import slugify
-from google.protobuf import json_format
-from google.protobuf.message import DecodeError
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from agents.gateway import cost_micros
 from agents.models import Workflow
 from agents.selectors import workflow_visible
 from core import bus
-from core.errors import InvalidInput, NotFound
+from core.errors import NotFound
 from tenancy.access import authorize, default_project
 from tenancy.models import Project
 
 from .external import budget_breach, budget_stop, external_task_open
 from .models import OtlpTrace, Run, Span
+from .otlp_parse import OtlpInvalid, OtlpSpan, otlp_parse
 from .services import sql
 from .services.runs import run_start
 
+__all__ = ["OtlpInvalid", "OtlpSpan", "otlp_ingest", "otlp_parse"]
+
 MODEL_OPERATIONS = {"chat", "text_completion", "generate_content", "embeddings"}
-STATUS_ERROR = 2
 RUN_ATTRIBUTE = "warden.run.id"
-
-
-class OtlpInvalid(InvalidInput):
-    """A payload that is not an OTLP trace export: 400 with the reason, nothing written."""
-
-
-@dataclass
-class OtlpSpan:
-    trace_id: str
-    span_id: str
-    name: str
-    started: datetime
-    ended: datetime
-    error: bool
-    attributes: dict = field(default_factory=dict)
-    resource: dict = field(default_factory=dict)
-
-    def attribute(self, *names, default=None):
-        for name in names:
-            for source in (self.attributes, self.resource):
-                if source.get(name) not in (None, ""):
-                    return source[name]
-        return default
-
-
-def _value(any_value):
-    kind = any_value.WhichOneof("value")
-    if kind is None:
-        return None
-    value = getattr(any_value, kind)
-    if kind == "array_value":
-        return [_value(v) for v in value.values]
-    if kind == "kvlist_value":
-        return {kv.key: _value(kv.value) for kv in value.values}
-    if kind == "bytes_value":
-        return value.hex()
-    return value
-
-
-def _attributes(pairs) -> dict:
-    return {kv.key[:200]: _value(kv.value) for kv in pairs}
-
-
-def _moment(nanos: int) -> datetime:
-    return datetime.fromtimestamp(nanos / 1e9, tz=UTC)
-
-
-def _hex_ids_to_base64(document) -> None:
-    """OTLP/JSON writes trace and span ids in hex; protobuf's JSON reader expects base64 for bytes."""
-    for resource_spans in document.get("resourceSpans") or []:
-        for scope_spans in resource_spans.get("scopeSpans") or []:
-            for span in scope_spans.get("spans") or []:
-                for name in ("traceId", "spanId", "parentSpanId"):
-                    if span.get(name):
-                        try:
-                            span[name] = base64.b64encode(bytes.fromhex(span[name])).decode()
-                        except (ValueError, TypeError) as exc:
-                            raise OtlpInvalid(f"{name} {span[name]!r} is not hex") from exc
-
-
-def otlp_parse(body: bytes, content_type: str, *, max_spans: int) -> list[OtlpSpan]:
-    """The spans of an ExportTraceServiceRequest, or OtlpInvalid with the reason."""
-    message = ExportTraceServiceRequest()
-    try:
-        if content_type.startswith("application/json"):
-            document = json.loads(body or b"{}")
-            if not isinstance(document, dict):
-                raise OtlpInvalid("an OTLP/JSON export is an object with resourceSpans")
-            _hex_ids_to_base64(document)
-            json_format.ParseDict(document, message, ignore_unknown_fields=True)
-        elif content_type.startswith("application/x-protobuf"):
-            message.ParseFromString(body)
-        else:
-            raise OtlpInvalid("Content-Type must be application/x-protobuf or application/json")
-    except (ValueError, DecodeError, json_format.ParseError) as exc:
-        raise OtlpInvalid(f"not an OTLP trace export: {str(exc)[:200]}") from exc
-    spans = []
-    for resource_spans in message.resource_spans:
-        resource = _attributes(resource_spans.resource.attributes)
-        for scope_spans in resource_spans.scope_spans:
-            for span in scope_spans.spans:
-                if len(span.trace_id) != 16 or len(span.span_id) != 8:
-                    raise OtlpInvalid(f"span {span.name[:60]!r}: a trace id is 16 bytes and a span id 8")
-                if span.end_time_unix_nano and span.end_time_unix_nano < span.start_time_unix_nano:
-                    raise OtlpInvalid(f"span {span.name[:60]!r} ends before it starts")
-                spans.append(
-                    OtlpSpan(
-                        trace_id=span.trace_id.hex(), span_id=span.span_id.hex(), name=span.name[:200] or "span",
-                        started=_moment(span.start_time_unix_nano),
-                        ended=_moment(span.end_time_unix_nano or span.start_time_unix_nano),
-                        error=span.status.code == STATUS_ERROR, attributes=_attributes(span.attributes),
-                        resource=resource,
-                    )
-                )  # fmt: skip
-                if len(spans) > max_spans:
-                    raise OtlpInvalid(f"more than {max_spans} spans in one request")
-    return spans
+# A span whose parent has not been received (yet): kept under its task's span with this mark until
+# the parent arrives; the trace page flags it.
+ORPHAN = "otlp_orphan"
+ORPHAN_MARK = "parent not received"
+TOKENS_MAX = 2_000_000_000  # a span's token counts fit the column, whatever the exporter claims
 
 
 # --- where each span goes ----------------------------------------------------------------------------
@@ -192,26 +101,65 @@ def _kind(span: OtlpSpan) -> str:
 
 def _int(value) -> int:
     try:
-        return max(0, int(value or 0))
-    except (TypeError, ValueError):
+        return min(TOKENS_MAX, max(0, int(value or 0)))
+    except (TypeError, ValueError, OverflowError):
         return 0
 
 
-def _task(run: Run, span: OtlpSpan, tasks: dict) -> tuple:
-    """The span's task and the task's span, opened once per agent of the request."""
+@dataclass
+class Placed:
+    """An OTLP span stored in the run: its row and its task."""
+
+    id: int
+    task_id: int
+
+
+def _task(run: Run, span: OtlpSpan, tasks: dict) -> Placed:
+    """The task of the agent that made a root span, and the task's span, opened once per agent."""
     agent = str(span.attribute("gen_ai.agent.name", "service.name", default="agent"))[:200]
     if (run.id, agent) not in tasks:
         task = external_task_open(run_id=run.id, key=(slugify(agent) or "agent")[:64], agent=agent)
         parent = Span.objects.filter(task=task, kind=Span.Kind.TASK).values_list("id", flat=True).first()
-        tasks[(run.id, agent)] = (task, parent)
+        tasks[(run.id, agent)] = Placed(id=parent, task_id=task.id)
     return tasks[(run.id, agent)]
 
 
-def _record(run: Run, span: OtlpSpan, tasks: dict) -> bool:
-    """The span under its task, with its usage; False when it was recorded already."""
-    if Span.objects.filter(run=run, attributes__otlp_span_id=span.span_id).exists():
+def _stored(run: Run, spans: list[OtlpSpan]) -> dict[tuple[str, str], Placed]:
+    """The run's spans this request names (as spans or as parents), by (trace id, span id)."""
+    ids = sorted({s.span_id for s in spans} | {s.parent_span_id for s in spans if s.parent_span_id})
+    rows = Span.objects.filter(run=run, attributes__otlp_span_id__in=ids).values_list(
+        "id", "task_id", "attributes__otlp_trace_id", "attributes__otlp_span_id"
+    )
+    return {(trace, span): Placed(id=pk, task_id=task) for pk, task, trace, span in rows}
+
+
+def _ordered(spans: list[OtlpSpan]) -> list[OtlpSpan]:
+    """Each span once, after its parent when the parent is in the same request (parse refused cycles)."""
+    by_key = {}
+    for span in spans:
+        by_key.setdefault((span.trace_id, span.span_id), span)
+    done, ordered = set(), []
+    for key in by_key:
+        chain = []
+        while key in by_key and key not in done:
+            done.add(key)
+            chain.append(by_key[key])
+            key = (key[0], by_key[key].parent_span_id)
+        ordered.extend(reversed(chain))
+    return ordered
+
+
+def _usage(kind: str, tokens: int, cost: int, sign: int = 1) -> dict:
+    return {"steps": sign, "tokens": sign * tokens, "tool_calls": sign * int(kind == Span.Kind.TOOL_CALL),
+            "cost": sign * cost}  # fmt: skip
+
+
+def _record(run: Run, span: OtlpSpan, tasks: dict, placed: dict) -> bool:
+    """The span under its parent (else its agent's task), with its usage; False when it was recorded already."""
+    if (span.trace_id, span.span_id) in placed:
         return False
-    task, parent = _task(run, span, tasks)
+    parent = placed.get((span.trace_id, span.parent_span_id)) if span.parent_span_id else None
+    where = parent or _task(run, span, tasks)
     kind = _kind(span)
     tokens_in = _int(span.attribute("gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens"))
     tokens_out = _int(span.attribute("gen_ai.usage.output_tokens", "gen_ai.usage.completion_tokens"))
@@ -223,23 +171,83 @@ def _record(run: Run, span: OtlpSpan, tasks: dict) -> bool:
         for k, v in span.attributes.items()
         if k.startswith(("gen_ai.", "warden.")) and not isinstance(v, dict | list)
     }
-    Span.objects.create(
-        run=run, task=task, parent_id=parent, kind=kind,
+    tree = {"otlp_parent_span_id": span.parent_span_id} if span.parent_span_id else {}
+    if span.parent_span_id and parent is None:
+        tree[ORPHAN] = ORPHAN_MARK
+    row = Span.objects.create(
+        run=run, task_id=where.task_id, parent_id=where.id, kind=kind,
         name=(model if kind == Span.Kind.MODEL_CALL and model else span.name)[:200],
         status=Span.Status.ERROR if span.error else Span.Status.OK, started_at=span.started, ended_at=span.ended,
         tokens_in=tokens_in, tokens_out=tokens_out, cost_micros=cost,
         attributes={"external": True, "otlp_trace_id": span.trace_id, "otlp_span_id": span.span_id,
-                    "otlp_name": span.name, "provider": provider, **dict(list(shown.items())[:40])},
+                    "otlp_name": span.name, "provider": provider, **tree, **dict(list(shown.items())[:40])},
     )  # fmt: skip
-    usage = {"steps": 1, "tokens": tokens_in + tokens_out, "tool_calls": int(kind == Span.Kind.TOOL_CALL), "cost": cost}
-    sql.add_usage("runs_task", task.id, **usage)
+    placed[(span.trace_id, span.span_id)] = Placed(id=row.id, task_id=where.task_id)
+    usage = _usage(kind, tokens_in + tokens_out, cost)
+    sql.add_usage("runs_task", where.task_id, **usage)
     sql.add_usage("runs_run", run.id, **usage)
     return True
+
+
+# --- a parent that arrives after its children ----------------------------------------------------------------
+def _descends(span_id: int, ancestor_id: int) -> bool:
+    """Whether ``ancestor_id`` is ``span_id`` or above it (adopting it there would close a loop)."""
+    current, seen = span_id, set()
+    while current and current not in seen:
+        if current == ancestor_id:
+            return True
+        seen.add(current)
+        current = Span.objects.filter(id=current).values_list("parent_id", flat=True).first()
+    return False
+
+
+def _move_subtree(run: Run, root_id: int, to_task: int) -> None:
+    """A span and everything below it go to another task, their usage with them."""
+    ids, frontier = [root_id], [root_id]
+    while frontier:
+        frontier = list(Span.objects.filter(run=run, parent_id__in=frontier).values_list("id", flat=True))
+        ids += frontier
+    moving = Span.objects.filter(run=run, id__in=ids).exclude(task_id=to_task)
+    for row in moving.values("task_id").annotate(
+        tokens=Sum("tokens_in") + Sum("tokens_out"), cost=Sum("cost_micros"), steps=Count("id"),
+        tool_calls=Count("id", filter=Q(kind=Span.Kind.TOOL_CALL)),
+    ).order_by():  # fmt: skip
+        usage = {"steps": row["steps"], "tokens": row["tokens"] or 0, "tool_calls": row["tool_calls"]}
+        sql.add_usage("runs_task", row["task_id"], **{k: -v for k, v in usage.items()}, cost=-(row["cost"] or 0))
+        sql.add_usage("runs_task", to_task, **usage, cost=row["cost"] or 0)
+    moving.update(task_id=to_task)
+
+
+def _adopt(run: Run, arrived: list[tuple[str, str]], placed: dict) -> None:
+    """Spans that were waiting for one of the spans just recorded move under it."""
+    waiting = Span.objects.filter(
+        run=run, attributes__has_key=ORPHAN, attributes__otlp_parent_span_id__in=sorted({s for _, s in arrived})
+    ).values_list("id", "attributes")
+    for span_id, attributes in waiting:
+        parent = placed.get((attributes.get("otlp_trace_id"), attributes.get("otlp_parent_span_id")))
+        if parent is None or _descends(parent.id, span_id):
+            continue  # a namesake in another trace; or a parent that claims to be below its child
+        attributes.pop(ORPHAN, None)
+        Span.objects.filter(id=span_id).update(parent_id=parent.id, attributes=attributes)
+        _move_subtree(run, span_id, parent.task_id)
+
+
+def _ingest_run(run: Run, spans: list[OtlpSpan], tasks: dict) -> int:
+    """Call inside transaction.atomic(): the run's spans of this request, in their tree; how many were new."""
+    run = Run.objects.select_for_update().get(id=run.id)  # one request at a time places spans in a run
+    if run.status != Run.Status.RUNNING:
+        return 0  # a finished run's trace keeps what it had; late spans are not counted
+    placed = _stored(run, spans)
+    arrived = [(s.trace_id, s.span_id) for s in _ordered(spans) if _record(run, s, tasks, placed)]
+    if arrived:
+        _adopt(run, arrived, placed)
+    return len(arrived)
 
 
 def otlp_ingest(*, spans: list[OtlpSpan], user, token, request=None, default_workflow: str) -> dict:
     """Write the spans (all of them, or none): which runs they went to and how many were new."""
     runs: dict[int, Run] = {}
+    by_run: dict[int, list[OtlpSpan]] = {}
     found: dict[tuple, Run] = {}  # by what names the run: each is looked up (and authorised) once
     tasks: dict = {}
     recorded = 0
@@ -251,10 +259,10 @@ def otlp_ingest(*, spans: list[OtlpSpan], user, token, request=None, default_wor
                 found[names] = _named_run(span, user, token, request) or _trace_run(
                     span, user, token, request, default_workflow
                 )
-            run = runs.setdefault(found[names].id, found[names])
-            if run.status != Run.Status.RUNNING:
-                continue  # a finished run's trace keeps what it had; late spans are not counted
-            recorded += _record(run, span, tasks)
+            runs.setdefault(found[names].id, found[names])
+            by_run.setdefault(found[names].id, []).append(span)
+        for run_id in sorted(by_run):  # locks in one order
+            recorded += _ingest_run(runs[run_id], by_run[run_id], tasks)
         for run in runs.values():
             run.refresh_from_db()
             why = budget_breach(run) if run.status == Run.Status.RUNNING else ""

@@ -35,6 +35,7 @@ from dashboard.trace import (
     node_html,
     node_row,
     operation_flags,
+    orphan_ids,
     span_rows,
     task_totals,
     timeline_svg,
@@ -354,7 +355,7 @@ def _page_tree(run: Run, rows, summary: dict, ops, ops_total: int, first, tasks_
         flags = _step_flags(run.id, sorted({r["task_id"] for r in rows if r["kind"] == "tool_call" and r["task_id"]}))
     else:
         flags = operation_flags(ops)
-    roots, nodes = tree_build(rows, flags)
+    roots, nodes = tree_build(rows, flags, orphan_ids(run))
     totals_apply(nodes, task_totals(run.id, first))  # a no-op when every span is loaded; same queries either way
     root_totals(run, nodes, summary)
     if first and len(first) < tasks_total:
@@ -465,7 +466,7 @@ def span_children(request, run_id: int, span_id: int):
     if "after" in request.GET and root["kind"] == Span.Kind.RUN:
         return _more_tasks(request, run, root)
     rows = span_rows(run.id, task_id=root["task_id"]) if root["task_id"] else span_rows(run.id)
-    _, nodes = tree_build(rows, operation_flags(_operations(run.id)))
+    _, nodes = tree_build(rows, operation_flags(_operations(run.id)), orphan_ids(run))
     node = nodes[span_id]
     now = timezone.now()
     kids = format_html_join("", "{}", ((node_html(c, run.id, now, mode="lazy"),) for c in node.children))
@@ -580,7 +581,30 @@ def _subtree_totals(run: Run, nodes: dict, summary: dict) -> None:
                         tokens, cost, count = tokens + node.tokens, cost + node.cost_micros, count + 1
                         errors += node.status == Span.Status.ERROR
                     node.sub_tokens, node.sub_cost, node.sub_count, node.sub_errors = tokens, cost, count, errors
+    _inner_totals(run.id, nodes)
     root_totals(run, nodes, summary)
+
+
+def _inner_totals(run_id: int, nodes: dict) -> None:
+    """Σ of the pushed spans with children that are not containers (an ingested OTLP tree is deeper than
+    run, task, attempt, call): summed by the database over the whole subtree, as the push loaded only the
+    path to what changed. No query for a run of Warden's own workers."""
+    inner = [n.id for n in nodes.values() if n.kind not in CONTAINERS and n.children]
+    if not inner:
+        return
+    in_ids, params = sql.in_list("id", inner)
+    found = sql.fetchall(
+        "WITH RECURSIVE below(root, id) AS ("
+        f"SELECT id, id FROM runs_span WHERE run_id = %s AND {in_ids} "
+        "UNION ALL SELECT below.root, s.id FROM runs_span s JOIN below ON s.parent_id = below.id WHERE s.run_id = %s) "
+        "SELECT below.root, SUM(s.tokens_in) + SUM(s.tokens_out), SUM(s.cost_micros), COUNT(*), "
+        "SUM(CASE WHEN s.status = 'error' THEN 1 ELSE 0 END) FROM below JOIN runs_span s ON s.id = below.id "
+        "GROUP BY below.root",
+        [run_id, *params, run_id],
+    )
+    for root, tokens, cost, count, errors in found:
+        node = nodes[root]
+        node.sub_tokens, node.sub_cost, node.sub_count, node.sub_errors = tokens or 0, cost or 0, count, errors or 0
 
 
 def root_totals(run: Run, nodes: dict, summary: dict) -> None:
@@ -698,11 +722,18 @@ def run_push(run_id: int) -> dict | None:
     # Hand-written statements from here on: a push runs for every change of a watched run, and the
     # ORM's compilation cost more than the queries themselves.
     statuses = dict(sql.fetchall("SELECT id, status FROM tools_tooloperation WHERE run_id = %s", [run_id]))
-    open_now = [r[0] for r in sql.fetchall("SELECT id FROM runs_span WHERE run_id = %s AND ended_at IS NULL", [run_id])]
+    # Open spans, and spans attached to a parent that arrived after them (OTLP ingest): a push only adds
+    # and updates nodes, so a span that moved under a new parent sends the browsers to the database.
+    moving = sql.fetchall(
+        "SELECT id, ended_at IS NULL FROM runs_span WHERE run_id = %s AND (ended_at IS NULL OR parent_id > id)",
+        [run_id],
+    )
+    open_now = [r[0] for r in moving if r[1]]
+    moved = len(moving) - len(open_now)
     last_span, last_artifact = summary["last_span"] or 0, summary["last_artifact"] or 0
-    new_mark = {"span": last_span, "open": open_now, "ops": statuses, "art": last_artifact}
+    new_mark = {"span": last_span, "open": open_now, "ops": statuses, "art": last_artifact, "moved": moved}
     cache.set(_mark_key(run_id), new_mark, timeout=MARK_SECONDS)
-    if mark is None:
+    if mark is None or moved != mark.get("moved", moved):
         return {"refetch": True}
 
     was_open, was_open_params = sql.in_list("id", mark["open"] or [0])
