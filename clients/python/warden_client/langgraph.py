@@ -102,28 +102,28 @@ class WardenGate:
         def warden_name(call: dict) -> str:
             return names.get(call["name"], call["name"])
 
+        def identity(call: dict) -> tuple[str, str]:
+            return warden_name(call), canonical(model_arguments(call["args"]))
+
         def node(state: dict, config) -> dict:
             messages = state["messages"]
             # Calls just like one of these that the conversation made before: its occurrence, from the
             # graph's own state, so a resumed or restarted node counts as the first run did.
-            seen = Counter(
-                (warden_name(c), canonical(model_arguments(c["args"])))
-                for m in messages[:-1] for c in getattr(m, "tool_calls", None) or []
-            )  # fmt: skip
+            seen = Counter(identity(c) for m in messages[:-1] for c in getattr(m, "tool_calls", None) or [])
             answers, waiting = [], []
             for call in getattr(messages[-1], "tool_calls", None) or []:
                 tool, name = by_name.get(call["name"]), warden_name(call)
-                seen[(name, canonical(model_arguments(call["args"])))] += 1
+                seen[identity(call)] += 1
                 if tool is None:
                     answers.append(ToolMessage(f"there is no tool named {call['name']!r}", tool_call_id=call["id"],
                                                name=call["name"], status="error"))  # fmt: skip
                     continue
-                step = step_of(name, call["args"], seen[(name, canonical(model_arguments(call["args"])))])
+                step = step_of(name, call["args"], seen[identity(call)])
                 call_ = _Call(self, tool, name, call, call["name"] in deduplicates, handle_errors)
                 answer = call_.decided(step, config)
                 if answer is None:
                     waiting.append(call_)
-                answers.append(answer or call_)
+                answers.append(call_ if answer is None else answer)
             if waiting:  # the calls that need no reviewer are made; a re-run finds them in the ledger
                 interrupt({"warden_operations": [c.op.id for c in waiting]})
                 for call_ in waiting:  # resumed: the decisions are in
