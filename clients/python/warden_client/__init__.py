@@ -19,10 +19,21 @@ with Warden's idempotency key; the outcome).
 ``AsyncWardenClient`` has the same methods, awaited. Install with ``pip install ./clients/python``.
 """
 
+from ._adapters import current_idempotency_key, outcome_unknown
 from ._calls import Call, Retry
 from ._models import Operation, Run, WardenError
 from .aio import AsyncWardenClient
 from .client import WardenClient
 
-__all__ = ["AsyncWardenClient", "Call", "Operation", "Retry", "Run", "WardenClient", "WardenError"]
-__version__ = "0.2.0"
+__all__ = [
+    "AsyncWardenClient",
+    "Call",
+    "Operation",
+    "Retry",
+    "Run",
+    "WardenClient",
+    "WardenError",
+    "current_idempotency_key",
+    "outcome_unknown",
+]
+__version__ = "0.3.0"
