@@ -12,6 +12,7 @@ edited meanwhile.
 
 import hashlib
 import json
+from dataclasses import dataclass
 
 from django.db import IntegrityError, transaction
 
@@ -36,6 +37,42 @@ def workflow_config(workflow: Workflow) -> dict:
     config["planner_agent"] = workflow.planner_agent.slug if workflow.planner_agent_id else None
     config["project"] = workflow.project_id
     return config
+
+
+@dataclass(frozen=True)
+class WorkflowSettings:
+    """What decides how a run of a workflow goes, as one version of it says (``workflow_settings``)."""
+
+    planner: str
+    planner_agent: str | None  # its slug
+    agents: tuple  # the slugs a planner may assign
+    tasks: list
+    max_tasks: int | None
+    max_concurrent_tasks: int | None
+    tool_policies: dict
+    max_replans: int
+    approve_plans: bool
+    compensate_on_failure: bool
+
+
+def workflow_settings(config: dict) -> WorkflowSettings:
+    """A version's configuration as settings. A key a version predates (``approve_plans`` came after the
+    first versions) reads as the field's default: the behaviour such a run started with."""
+    defaults = {f.name: f.get_default() for f in Workflow._meta.concrete_fields}
+    value = {name: config.get(name, defaults.get(name)) for name in WORKFLOW_FIELDS}
+    policies = value["tool_policies"]
+    return WorkflowSettings(
+        planner=value["planner"],
+        planner_agent=config.get("planner_agent"),
+        agents=tuple(slug for slug in value["agents"] or () if isinstance(slug, str)),
+        tasks=list(value["tasks"] or []),
+        max_tasks=value["max_tasks"],
+        max_concurrent_tasks=value["max_concurrent_tasks"],
+        tool_policies=policies if isinstance(policies, dict) else {},
+        max_replans=int(value["max_replans"] or 0),
+        approve_plans=bool(value["approve_plans"]),
+        compensate_on_failure=bool(value["compensate_on_failure"]),
+    )
 
 
 def digest(config: dict) -> str:

@@ -150,8 +150,23 @@ class ApprovalPolicy(models.Model):
             )
         ]
 
+    # What a run records of each policy in force at its start (approvals/services.py, policies_in_force):
+    # the gate holds the run to the stricter of these and the policy as it is now (tools/gate.py).
+    RECORDED = (
+        "enabled", "effect", "project_id", "workflow_id", "tool", "condition", "quorum", "decided_by_role",
+        "expires_after_seconds", "remind_before_seconds", "on_expiry", "on_reject",
+    )  # fmt: skip
+
     def __str__(self) -> str:
         return f"{self.name} (waiver)" if self.effect == self.Effect.WAIVE else self.name
+
+    @classmethod
+    def as_recorded(cls, entry: dict) -> "ApprovalPolicy | None":
+        """The policy as a run recorded it at its start (unsaved; None for a record without settings)."""
+        settings = entry.get("settings") if isinstance(entry, dict) else None
+        if not isinstance(settings, dict):
+            return None
+        return cls(id=entry.get("id"), name=entry.get("name", ""), **{k: settings.get(k) for k in cls.RECORDED})
 
     def matches(self, *, tool: str, arguments: dict) -> bool:
         """Does this (requiring) policy gate the call? A condition it cannot evaluate gates it."""

@@ -22,6 +22,7 @@ from django.utils import timezone
 from core import bus
 from core.errors import Conflict, Forbidden, InvalidInput, NotFound
 from runs.models import Run, Task
+from runs.selectors import run_workflow_settings
 from tenancy.access import ACTIONS, role_of
 from tenancy.audit import audit, audit_denied
 from tools.human import ANSWER_LIMIT, ASK, answer_result
@@ -39,8 +40,7 @@ BATCH = 200
 
 def _policy(run_id: int) -> dict:
     """The workflow's trusted settings for human.ask: {"on_timeout": ..., "expires_after": seconds}."""
-    policies = Run.objects.filter(id=run_id).values_list("workflow__tool_policies", flat=True).first() or {}
-    policy = policies.get(ASK) if isinstance(policies, dict) else None
+    policy = run_workflow_settings(run_id).tool_policies.get(ASK)  # the version the run started with
     return policy if isinstance(policy, dict) else {}
 
 

@@ -384,8 +384,9 @@ def _wake_parked_task(run: Run, request: ApprovalRequest, reason: str, now) -> N
 
 
 def policies_in_force(*, project_id: int, workflow_id: int | None) -> list[dict]:
-    """The enabled approval policies that may match a run starting now, each with the digest of its
-    settings: recorded on the run (its ``versions``), so a later edit shows as a different digest."""
+    """The enabled approval policies that may match a run starting now, each with its settings and their
+    digest: recorded on the run (its ``versions``), so a later edit shows as a different digest and the
+    gate can hold the run to the stricter of the recorded and the live settings."""
     rows = (
         ApprovalPolicy.objects.filter(enabled=True)
         .filter(Q(project_id=project_id) | Q(project__isnull=True))
@@ -397,5 +398,8 @@ def policies_in_force(*, project_id: int, workflow_id: int | None) -> list[dict]
     for row in rows:
         settings_of = {k: v for k, v in row.items() if k not in ("id", "name")}
         digest = hashlib.sha256(json.dumps(settings_of, sort_keys=True, default=str).encode()).hexdigest()[:16]
-        in_force.append({"id": row["id"], "name": row["name"], "digest": digest})
+        # The settings themselves too: the gate holds the run to the stricter of them and the live row
+        # (a policy loosened or removed mid-run still binds it; a waiver added since does not).
+        recorded = {k: row[k] for k in ApprovalPolicy.RECORDED}
+        in_force.append({"id": row["id"], "name": row["name"], "digest": digest, "settings": recorded})
     return in_force

@@ -37,6 +37,27 @@ def jsonb() -> str:
     return "::jsonb" if connection.vendor == "postgresql" else ""
 
 
+def json_key(column: str, key: str) -> str:
+    """A top-level key of a JSON column, as JSON (read it with ``loads``). ``key``: a trusted name."""
+    if connection.vendor == "postgresql":
+        return f"({column} -> '{key}')"
+    return f"json_extract({column}, '$.{key}')"
+
+
+def json_int(column: str, key: str) -> str:
+    """A top-level key of a JSON column, as an integer (NULL when absent or null). ``key``: a trusted name."""
+    if connection.vendor == "postgresql":
+        return f"(({column} ->> '{key}')::integer)"
+    return f"json_extract({column}, '$.{key}')"
+
+
+def pinned(version: str, key: str, live: str, *, as_int: bool = False) -> str:
+    """A workflow setting as the run's pinned version (alias ``version``, LEFT JOINed) says, or the live
+    column ``live`` for a run that has no version (rows written around the services)."""
+    value = json_int(version, key) if as_int else json_key(version, key)
+    return f"CASE WHEN {version} IS NULL THEN {live} ELSE {value} END"
+
+
 def for_update(of: str = "") -> str:
     if not connection.features.has_select_for_update:
         return ""

@@ -124,6 +124,7 @@ class RunAdmin(RunData):
         "cost_micros",
         "started_by",
         "code_version",
+        "workflow_version",
         "versions",
         "created_at",
         "started_at",

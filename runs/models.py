@@ -44,6 +44,12 @@ class Run(models.Model):
     # What the run started with and keeps to its end: {"workflow": {"id", "version"}, "agents": {slug:
     # {"id", "version"}}, "policies": [{"id", "name", "digest"}]} (agents/versions.py).
     versions = models.JSONField(default=dict, blank=True)
+    # The workflow as the run started with it: its plan, tool policies, re-plans, plan approval and
+    # compensation are read from here to the run's end (runs/selectors.py, run_workflow_settings), never
+    # from the workflow's row, which later edits change.
+    workflow_version = models.ForeignKey(
+        "agents.WorkflowVersion", null=True, blank=True, on_delete=models.PROTECT, related_name="runs"
+    )
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)

@@ -570,8 +570,11 @@ def redrive_operations(now) -> int:
 
 
 def compensate_by_policy(now) -> int:
-    """Sweeper step: a run whose workflow compensates on failure, once no attempt is in flight."""
-    candidates = Run.objects.filter(status=Run.Status.NEEDS_ATTENTION, workflow__compensate_on_failure=True).exclude(
+    """Sweeper step: a run whose workflow compensates on failure (as the version the run started with
+    says: run_workflow_settings), once no attempt is in flight."""
+    pinned = Q(workflow_version__config__compensate_on_failure=True)
+    unpinned = Q(workflow_version__isnull=True, workflow__compensate_on_failure=True)  # rows made around run_start
+    candidates = Run.objects.filter(pinned | unpinned, status=Run.Status.NEEDS_ATTENTION).exclude(
         tasks__status=Task.Status.RUNNING
     )
     started = 0

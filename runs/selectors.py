@@ -5,6 +5,8 @@ from datetime import datetime
 
 from django.db.models import Prefetch, Q
 
+from agents.models import Workflow
+from agents.versions import WorkflowSettings, workflow_config, workflow_settings
 from core.circuit import BreakerRef, parked_by, parked_prefix
 from core.errors import NotFound
 
@@ -17,11 +19,29 @@ def set_aside_by_replan(plan_version) -> Q:
     return Q(status=Task.Status.SUPERSEDED) | Q(status=Task.Status.FAILED, plan_version__lt=plan_version)
 
 
+def run_workflow_settings(run: Run | int) -> WorkflowSettings:
+    """The workflow's settings a run keeps to its end: those of the version it started with (its plan,
+    tool policies, re-plans, plan approval, compensation), whatever was edited since. Every reader in
+    the engine asks here, never the workflow's row. ``run``: a Run (its ``workflow_version`` loaded
+    when already at hand) or a run id. One query at most."""
+    run_id = run if isinstance(run, int) else run.id
+    loaded = None if isinstance(run, int) else run._state.fields_cache.get("workflow_version")
+    if loaded is not None:
+        return workflow_settings(loaded.config)
+    config, workflow_id = Run.objects.filter(id=run_id).values_list("workflow_version__config", "workflow_id").get()
+    if config is None:  # a run the upgrade's backfill did not reach: its workflow as it is (the old reading)
+        return workflow_settings(workflow_config(Workflow.objects.select_related("planner_agent").get(id=workflow_id)))
+    return workflow_settings(config)
+
+
 def run_get(*, run_id: int) -> Run:
-    """A run with its workflow and its tasks (with their agents): three queries in all."""
+    """A run with its workflow (and the version it started with) and its tasks (with their agents): three
+    queries in all."""
     tasks = Prefetch("tasks", queryset=Task.objects.select_related("agent").order_by("id"))
     try:
-        return Run.objects.select_related("workflow", "project").prefetch_related(tasks).get(id=run_id)
+        return (
+            Run.objects.select_related("workflow", "workflow_version", "project").prefetch_related(tasks).get(id=run_id)
+        )
     except Run.DoesNotExist:
         raise NotFound(f"run {run_id} does not exist") from None
 

@@ -26,6 +26,7 @@ started the run or asked for the work, each of them approving exactly these argu
 """
 
 from dataclasses import asdict, dataclass, fields, replace
+from functools import cache
 
 from django.db.models import Q
 from django.utils import timezone
@@ -199,13 +200,24 @@ class _Facts:
     started_by_id: int | None
     policies_may_match: bool  # an enabled approval policy of this run's scope names the tool, or every tool
     waivers_may_match: bool  # an enabled waiver of this run's project names the tool, or every tool
+    # The approval policies in force when the run started, with their settings (approvals' policies_in_force);
+    # None for a run started before they were recorded: the live ones alone apply to it.
+    recorded_policies: list | None = None
 
 
 # Hand-written, like the engine's hot path (runs/services/sql.py): the gate is asked at every tool call,
 # and most calls match no approval policy, so the policies themselves are loaded only when one might.
 # "Might" ignores whether the call is a write: a caller's claim can still make it one (tool_classify).
+# The tool policies are the pinned version's (the run keeps what it started with, runs/selectors.py);
+# the approval policies are the live rows, held to the stricter of them and the settings the run
+# recorded at its start (``r.versions``: _recorded_needs, _waiver).
+@cache
+def _facts_sql() -> str:
+    return _FACTS_SQL.replace("w.tool_policies", sql.pinned("v.config", "tool_policies", "w.tool_policies"))
+
+
 _FACTS_SQL = (
-    "SELECT r.project_id, p.slug, r.workflow_id, w.slug, w.tool_policies, r.started_by_id, "
+    "SELECT r.project_id, p.slug, r.workflow_id, w.slug, w.tool_policies, r.started_by_id, r.versions, "
     "EXISTS (SELECT 1 FROM approvals_approvalpolicy a WHERE a.enabled AND a.effect = 'require' "
     "AND (a.tool = %s OR a.tool = '') AND (a.project_id IS NULL OR a.project_id = r.project_id) "
     "AND (a.workflow_id IS NULL OR a.workflow_id = r.workflow_id)), "
@@ -213,19 +225,31 @@ _FACTS_SQL = (
     "AND (a.tool = %s OR a.tool = '') AND a.project_id = r.project_id "
     "AND (a.workflow_id IS NULL OR a.workflow_id = r.workflow_id)) "
     "FROM runs_run r JOIN approvals_project p ON p.id = r.project_id JOIN agents_workflow w ON w.id = r.workflow_id "
+    "LEFT JOIN agents_workflowversion v ON v.id = r.workflow_version_id "
     "WHERE r.id = %s"
 )
 
 
 def _facts(run_id: int, tool: str) -> _Facts:
-    row = sql.fetchone(_FACTS_SQL, [tool, tool, run_id])
+    row = sql.fetchone(_facts_sql(), [tool, tool, run_id])
     if row is None:
         raise NotFound(f"run {run_id} does not exist")
-    project_id, project, workflow_id, workflow, policies, started_by, may_match, may_waive = row
+    project_id, project, workflow_id, workflow, policies, started_by, versions, may_match, may_waive = row
     policies = sql.loads(policies)
     policies = policies if isinstance(policies, dict) else {}
+    versions = sql.loads(versions)
+    recorded = versions.get("policies") if isinstance(versions, dict) else None
     return _Facts(
-        run_id, project_id, project, workflow_id, workflow, policies, started_by, bool(may_match), bool(may_waive)
+        run_id,
+        project_id,
+        project,
+        workflow_id,
+        workflow,
+        policies,
+        started_by,
+        bool(may_match),
+        bool(may_waive),
+        recorded if isinstance(recorded, list) else None,
     )
 
 
@@ -270,8 +294,11 @@ def gate(
     default, waiver = _irreversible_needs(facts, tool, arguments, found, origin)
     needs += default
     needs += _workflow_needs(facts, tool, origin, corrects)
-    if facts.policies_may_match:
-        needs += _policy_needs(facts, tool, arguments, found.is_write)
+    live = _policy_needs(facts, tool, arguments, found.is_write) if facts.policies_may_match else []
+    same = {replace(n, reason="") for n in live}  # a policy unchanged since the start asks once
+    needs += live + [
+        n for n in _recorded_needs(facts, tool, arguments, found.is_write) if replace(n, reason="") not in same
+    ]
     if origin == Origin.PROPOSAL:
         needs.append(_Need("propose mode: a reviewer approves it before the supervisor executes it"))
     if repeats is not None:
@@ -315,7 +342,27 @@ def _waiver(facts: _Facts, tool: str, arguments: dict) -> ApprovalPolicy | None:
         .filter(Q(workflow__isnull=True) | Q(workflow_id=facts.workflow_id))
         .order_by("id")
     )
-    return next((rule for rule in rows if rule.waives(tool=tool, arguments=arguments)), None)
+    return next(
+        (
+            rule
+            for rule in rows
+            if rule.waives(tool=tool, arguments=arguments) and _waived_at_start(facts, rule, tool, arguments)
+        ),
+        None,
+    )
+
+
+def _waived_at_start(facts: _Facts, rule: ApprovalPolicy, tool: str, arguments: dict) -> bool:
+    """A waiver loosens: it lifts a run's default only if it was in force when the run started and, as
+    then recorded, covers the call too (a waiver added or widened since reaches only new runs). A run
+    started before policies were recorded with their settings takes the live waiver, as it always did."""
+    if facts.recorded_policies is None:
+        return True
+    entry = next((e for e in facts.recorded_policies if isinstance(e, dict) and e.get("id") == rule.id), None)
+    if entry is None:
+        return False
+    then = ApprovalPolicy.as_recorded(entry)
+    return then is None or then.waives(tool=tool, arguments=arguments)
 
 
 def _workflow_needs(facts: _Facts, tool: str, origin: str, corrects: str) -> list[_Need]:
@@ -349,17 +396,35 @@ def _policy_needs(facts: _Facts, tool: str, arguments: dict, is_write: bool) -> 
         .order_by("id")
     )
     return [
-        _Need(
-            f"policy {rule.id} {rule.name!r}",
-            quorum=max(1, rule.quorum),
-            admins_only=rule.decided_by_role == "admin",
-            expires_after=rule.expires_after_seconds,
-            policy=rule.id,
-            fail_on_reject=rule.on_reject == ApprovalPolicy.OnReject.FAIL_TASK,
-        )
+        _policy_need(rule, why=f"policy {rule.id} {rule.name!r}")
         for rule in rules
         if rule.matches(tool=tool, arguments=arguments)
     ]
+
+
+def _recorded_needs(facts: _Facts, tool: str, arguments: dict, is_write: bool) -> list[_Need]:
+    """What the policies in force at the run's start ask of the call, as they were then: a policy loosened,
+    disabled or deleted since still binds the runs already in flight (a tightening binds them at once,
+    through the live rows: ``_policy_needs``)."""
+    needs = []
+    for entry in facts.recorded_policies or ():
+        rule = ApprovalPolicy.as_recorded(entry)
+        if rule is None or rule.effect != ApprovalPolicy.Effect.REQUIRE or (not rule.tool and not is_write):
+            continue
+        if rule.matches(tool=tool, arguments=arguments):
+            needs.append(_policy_need(rule, why=f"policy {rule.id} {rule.name!r} as it was when the run started"))
+    return needs
+
+
+def _policy_need(rule: ApprovalPolicy, *, why: str) -> _Need:
+    return _Need(
+        why,
+        quorum=max(1, rule.quorum or 1),
+        admins_only=rule.decided_by_role == "admin",
+        expires_after=rule.expires_after_seconds,
+        policy=rule.id,
+        fail_on_reject=rule.on_reject == ApprovalPolicy.OnReject.FAIL_TASK,
+    )
 
 
 def _verdict(found: Classification, needs: list[_Need]) -> Verdict:

@@ -23,14 +23,24 @@ class Column:
     scores: list = field(default_factory=list)  # every judge score of its settled cases
     judge_cost_micros: int = 0
     agent_versions: dict = field(default_factory=dict)  # agent slug -> the versions its runs used
+    workflow_versions: dict = field(default_factory=dict)  # workflow slug -> the versions its runs used
 
     @property
     def versions_label(self) -> str:
-        """The agents' versions this evaluation ran on ("verifier-agent v2, risk-agent v1"): what it compares."""
-        return ", ".join(
-            f"{slug} v{'/v'.join(str(n) for n in sorted(numbers))}"
-            for slug, numbers in sorted(self.agent_versions.items())
-        )
+        """The workflows' and agents' versions this evaluation ran on ("workflow deploy-review v3 · agents
+        verifier-agent v2, risk-agent v1"): what it compares."""
+
+        def listed(versions: dict) -> str:
+            return ", ".join(
+                f"{slug} v{'/v'.join(str(n) for n in sorted(numbers))}" for slug, numbers in sorted(versions.items())
+            )
+
+        parts = []
+        if self.workflow_versions:
+            parts.append(f"workflow {listed(self.workflow_versions)}")
+        if self.agent_versions:
+            parts.append(f"agents {listed(self.agent_versions)}")
+        return " · ".join(parts)
 
     @property
     def success(self) -> float | None:
@@ -83,8 +93,11 @@ def columns_of(eval_runs: list[EvalRun]) -> list[Column]:
     columns = []
     for eval_run in eval_runs:
         column = Column(eval_run)
-        for result in eval_run.results.select_related("run", "case"):
+        for result in eval_run.results.select_related("run__workflow_version__workflow", "case"):
             column.cells[result.case_id] = result
+            pinned = result.run.workflow_version
+            if pinned is not None:
+                column.workflow_versions.setdefault(pinned.workflow.slug, set()).add(pinned.number)
             for slug, ref in ((result.run.versions or {}).get("agents") or {}).items():
                 column.agent_versions.setdefault(slug, set()).add(ref.get("version"))
             if result.passed is None and finished(result.run) and not judges(result.case.checks):

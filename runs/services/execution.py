@@ -9,6 +9,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field
+from functools import cache
 
 from django.conf import settings
 from django.db import DatabaseError, connection
@@ -129,13 +130,20 @@ _CONTEXT_SQL = (
     "FROM runs_task t JOIN agents_agent a ON a.id = t.agent_id JOIN runs_run r ON r.id = t.run_id "
     "JOIN agents_workflow w ON w.id = r.workflow_id JOIN approvals_project p ON p.id = r.project_id "
     "LEFT JOIN agents_agentversion v ON v.id = t.agent_version_id "
+    "LEFT JOIN agents_workflowversion wv ON wv.id = r.workflow_version_id "
     "WHERE t.id = %s"
 )
 
 
+@cache
+def _context_sql() -> str:
+    """The workflow's task limit as the version the run started with says (runs/selectors.py)."""
+    return _CONTEXT_SQL.replace("w.max_tasks", sql.pinned("wv.config", "max_tasks", "w.max_tasks", as_int=True))
+
+
 def _load_context(lease: Lease) -> tuple[Run, Task, Agent, dict]:
     """The task, its agent and run, and its dependencies' artifacts, in two queries."""
-    row = sql.fetchone(_CONTEXT_SQL, [lease.task_id])
+    row = sql.fetchone(_context_sql(), [lease.task_id])
     (key, objective, depends_on, dependents, output_schema, allowed_tools, plan_version, depth, agent_id, *rest) = row
     t_usage, (max_seconds, started_at), rest = rest[:8], rest[8:10], rest[10:]
     (slug, instructions, provider, model, script, is_planner, cache_seconds, fallback, fallback_model) = rest[:9]

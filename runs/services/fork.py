@@ -33,6 +33,7 @@ from tools.transitions import UNKNOWN_OUTCOME
 
 from ..models import Artifact, Payload, Run, Span, Task
 from ..refusals import run_fork_refusal
+from ..selectors import run_workflow_settings
 from .outbox import outbox_add
 from .runs import EXECUTE
 
@@ -86,7 +87,7 @@ class _Plan:
             last=self.last.get(self.task.id, 0) if self.task else 0,
             running=[t.key for t in self.tasks if t.status == Task.Status.RUNNING],
             unresolved=list(ToolOperation.objects.filter(run_id=run.id, status__in=UNKNOWN_OUTCOME)),
-            external=run.workflow.planner == Workflow.Planner.EXTERNAL,
+            external=run_workflow_settings(run).planner == Workflow.Planner.EXTERNAL,
         )
 
     def fate(self, task: Task) -> str:
@@ -224,6 +225,7 @@ def _fork_run(source: Run, plan: _Plan, *, actor, now) -> Run:
         goal=source.goal,
         input=source.input,
         versions=source.versions,
+        workflow_version_id=source.workflow_version_id,  # the fork goes on as its source started
         status=Run.Status.RUNNING,
         plan_version=source.plan_version,
         max_steps=source.max_steps,

@@ -9,6 +9,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
+from functools import cache
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -184,6 +185,12 @@ def _fail(run_id: int, task_id: int, *, failure_class: str | None, reason: str, 
     return None
 
 
+@cache
+def _max_concurrent() -> str:
+    """The workflow's concurrency cap as the version the run started with says (runs/selectors.py)."""
+    return sql.pinned("wv.config", "max_concurrent_tasks", "w.max_concurrent_tasks", as_int=True)
+
+
 def task_reserve(*, run_id: int, task_id: int, owner: str):
     """Reserve an attempt: lease, fencing token, attempt number and budget check, in one transaction.
 
@@ -196,10 +203,11 @@ def task_reserve(*, run_id: int, task_id: int, owner: str):
         row = sql.fetchone(
             "SELECT r.status, r.code_version, (r.deadline IS NOT NULL AND r.deadline < %s), r.steps_used, "
             "r.tokens_used, r.tool_calls_used, r.cost_micros, r.max_steps, r.max_tokens, r.max_tool_calls, "
-            "r.max_cost_micros, r.input, w.max_concurrent_tasks, "
+            "r.max_cost_micros, r.input, " + _max_concurrent() + ", "
             "t.status, t.fencing_token, t.attempts, t.max_attempts, t.recoveries, t.continuing, t.key, t.agent_id, "
             "(t.status = %s AND t.lease_expires_at < %s), (t.not_before IS NULL OR t.not_before <= %s) "
             "FROM runs_run r JOIN agents_workflow w ON w.id = r.workflow_id JOIN runs_task t ON t.run_id = r.id "
+            "LEFT JOIN agents_workflowversion wv ON wv.id = r.workflow_version_id "
             "WHERE r.id = %s AND t.id = %s" + sql.for_update("r"),
             [sql.ts(now), Task.Status.RUNNING, sql.ts(now), sql.ts(now), run_id, task_id],
         )

@@ -11,6 +11,7 @@ from core.errors import Conflict
 
 from ..models import Run, Span, Task
 from ..schemas import PLAN_OUTPUT_SCHEMA, PlannedTaskIn
+from ..selectors import run_workflow_settings
 from .outbox import outbox_add
 from .replan import DEAD, replan_key
 
@@ -18,20 +19,20 @@ from .replan import DEAD, replan_key
 def plan_check(run: Run, plan) -> tuple[list[PlannedTaskIn], dict[str, Agent]]:
     """A planner's plan validated against the run as it now is (raises InvalidInput)."""
     existing = dict(Task.objects.filter(run_id=run.id).values_list("key", "status"))
-    allowed, max_tasks = Run.objects.filter(id=run.id).values_list("workflow__agents", "workflow__max_tasks").get()
+    wf = run_workflow_settings(run.id)  # the agents and the limit of the version the run started with
     return plan_validate(
         plan,
-        max_tasks=max_tasks or settings.WARDEN["MAX_TASKS_PER_RUN"],
+        max_tasks=wf.max_tasks or settings.WARDEN["MAX_TASKS_PER_RUN"],
         existing_keys=frozenset(existing),
         dead_keys=frozenset(k for k, status in existing.items() if status in DEAD),
         max_fanout=settings.WARDEN["MAX_PLAN_FANOUT"],
-        allowed_agents=frozenset(allowed or ()),
+        allowed_agents=frozenset(wf.agents),
     )
 
 
 def plan_held(run: Run, task: Task, plan, now) -> bool:
     """True when the workflow holds plans: the plan now waits for a reviewer and the run with it."""
-    if not Run.objects.filter(id=run.id, workflow__approve_plans=True).exists():  # ``run`` may be a partial row
+    if not run_workflow_settings(run.id).approve_plans:  # ``run`` may be a partial row
         return False
     from .runs import run_transition
 

@@ -17,11 +17,13 @@ writes, an open provider breaker, crashes. A failing planner is never re-planned
 import json
 
 from agents.models import Agent, Workflow
+from agents.versions import WorkflowSettings
 from core import bus
 from tools.models import ToolOperation
 
 from ..models import Artifact, Run, Span, Task
 from ..schemas import PLAN_OUTPUT_SCHEMA, PlannedTaskIn
+from ..selectors import run_workflow_settings
 from ..transitions import TASK
 from .outbox import outbox_add
 
@@ -40,16 +42,17 @@ def replan_key(version: int) -> str:
 NO_REPLANNING = "the workflow does not re-plan"
 
 
-def _refusal(run: Run, task: Task, failure_class: str, wf: dict | None) -> str:
-    """Why this failure does not go back to the planner ('' when it does)."""
-    if not wf or wf["planner"] != Workflow.Planner.AGENT or not wf["planner_agent_id"] or not wf["max_replans"]:
+def _refusal(run: Run, task: Task, failure_class: str, wf: WorkflowSettings) -> str:
+    """Why this failure does not go back to the planner ('' when it does). ``wf``: the settings of the
+    workflow's version the run started with."""
+    if wf.planner != Workflow.Planner.AGENT or not wf.planner_agent or not wf.max_replans:
         return NO_REPLANNING
     if failure_class not in REPLANNABLE:
         return f"a {failure_class} failure is for a human, not a new plan"
     if Agent.objects.filter(id=task.agent_id, is_planner=True).exists():
         return "the planner itself failed"
-    if run.plan_version - 1 >= wf["max_replans"]:
-        return f"the workflow allows {wf['max_replans']} re-plan(s) and they are used"
+    if run.plan_version - 1 >= wf.max_replans:
+        return f"the workflow allows {wf.max_replans} re-plan(s) and they are used"
     return ""
 
 
@@ -73,13 +76,13 @@ def replan(*, run: Run, task: Task, failure_class: str, reason: str, now) -> str
     """Send the run back to its planner after ``task`` failed for good. Returns '' when it did, else
     why not (NO_REPLANNING when the workflow never re-plans). Call with the run (and task) locked,
     after the task is marked failed."""
-    wf = Workflow.objects.filter(id=run.workflow_id).values("planner", "planner_agent_id", "max_replans").first()
+    wf = run_workflow_settings(run.id)  # as the run started, not as edited since
     why_not = _refusal(run, task, failure_class, wf)
     if why_not:
         return why_not
     from .runs import run_transition, tasks_create  # runs.py imports this module
 
-    planner = Agent.objects.get(id=wf["planner_agent_id"])
+    planner = Agent.objects.get(slug=wf.planner_agent)
     run.plan_version += 1  # the run is locked: its row is current
     Run.objects.filter(id=run.id).update(plan_version=run.plan_version)
     why = f"superseded by plan {run.plan_version}: task {task.key} failed"

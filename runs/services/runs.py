@@ -7,7 +7,7 @@ from django.db import transaction
 from django.utils import timezone
 from pydantic import ValidationError
 
-from agents.models import Agent, AgentVersion, ModelVersion, Workflow
+from agents.models import Agent, AgentVersion, ModelVersion, Workflow, WorkflowVersion
 from agents.planning import plan_validate, pydantic_errors
 from agents.versions import agent_version, version_ref, workflow_version
 from core import bus, hooks, metrics
@@ -188,10 +188,13 @@ def _first_plan(wf: Workflow, *, goal: str, max_tasks: int) -> tuple[list, dict]
     )
 
 
-def _versions_at_start(wf: Workflow, agents: dict[str, Agent], *, project_id: int) -> tuple[dict, dict]:
+def _versions_at_start(
+    wf: Workflow, agents: dict[str, Agent], *, project_id: int
+) -> tuple[dict, WorkflowVersion, dict]:
     """The workflow's version, those of every agent the run may use (its first tasks', its planner's
-    and those a planner may assign), and the approval policies in force; and the first tasks' agents'
-    versions, by slug."""
+    and those a planner may assign), and the approval policies in force with their settings (the gate
+    holds a run to the stricter of those and the live ones); the workflow's version; and the first
+    tasks' agents' versions, by slug."""
     may_use = dict(agents)
     if wf.planner_agent_id:
         may_use.setdefault(wf.planner_agent.slug, wf.planner_agent)
@@ -199,12 +202,13 @@ def _versions_at_start(wf: Workflow, agents: dict[str, Agent], *, project_id: in
     if others:
         may_use.update({a.slug: a for a in Agent.objects.filter(slug__in=others)})
     pinned = {slug: agent_version(agent) for slug, agent in may_use.items()}
+    wf_version = workflow_version(wf)
     versions = {
-        "workflow": version_ref(workflow_version(wf)),
+        "workflow": version_ref(wf_version),
         "agents": {slug: version_ref(version) for slug, version in pinned.items()},
         "policies": hooks.call(hooks.POLICIES_IN_FORCE, project_id=project_id, workflow_id=wf.id),
     }
-    return versions, {slug: pinned[slug] for slug in agents}
+    return versions, wf_version, {slug: pinned[slug] for slug in agents}
 
 
 def workflow_unknown(slug: str) -> InvalidInput:
@@ -244,10 +248,11 @@ def run_start(
     planned, agents = _first_plan(wf, goal=goal, max_tasks=max_tasks)
 
     now = timezone.now()
-    versions, started = _versions_at_start(wf, agents, project_id=project.id)
+    versions, wf_version, started = _versions_at_start(wf, agents, project_id=project.id)
     with audited("run_start", actor=started_by, via=via, request=request, target="", project_id=project.id) as act:
         run = Run.objects.create(
             versions=versions,
+            workflow_version=wf_version,
             workflow=wf,
             project=project,
             goal=goal or wf.default_goal,

@@ -11,6 +11,7 @@ from core.sql import (  # noqa: F401  (the engine's modules read the generic hel
     jsonb,
     loads,
     parse_ts,
+    pinned,
     ts,
 )
 

@@ -112,5 +112,8 @@ def test_an_evaluation_names_the_agent_versions_it_ran_on(demo_tx, worker, opera
     _, (before, after) = comparison(suite)
     now = verifier.versions.first().number
     assert f"verifier-agent v{now - 1}" in before.versions_label and f"verifier-agent v{now}" in after.versions_label
+    # …and the workflow's version each pass ran on (its edits compare the same way).
+    deploy = Workflow.objects.get(slug="deploy-review").versions.first().number
+    assert f"workflow deploy-review v{deploy}" in after.versions_label
     client.force_login(operator)
     assert after.versions_label in client.get(f"/evals/{suite.id}/").content.decode()

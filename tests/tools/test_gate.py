@@ -68,13 +68,14 @@ def test_the_workflows_trusted_policy_and_propose_mode_raise_it(run):
     Workflow.objects.filter(slug="gated").update(
         tool_policies={"email.send": {"approval": "always", "quorum": 3, "admins_only": True}}
     )
-    verdict = judge(run)
+    verdict = judge(run_start(workflow="gated"))  # a run keeps its start's policies: a new one has these
     assert (verdict.decision, verdict.quorum, verdict.admins_only) == (APPROVAL, 3, True)
 
 
 def test_a_correction_waits_unless_the_workflow_says_it_need_not(run):
     assert judge(run, origin=Origin.CORRECTION, corrects="email.send").decision == APPROVAL
     Workflow.objects.filter(slug="gated").update(tool_policies={"email.send": {"correction_approval": "never"}})
+    run = run_start(workflow="gated")
     assert judge(run, origin=Origin.CORRECTION, corrects="email.send").decision == ALLOW
     assert judge(run, "tickets.close", {"ticket_id": "T-1"}, origin=Origin.COMPENSATION).decision == ALLOW
 

@@ -323,7 +323,15 @@ class GateMachine(RuleBasedStateMachine):
             started_by=user,
             input={"propose_tools": ["email.send", "tickets.create"]} if propose else {},
         )
-        self.runs[run.id] = {"project": project, "starter": user.pk if user else None, "propose": propose, "step": 0}
+        # A waiver loosens: it lifts a run's default review only if it was in force when the run started.
+        waivers = set(ApprovalPolicy.objects.filter(enabled=True, effect="waive").values_list("id", flat=True))
+        self.runs[run.id] = {
+            "project": project,
+            "starter": user.pk if user else None,
+            "propose": propose,
+            "step": 0,
+            "waivers": waivers,
+        }
 
     # --- calls, decisions, executions --------------------------------------------------------------
 
@@ -446,7 +454,7 @@ class GateMachine(RuleBasedStateMachine):
             and (p.tool == tool or (p.tool == "" and write))
         ]
         waived = ApprovalPolicy.objects.filter(
-            enabled=True, effect="waive", project_id=run.project_id, tool__in=[tool, ""]
+            enabled=True, effect="waive", project_id=run.project_id, tool__in=[tool, ""], id__in=facts["waivers"]
         ).exists()
         by_default = write and irreversible and not waived
         if not matched and not propose and classified and not by_default:
