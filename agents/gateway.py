@@ -10,8 +10,8 @@ are retried, paused by a breaker and priced.
 - A breaker per provider opens after MODEL_CIRCUIT_FAILURES failed tries in a row: while it is open a
   model step fails at once with the ``provider`` class, which hands the run to a human instead of
   burning its budget on retries.
-- Cost is the price table (ModelPrice, editable in the admin) applied to the tokens the provider
-  reported.
+- Cost is the price table (ModelPrice: seeded from the genai-prices package, an admin's price wins;
+  agents/prices.py) applied to the tokens the provider reported.
 """
 
 import dataclasses
@@ -58,6 +58,9 @@ class ModelRequest:
     # The most the model may answer with (0: the deployment's default), asked of the provider and
     # reserved against the budgets before the call.
     max_output_tokens: int = 0
+    # The agent's own OpenAI-compatible endpoint (Agent.endpoint): its URL, its key's name and project,
+    # and whether it takes max_tokens; empty: the deployment's.
+    endpoint: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -254,7 +257,15 @@ def _cached_or_called(impl, model: str, request: ModelRequest) -> ModelResponse:
 def _cache_key(provider: str, model: str, request: ModelRequest) -> str:
     """Identical requests: the same model, messages and tools (the prompt carries the task's own steps)."""
     what = json.dumps(
-        [provider, model, request.instructions, request.prompt, sorted(request.tool_names), request.history],
+        [
+            provider,
+            model,
+            request.instructions,
+            request.prompt,
+            sorted(request.tool_names),
+            request.history,
+            request.endpoint.get("base_url") or "",
+        ],
         sort_keys=True,
         default=str,
     )
@@ -310,9 +321,9 @@ def _retry_delay(tries: int, retry_after: float | None) -> float:
 
 def cost_micros(provider: str, model: str, tokens_in: int, tokens_out: int) -> int:
     """The price table applied to the tokens: USD per million tokens is micro-dollars per token."""
-    from .models import ModelPrice
+    from .prices import price_get
 
-    price = ModelPrice.objects.filter(provider=provider, model=model).first()
+    price = price_get(provider, model)
     if price is None:
         log.warning("no price for %s/%s: its calls cost nothing in budgets until one is set", provider, model)
         return 0
