@@ -30,6 +30,10 @@ class AgentVersionInline(admin.TabularInline):
 
 
 class AgentForm(forms.ModelForm):
+    base_url = forms.URLField(
+        required=False, max_length=500, assume_scheme="https", help_text=Agent._meta.get_field("base_url").help_text
+    )
+
     class Meta:
         model = Agent
         fields = "__all__"
