@@ -12,7 +12,7 @@ from django.urls import reverse
 
 from agents.gateway import ModelRequest, circuit_reset, model_complete
 from agents.models import Agent, ModelPrice, Workflow
-from core.errors import StepFailure
+from core.errors import StepFailure, TransientFailure
 from runs.models import Run, Span
 from runs.services import run_start
 from tenancy.access import default_project
@@ -457,3 +457,27 @@ def test_max_tokens_goes_to_an_endpoint_that_takes_it(endpoints, db):
     sent = [r["json"] for r in a.requests]
     assert sent[0]["max_completion_tokens"] == 4096 and "max_tokens" not in sent[0]  # OpenAI's name, as before
     assert sent[1]["max_tokens"] == 4096 and "max_completion_tokens" not in sent[1]
+
+
+def test_one_agents_endpoint_down_opens_its_own_breaker_not_the_others(endpoints, provider, db):
+    down, up = endpoints
+    down.default = (500, {}, json.dumps({"error": {"message": "upstream down"}}).encode())
+    up.respond = provider.respond = lambda request: completion(content='{"answer": "42"}')
+    project = default_project().id
+    agents = {"agent-a": endpoint_agent("agent-a", down, "ENDPOINT_A_KEY"),
+              "agent-b": endpoint_agent("agent-b", up, "ENDPOINT_B_KEY")}  # fmt: skip
+
+    def ask_as(slug: str):
+        endpoint = agents[slug].endpoint if slug in agents else {}
+        request = ModelRequest(agent_slug=slug, instructions="", prompt="Objective: answer", turn=1, attempt=1,
+                               endpoint=endpoint, project_id=project)  # fmt: skip
+        return model_complete(provider="openai", script=[], model="gpt-test", request=request)
+
+    with pytest.raises(TransientFailure):  # four tries
+        ask_as("agent-a")
+    with pytest.raises(StepFailure, match="the provider openai:agent-a is failing") as refused:
+        ask_as("agent-a")  # the fifth failure in a row opens agent-a's breaker
+    assert len(down.requests) == 5
+    assert refused.value.failure_class == "provider" and down.url not in str(refused.value)
+    assert ask_as("agent-b").final == {"answer": "42"}  # another endpoint, another breaker
+    assert ask_as("gpt").final == {"answer": "42"}  # and the deployment's
