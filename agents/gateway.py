@@ -10,8 +10,8 @@ are retried, paused by a breaker and priced.
 - A breaker per provider opens after MODEL_CIRCUIT_FAILURES failed tries in a row: while it is open a
   model step fails at once with the ``provider`` class, which hands the run to a human instead of
   burning its budget on retries.
-- Cost is the price table (ModelPrice, editable in the admin) applied to the tokens the provider
-  reported.
+- Cost is the price table (ModelPrice: seeded from the genai-prices package, an admin's price wins;
+  agents/prices.py) applied to the tokens the provider reported.
 """
 
 import dataclasses
@@ -58,6 +58,9 @@ class ModelRequest:
     # The most the model may answer with (0: the deployment's default), asked of the provider and
     # reserved against the budgets before the call.
     max_output_tokens: int = 0
+    # The agent's own OpenAI-compatible endpoint (Agent.endpoint): its URL, its key's name and project,
+    # and whether it takes max_tokens; empty: the deployment's.
+    endpoint: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -254,7 +257,15 @@ def _cached_or_called(impl, model: str, request: ModelRequest) -> ModelResponse:
 def _cache_key(provider: str, model: str, request: ModelRequest) -> str:
     """Identical requests: the same model, messages and tools (the prompt carries the task's own steps)."""
     what = json.dumps(
-        [provider, model, request.instructions, request.prompt, sorted(request.tool_names), request.history],
+        [
+            provider,
+            model,
+            request.instructions,
+            request.prompt,
+            sorted(request.tool_names),
+            request.history,
+            request.endpoint.get("base_url") or "",
+        ],
         sort_keys=True,
         default=str,
     )
@@ -264,11 +275,11 @@ def _cache_key(provider: str, model: str, request: ModelRequest) -> str:
 def _call_with_retries(impl, model: str, request: ModelRequest) -> ModelResponse:
     from .providers import ProviderRetryable
 
-    cfg = settings.WARDEN
+    cfg, circuit = settings.WARDEN, circuit_name(impl.name, request)
     for tries in range(1, cfg["MODEL_RETRIES"] + 2):
-        wait = BREAKER.admit(impl.name)  # half-open: this call may be its probe
+        wait = BREAKER.admit(circuit)  # half-open: this call may be its probe
         if wait:
-            raise StepFailure(breaker_reason(BREAKER.ref(impl.name), wait), "provider")
+            raise StepFailure(breaker_reason(BREAKER.ref(circuit), wait), "provider")
         wait = rate_wait(f"model:{impl.name}", cfg["MODEL_RATE_PER_MINUTE"].get(impl.name))
         if wait > cfg["MODEL_RETRY_CAP_SECONDS"]:
             # Holding the worker that long would starve others: the task retries later, with backoff.
@@ -278,14 +289,14 @@ def _call_with_retries(impl, model: str, request: ModelRequest) -> ModelResponse
         try:
             response = impl.complete(model=model, request=request)
         except ProviderRetryable as exc:
-            _circuit_record(impl.name, ok=False)
+            _circuit_record(circuit, ok=False)
             if tries > cfg["MODEL_RETRIES"]:
                 raise TransientFailure(f"model call failed after {tries} tries: {exc}") from exc
             delay = _retry_delay(tries, exc.retry_after)
             log.info("model %s/%s: %s; try %s in %.2fs", impl.name, model, exc, tries + 1, delay)
             time.sleep(delay)
             continue
-        _circuit_record(impl.name, ok=True)
+        _circuit_record(circuit, ok=True)
         response.retries = tries - 1
         response.provider = impl.name
         # The prompt as sent, viewable on the model-call span. It holds no secret argument: those are
@@ -310,9 +321,9 @@ def _retry_delay(tries: int, retry_after: float | None) -> float:
 
 def cost_micros(provider: str, model: str, tokens_in: int, tokens_out: int) -> int:
     """The price table applied to the tokens: USD per million tokens is micro-dollars per token."""
-    from .models import ModelPrice
+    from .prices import price_get
 
-    price = ModelPrice.objects.filter(provider=provider, model=model).first()
+    price = price_get(provider, model)
     if price is None:
         log.warning("no price for %s/%s: its calls cost nothing in budgets until one is set", provider, model)
         return 0
@@ -326,6 +337,14 @@ def cost_micros(provider: str, model: str, tokens_in: int, tokens_out: int) -> i
 BREAKER = Breaker(what="provider", prefix="warden:model-circuit", failures_setting="MODEL_CIRCUIT_FAILURES",
                   open_setting="MODEL_CIRCUIT_OPEN_SECONDS")  # fmt: skip
 circuit_open_for, _circuit_record = BREAKER.open_for, BREAKER.record
+
+
+def circuit_name(provider: str, request: ModelRequest) -> str:
+    """An agent's own endpoint has its own breaker, named by the agent (its address stays out of the
+    reasons people read): one server down does not stop the agents of another."""
+    if provider == "openai" and request.endpoint.get("base_url"):
+        return f"{provider}:{request.agent_slug}"
+    return provider
 
 
 def circuit_reset(provider: str | None = None) -> None:

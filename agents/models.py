@@ -1,5 +1,6 @@
 """The registry: agents (instructions, model, tools, output schema) and workflows (how a run is planned)."""
 
+from django.core.validators import MinValueValidator
 from django.db import models
 
 
@@ -38,12 +39,47 @@ class Agent(models.Model):
     max_attempts = models.PositiveIntegerField(default=3)
     max_steps = models.PositiveIntegerField(null=True, blank=True)
     is_planner = models.BooleanField(default=False, help_text="Its output is a task plan")
+    # Its own OpenAI-compatible endpoint (docs/agents.md, "Providers"): only the key's name is stored.
+    base_url = models.URLField(
+        max_length=500,
+        blank=True,
+        help_text="OpenAI-compatible providers: this agent's endpoint (e.g. http://10.0.0.5:8000/v1); empty: the "
+        "deployment's (WARDEN_OPENAI_BASE_URL)",
+    )
+    api_key_secret = models.CharField(
+        max_length=128,
+        blank=True,
+        help_text="The name of the endpoint's key, a secret granted to the project below (WARDEN_SECRET_GRANTS); "
+        "empty: the deployment's key, sent only to the deployment's endpoint",
+    )
+    project = models.ForeignKey(
+        "tenancy.Project",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="+",
+        help_text="Whose secret the key is: only this project's runs may call the endpoint with it",
+    )
+    send_max_tokens = models.BooleanField(
+        default=False,
+        help_text="The endpoint takes max_tokens, not max_completion_tokens (older vLLM, Ollama, some proxies)",
+    )
 
     class Meta:
         ordering = ["slug"]
 
     def __str__(self) -> str:
         return self.slug
+
+    @property
+    def endpoint(self) -> dict:
+        """What the OpenAI-compatible provider needs of this agent beyond the deployment's settings."""
+        return {
+            "base_url": self.base_url,
+            "api_key_secret": self.api_key_secret,
+            "project_id": self.project_id,
+            "send_max_tokens": self.send_max_tokens,
+        }
 
 
 class ModelVersion(models.Model):
@@ -71,12 +107,21 @@ class ModelVersion(models.Model):
 
 class ModelPrice(models.Model):
     """The price table the gateway charges model calls by. USD per million tokens is also micro-dollars
-    per token, the unit budgets count in."""
+    per token, the unit budgets count in. Seeded and refreshed from the genai-prices package
+    (agents/prices.py); a price an admin sets wins and no refresh overwrites it."""
+
+    class Source(models.TextChoices):
+        PACKAGE = "package", "genai-prices (refreshed by refresh_model_prices)"
+        ADMIN = "admin", "set by an admin (never overwritten)"
 
     provider = models.CharField(max_length=32, choices=Agent.Provider.choices)
     model = models.CharField(max_length=100)
-    input_usd_per_mtok = models.DecimalField(max_digits=10, decimal_places=4)
-    output_usd_per_mtok = models.DecimalField(max_digits=10, decimal_places=4)
+    input_usd_per_mtok = models.DecimalField(max_digits=14, decimal_places=6, validators=[MinValueValidator(0)])
+    output_usd_per_mtok = models.DecimalField(max_digits=14, decimal_places=6, validators=[MinValueValidator(0)])
+    # Rows that existed before the package was read were typed by an admin: they stay theirs.
+    source = models.CharField(max_length=16, choices=Source.choices, default=Source.ADMIN)
+    source_version = models.CharField(max_length=32, blank=True, help_text="The package's version it came from")
+    updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
         ordering = ["provider", "model"]

@@ -15,6 +15,7 @@ from django.conf import settings
 from core.errors import StepFailure
 from tools.catalog import tool_spec
 from tools.memory import TOOL_SCHEMAS
+from tools.secrets import SecretRefused, scrub_failure, secrets_for
 
 from .conversation import anthropic_messages, openai_messages
 from .gateway import ModelRequest, ModelResponse, max_output_tokens
@@ -77,6 +78,54 @@ def _sdk_settings(provider: str) -> dict:
     }
 
 
+# Sent to an agent's own endpoint that names no key (a local server without auth): the SDK needs one,
+# and the deployment's key goes only to the deployment's endpoint.
+NO_KEY = "no-key"
+
+
+def endpoint_key_problems(endpoint: dict, *, project_id: int | None) -> list[str]:
+    """Why ``project_id``'s run (or, at save, the agent's project) may not use the endpoint's key."""
+    name = endpoint.get("api_key_secret")
+    if not name:
+        return []
+    if endpoint.get("project_id") is None:
+        return [f"the key {name} must belong to a project: choose the agent's project"]
+    if project_id != endpoint["project_id"]:
+        return [f"the key {name} is the agent's project's: a run of another project may not use it"]
+    try:
+        secrets_for([name], project_id=project_id)
+    except SecretRefused as exc:
+        return [str(exc)]
+    return []
+
+
+def _openai_settings(request: ModelRequest) -> tuple[dict, str | None]:
+    """The SDK's settings for the agent's endpoint (or the deployment's), and the key it was given when
+    it is a project's secret (scrubbed from what the endpoint answers)."""
+    endpoint = request.endpoint or {}
+    if not endpoint.get("base_url") and not endpoint.get("api_key_secret"):
+        return _sdk_settings("openai"), None
+    sdk = {
+        "base_url": endpoint.get("base_url") or settings.WARDEN["OPENAI_BASE_URL"],
+        "max_retries": 0,
+        "timeout": settings.WARDEN["MODEL_TIMEOUT_SECONDS"],
+    }
+    name = endpoint.get("api_key_secret")
+    if not name:
+        return {**sdk, "api_key": NO_KEY}, None
+    if problems := endpoint_key_problems(endpoint, project_id=request.project_id):
+        raise StepFailure(f"agent {request.agent_slug}: {problems[0]}", "validation")
+    key = secrets_for([name], project_id=request.project_id)[name]  # read now: a rotated key is used at once
+    return {**sdk, "api_key": key}, key
+
+
+def _sends_max_tokens(endpoint: dict) -> bool:
+    """The agent's endpoint says so; the deployment's endpoint, its setting."""
+    if endpoint.get("send_max_tokens"):
+        return True
+    return not endpoint.get("base_url") and bool(settings.WARDEN.get("OPENAI_SEND_MAX_TOKENS"))
+
+
 @contextmanager
 def _sdk_errors(sdk):
     """The official SDKs share their error types: map them to the gateway's two kinds (5xx includes
@@ -104,17 +153,25 @@ class OpenAIProvider:
     def complete(self, *, model: str, request: ModelRequest) -> ModelResponse:
         import openai
 
+        # max_completion_tokens is OpenAI's current name; servers that only know the older one refuse it.
+        limit = "max_tokens" if _sends_max_tokens(request.endpoint or {}) else "max_completion_tokens"
         body = {
             "model": model,
             "messages": openai_messages(request.instructions, request.prompt, request.history),
-            "max_completion_tokens": max_output_tokens(self.name, request),
+            limit: max_output_tokens(self.name, request),
         }
         functions = tool_functions(request.tool_names, request.project_id)
         if functions:
             body["tools"] = functions
-        client = openai.OpenAI(**_sdk_settings(self.name))
-        with _sdk_errors(openai):
-            completion = client.chat.completions.create(**body)
+        sdk, key = _openai_settings(request)
+        client = openai.OpenAI(**sdk)
+        try:
+            with _sdk_errors(openai):
+                completion = client.chat.completions.create(**body)
+        except (StepFailure, ProviderRetryable) as exc:
+            if key:  # an endpoint may quote the key it refused: not into the task's reason
+                scrub_failure(exc, [key])
+            raise
         return _openai_response(completion, model)
 
 

@@ -28,8 +28,23 @@ WORKFLOW_FIELDS = (
 )  # fmt: skip
 
 
+# The agent's own endpoint: in its version only when set, so versions made before these fields keep
+# their digests (a run pinned to such a version uses the deployment's endpoint).
+ENDPOINT_FIELDS = {"base_url": "", "api_key_secret": "", "send_max_tokens": False, "project": None}
+
+
 def agent_config(agent: Agent) -> dict:
-    return {name: getattr(agent, name) for name in AGENT_FIELDS}
+    config = {name: getattr(agent, name) for name in AGENT_FIELDS}
+    endpoint = {**agent.endpoint, "project": agent.project_id}
+    config.update({name: endpoint[name] for name in ENDPOINT_FIELDS if endpoint[name]})
+    return config
+
+
+def pinned_endpoint(config: dict) -> dict:
+    """The endpoint a version pins, as Agent.endpoint gives it."""
+    endpoint = {name: config.get(name, empty) for name, empty in ENDPOINT_FIELDS.items()}
+    endpoint["project_id"] = endpoint.pop("project")
+    return endpoint
 
 
 def workflow_config(workflow: Workflow) -> dict:

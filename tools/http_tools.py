@@ -358,7 +358,7 @@ def http_tool_spec(row: HttpTool) -> ToolSpec:
         undo_tool=(row.undo or {}).get("tool", ""),
         timeout_seconds=row.timeout_seconds,
         rate_per_minute=row.rate_per_minute,
-        description=row.description or f"{row.method} {row.url}",
+        description=row.description,  # none: the model is told the tool's name, never its address
         secrets=names,
         external_id=row.external_id,
         module=f"HTTP tool {row.id} of project {row.project_id}",

@@ -283,6 +283,8 @@ WARDEN = {
     # An OpenAI-compatible endpoint; the key is read from the environment at each call, never stored.
     "OPENAI_BASE_URL": os.environ.get("WARDEN_OPENAI_BASE_URL", "https://api.openai.com/v1"),
     "OPENAI_API_KEY_ENV": os.environ.get("WARDEN_OPENAI_API_KEY_ENV", "OPENAI_API_KEY"),
+    # That endpoint takes max_tokens, not max_completion_tokens (an agent's own endpoint says so itself).
+    "OPENAI_SEND_MAX_TOKENS": os.environ.get("WARDEN_OPENAI_SEND_MAX_TOKENS", "").lower() in ("1", "true", "yes"),
     "ANTHROPIC_BASE_URL": os.environ.get("WARDEN_ANTHROPIC_BASE_URL", "https://api.anthropic.com"),
     "ANTHROPIC_API_KEY_ENV": os.environ.get("WARDEN_ANTHROPIC_API_KEY_ENV", "ANTHROPIC_API_KEY"),
     # The most a model may answer with, asked of every provider and reserved against budgets before each

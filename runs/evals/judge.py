@@ -62,6 +62,7 @@ def grade(judge: dict, *, run, project_id: int) -> dict:
         attempt=1,
         context={"task": "judge", "artifact": artifact.content},
         project_id=project_id,
+        endpoint=agent.endpoint,
     )
     try:
         response = model_complete(provider=agent.provider, script=agent.script, model=agent.model, request=request)

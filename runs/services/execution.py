@@ -20,6 +20,7 @@ from agents.conversation import fit, turns
 from agents.gateway import ModelRequest, ModelResponse, model_complete, worst_case
 from agents.models import Agent, ModelVersion
 from agents.prompts import build_prompt
+from agents.versions import pinned_endpoint
 from core import bus, metrics
 from core.errors import BudgetExceeded, InvalidInput, LeaseLost, StepFailure, TransientFailure
 from core.faults import crash_now, faults
@@ -121,7 +122,7 @@ _CONTEXT_SQL = (
     "t.depth, t.agent_id, t.steps_used, t.tokens_used, t.tool_calls_used, t.cost_micros, t.max_steps, t.max_tokens, "
     "t.max_tool_calls, t.max_cost_micros, t.max_seconds, t.started_at, "
     "a.slug, a.instructions, a.provider, a.model, a.script, a.is_planner, a.cache_seconds, a.fallback_provider, "
-    "a.fallback_model, a.routing, "
+    "a.fallback_model, a.routing, a.base_url, a.api_key_secret, a.send_max_tokens, a.project_id, "
     "r.input, r.status, r.steps_used, r.tokens_used, r.tool_calls_used, r.cost_micros, r.max_steps, r.max_tokens, "
     "r.max_tool_calls, r.max_cost_micros, r.plan_version, w.max_tasks, t.journal_epoch, r.project_id, p.slug, "
     "v.config, "
@@ -147,7 +148,7 @@ def _load_context(lease: Lease) -> tuple[Run, Task, Agent, dict]:
     (key, objective, depends_on, dependents, output_schema, allowed_tools, plan_version, depth, agent_id, *rest) = row
     t_usage, (max_seconds, started_at), rest = rest[:8], rest[8:10], rest[10:]
     (slug, instructions, provider, model, script, is_planner, cache_seconds, fallback, fallback_model) = rest[:9]
-    routing, rest = sql.loads(rest[9]), rest[10:]
+    routing, endpoint, rest = sql.loads(rest[9]), rest[10:14], rest[14:]
     run_input, r_status, *r_usage, r_plan, max_tasks, journal_epoch, project_id, project_slug, pinned, knows = rest
     agent = Agent(
         id=agent_id,
@@ -161,12 +162,10 @@ def _load_context(lease: Lease) -> tuple[Run, Task, Agent, dict]:
         fallback_provider=fallback,
         fallback_model=fallback_model,
         routing=routing or {},
+        **dict(zip(("base_url", "api_key_secret", "send_max_tokens", "project_id"), endpoint, strict=True)),
     )
-    if pinned is not None:  # the agent as the run started with it (agents/versions.py), not as edited since
-        _apply_pinned(agent, sql.loads(pinned))
     run_input = sql.loads(run_input)
-    if run_input.get("model_version"):
-        _apply_model_version(agent, run_input["model_version"])
+    _as_the_run_uses_it(agent, sql.loads(pinned) if pinned is not None else None, run_input)
     run = Run(
         id=lease.run_id,
         input=run_input,
@@ -247,10 +246,19 @@ _PINNED_FIELDS = ("instructions", "provider", "model", "script", "is_planner", "
                   "fallback_model", "routing")  # fmt: skip
 
 
+def _as_the_run_uses_it(agent: Agent, pinned: dict | None, run_input: dict) -> None:
+    if pinned is not None:  # the agent as the run started with it (agents/versions.py), not as edited since
+        _apply_pinned(agent, pinned)
+    if run_input.get("model_version"):
+        _apply_model_version(agent, run_input["model_version"])
+
+
 def _apply_pinned(agent: Agent, config: dict) -> None:
     for name in _PINNED_FIELDS:
         if name in config:
             setattr(agent, name, config[name] if config[name] is not None or name != "routing" else {})
+    for name, value in pinned_endpoint(config).items():  # absent from the version: none, not the live one
+        setattr(agent, name, value)
 
 
 def _apply_model_version(agent: Agent, version: str) -> None:
@@ -399,6 +407,7 @@ def _model_request(lease: Lease, run: Run, task: Task, agent: Agent, state: _Loo
         cache_seconds=agent.cache_seconds,
         fallback=(agent.fallback_provider, agent.fallback_model) if agent.fallback_provider else None,
         routing=agent.routing,
+        endpoint=agent.endpoint,
     )
 
 

@@ -8,12 +8,15 @@ import threading
 import time
 
 import pytest
+from django.urls import reverse
 
 from agents.gateway import ModelRequest, circuit_reset, model_complete
 from agents.models import Agent, ModelPrice, Workflow
-from core.errors import StepFailure
+from core.errors import StepFailure, TransientFailure
 from runs.models import Run, Span
 from runs.services import run_start
+from tenancy.access import default_project
+from tenancy.models import Project
 from tests.conftest import wait_for
 
 API_KEY = "sk-test-canary-7f3a91"
@@ -367,3 +370,114 @@ def test_while_the_breaker_is_open_the_agent_falls_back_to_its_other_provider(pr
     assert [r["path"] for r in provider.requests] == ["/v1/chat/completions"] * 5 + ["/v1/messages"]
     [call] = Span.objects.filter(run=run, kind="model_call", status="ok")  # the first attempt's failure is there too
     assert call.name == "claude-test" and run.cost_micros == 100 * 3 + 10 * 15
+
+
+# --- an agent's own endpoint (docs/agents.md, "Providers") ---------------------------------------------------
+
+KEYS = {"ENDPOINT_A_KEY": "sk-endpoint-a-51c0d9", "ENDPOINT_B_KEY": "sk-endpoint-b-8e2f47"}
+
+
+@pytest.fixture
+def endpoints(provider, settings, monkeypatch):
+    """Two model servers beside the deployment's, each with its own key granted to the default project."""
+    for name, value in KEYS.items():
+        monkeypatch.setenv(name, value)
+    settings.WARDEN = {**settings.WARDEN, "SECRET_GRANTS": {name: ["default"] for name in KEYS}}
+    servers = [FakeOpenAI(), FakeOpenAI()]
+    yield servers
+    for server in servers:
+        server.httpd.shutdown()
+        server.httpd.server_close()
+
+
+def endpoint_agent(slug: str, server: FakeOpenAI, key: str, **fields) -> Agent:
+    return Agent.objects.create(slug=slug, name=slug, provider="openai", model="gpt-4.1-mini", base_url=server.url,
+                                api_key_secret=key, project=default_project(), max_attempts=1, **fields)  # fmt: skip
+
+
+def test_two_agents_call_their_own_endpoints_with_their_own_keys(endpoints, provider, worker):
+    a, b = endpoints
+    for server in endpoints:
+        server.respond = lambda request: completion(content='{"answer": "42"}', completion_tokens=100)
+    endpoint_agent("agent-a", a, "ENDPOINT_A_KEY")
+    endpoint_agent("agent-b", b, "ENDPOINT_B_KEY")
+    tasks = [{"key": slug, "agent": f"agent-{slug}", "objective": "Answer."} for slug in ("a", "b")]
+    Workflow.objects.create(slug="two-endpoints", name="Two", tasks=tasks)
+    run = run_start(workflow="two-endpoints")
+    wait_for(lambda: Run.objects.get(id=run.id).is_terminal, timeout=30, message="the run")
+
+    run.refresh_from_db()
+    assert run.status == "completed", run.status_reason
+    assert [r["headers"]["authorization"] for r in a.requests] == [f"Bearer {KEYS['ENDPOINT_A_KEY']}"]
+    assert [r["headers"]["authorization"] for r in b.requests] == [f"Bearer {KEYS['ENDPOINT_B_KEY']}"]
+    assert provider.requests == []  # the deployment's endpoint, and its key, are not used
+    # Priced from the package (gpt-4.1-mini: $0.40 and $1.60 per million): 1000 × 0.4 + 100 × 1.6, twice.
+    assert run.cost_micros == 2 * 560
+    spans = json.dumps([[s.body, s.attributes] for s in Span.objects.filter(run=run)], default=str)
+    assert not any(key in spans for key in KEYS.values())
+
+
+def test_a_key_not_granted_to_the_agents_project_is_refused_at_save_and_at_call(endpoints, admin_client, db):
+    a, _ = endpoints
+    form = {
+        "slug": "agent-c", "name": "C", "provider": "openai", "model": "gpt-test", "allowed_tools": "[]",
+        "output_schema": "{}", "script": "[]", "routing": "{}", "cache_seconds": "0", "max_attempts": "3",
+        "base_url": a.url, "api_key_secret": "ENDPOINT_C_KEY", "project": default_project().id,
+        "versions-TOTAL_FORMS": "0", "versions-INITIAL_FORMS": "0",
+    }  # fmt: skip
+    refused = admin_client.post(reverse("admin:agents_agent_add"), form)
+    assert refused.status_code == 200
+    errors = refused.context["adminform"].form.errors
+    assert "not granted to project default" in errors["api_key_secret"][0]
+    bad = admin_client.post(reverse("admin:agents_agent_add"), {**form, "api_key_secret": "lower", "base_url": "x"})
+    assert {"api_key_secret", "base_url"} <= set(bad.context["adminform"].form.errors)
+    anthropic = admin_client.post(reverse("admin:agents_agent_add"), {**form, "provider": "anthropic",
+                                                                      "api_key_secret": "ENDPOINT_A_KEY"})  # fmt: skip
+    assert "OpenAI-compatible" in anthropic.context["adminform"].form.errors["base_url"][0]
+    assert not Agent.objects.filter(slug="agent-c").exists()
+    saved = admin_client.post(reverse("admin:agents_agent_add"), {**form, "api_key_secret": "ENDPOINT_A_KEY"})
+    assert saved.status_code == 302 and Agent.objects.get(slug="agent-c").api_key_secret == "ENDPOINT_A_KEY"
+
+    # At the call: a name granted to no project, or a run of another project, is refused before any request.
+    written_around_the_form = endpoint_agent("agent-d", a, "ENDPOINT_C_KEY")
+    with pytest.raises(StepFailure, match="ENDPOINT_C_KEY is not granted to project default"):
+        ask(endpoint=written_around_the_form.endpoint, project_id=default_project().id)
+    other = Project.objects.create(slug="other", name="Other")
+    with pytest.raises(StepFailure, match="a run of another project may not use it"):
+        ask(endpoint=Agent.objects.get(slug="agent-c").endpoint, project_id=other.id)
+    assert a.requests == []
+
+
+def test_max_tokens_goes_to_an_endpoint_that_takes_it(endpoints, db):
+    a, _ = endpoints
+    a.respond = lambda request: completion(content="{}")
+    ask(endpoint=endpoint_agent("agent-a", a, "ENDPOINT_A_KEY").endpoint, project_id=default_project().id)
+    ask(endpoint=endpoint_agent("agent-b", a, "ENDPOINT_A_KEY", send_max_tokens=True).endpoint,
+        project_id=default_project().id)  # fmt: skip
+    sent = [r["json"] for r in a.requests]
+    assert sent[0]["max_completion_tokens"] == 4096 and "max_tokens" not in sent[0]  # OpenAI's name, as before
+    assert sent[1]["max_tokens"] == 4096 and "max_completion_tokens" not in sent[1]
+
+
+def test_one_agents_endpoint_down_opens_its_own_breaker_not_the_others(endpoints, provider, db):
+    down, up = endpoints
+    down.default = (500, {}, json.dumps({"error": {"message": "upstream down"}}).encode())
+    up.respond = provider.respond = lambda request: completion(content='{"answer": "42"}')
+    project = default_project().id
+    agents = {"agent-a": endpoint_agent("agent-a", down, "ENDPOINT_A_KEY"),
+              "agent-b": endpoint_agent("agent-b", up, "ENDPOINT_B_KEY")}  # fmt: skip
+
+    def ask_as(slug: str):
+        endpoint = agents[slug].endpoint if slug in agents else {}
+        request = ModelRequest(agent_slug=slug, instructions="", prompt="Objective: answer", turn=1, attempt=1,
+                               endpoint=endpoint, project_id=project)  # fmt: skip
+        return model_complete(provider="openai", script=[], model="gpt-test", request=request)
+
+    with pytest.raises(TransientFailure):  # four tries
+        ask_as("agent-a")
+    with pytest.raises(StepFailure, match="the provider openai:agent-a is failing") as refused:
+        ask_as("agent-a")  # the fifth failure in a row opens agent-a's breaker
+    assert len(down.requests) == 5
+    assert refused.value.failure_class == "provider" and down.url not in str(refused.value)
+    assert ask_as("agent-b").final == {"answer": "42"}  # another endpoint, another breaker
+    assert ask_as("gpt").final == {"answer": "42"}  # and the deployment's

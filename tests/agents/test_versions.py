@@ -7,6 +7,7 @@ from agents.versions import agent_version
 from approvals.models import ApprovalPolicy, ApprovalRequest
 from runs.models import Run, Task
 from runs.services import run_start
+from runs.services.execution import _apply_pinned
 from tenancy.access import default_project, membership_grant
 from tenancy.tokens import api_token_create
 from tests.conftest import decide, wait_for
@@ -117,3 +118,24 @@ def test_an_evaluation_names_the_agent_versions_it_ran_on(demo_tx, worker, opera
     assert f"workflow deploy-review v{deploy}" in after.versions_label
     client.force_login(operator)
     assert after.versions_label in client.get(f"/evals/{suite.id}/").content.decode()
+
+
+def test_a_version_pins_the_agents_endpoint_and_a_version_without_one_uses_none(db):
+    agent = Agent.objects.create(slug="local", name="Local", provider="openai", model="m")
+    before = agent.versions.get()
+    assert "base_url" not in before.config  # versions made before endpoints keep their digests
+    agent.base_url, agent.api_key_secret, agent.project = "http://10.0.0.5:8000/v1", "LOCAL_KEY", default_project()
+    agent.send_max_tokens = True
+    agent.save()
+    pinned = agent.versions.first()
+    assert pinned.number == 2
+    assert {k: pinned.config[k] for k in ("base_url", "api_key_secret", "send_max_tokens", "project")} == {
+        "base_url": "http://10.0.0.5:8000/v1", "api_key_secret": "LOCAL_KEY", "send_max_tokens": True,
+        "project": default_project().id,
+    }  # fmt: skip
+    # A run started on version 1 keeps the deployment's endpoint, whatever the agent says now.
+    live = Agent.objects.get(id=agent.id)
+    _apply_pinned(live, before.config)
+    assert live.endpoint == {"base_url": "", "api_key_secret": "", "project_id": None, "send_max_tokens": False}
+    _apply_pinned(live, pinned.config)
+    assert live.endpoint["base_url"] == "http://10.0.0.5:8000/v1" and live.endpoint["api_key_secret"] == "LOCAL_KEY"

@@ -261,8 +261,9 @@ def scene(demo, people, django_user_model):
         "runs.annotation": Annotation.objects.create(run=run, score=0.5, comment="ok"),
         "runs.blackboardentry": BlackboardEntry.objects.create(run=run, key="pods", version=1, kind="number", value=4),
         "agents.agent": Agent.objects.get(slug="inventory-agent"),
+        # First on the list's first page, before the rows seeded from the genai-prices package.
         "agents.modelprice": ModelPrice.objects.create(
-            provider="openai", model="m", input_usd_per_mtok="1", output_usd_per_mtok="2"
+            provider="anthropic", model="a-model", input_usd_per_mtok="1", output_usd_per_mtok="2"
         ),
         "agents.modelversion": ModelVersion.objects.create(slug="v2", name="v2"),
         "agents.workflow": workflow,

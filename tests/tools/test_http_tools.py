@@ -12,6 +12,7 @@ import pytest
 from django.apps import apps
 from django.test import override_settings
 
+from agents.providers import tool_functions
 from approvals.models import ApprovalPolicy, ApprovalRequest
 from examples.refunds import payments_service
 from examples.refunds.payments_service import PaymentsService
@@ -314,3 +315,10 @@ def test_bad_arguments_from_the_model_are_refused_with_the_field_and_call_nothin
     run = finished(run_start(workflow=wf.slug))
     assert payments.requests == [] and not ToolOperation.objects.filter(run=run).exists()
     assert payments_service.CHARGES  # the service is untouched
+
+
+def test_a_tool_without_a_description_is_described_to_the_model_by_its_name_only(payments, db):
+    row = declare(payments, description="")
+    [function] = tool_functions([row.name], row.project_id)
+    assert function["function"]["description"] == "payments.refund"
+    assert payments.url not in json.dumps(function) and "POST" not in json.dumps(function)
