@@ -9,6 +9,7 @@ from ninja.security import HttpBearer
 
 import api.external  # noqa: F401  (its operations join the reads router)
 from api.approvals import router as approvals_router
+from api.declarations import router as declarations_router
 from api.evals import router as evals_router
 from api.governance import router as governance_router
 from api.inbox import router as inbox_router
@@ -155,6 +156,7 @@ api.add_router("/", questions_router)
 api.add_router("/", evals_router)
 api.add_router("/", workers_router)
 api.add_router("/", governance_router)
+api.add_router("/", declarations_router)
 
 
 def _error(request, status: int, code: str, message: str, errors: list | None = None):
