@@ -4,7 +4,8 @@ a change waits for a second admin), with ``?dry_run=true`` for the diff; GET exp
 
 from typing import Any
 
-from ninja import Body, Field, Query, Router, Schema, Status
+from ninja import Field, Query, Router, Schema, Status
+from pydantic import BaseModel, ConfigDict
 
 from approvals.declarations.apply import declaration_documents, declarations_apply
 from approvals.declarations.export import declarations_export
@@ -24,6 +25,43 @@ OUTCOME_EXAMPLE = {
                         "after": "https://payments.internal/v2/charges/{charge_id}/refunds"}},
     "change_request": 4,
 }  # fmt: skip
+
+
+DOCUMENT_EXAMPLE = {
+    "project": "payments",
+    "http_tools": [
+        {"name": "payments.get_charge", "method": "GET", "url": "https://payments.internal/v1/charges/{charge_id}",
+         "tool_class": "read_only", "headers": {"Authorization": "Bearer {secret:PAYMENTS_API_KEY}"},
+         "arguments_schema": {"type": "object", "properties": {"charge_id": {"type": "string"}}}},
+    ],
+    "classifications": [{"tool": "helpdesk.search_tickets", "tool_class": "read_only"}],
+    "policies": [{"name": "every refund waits for a reviewer", "tool": "payments.refund"}],
+}  # fmt: skip
+ITEMS = Field(None, description="Items of this kind (docs/declarations.md)")
+
+
+class DocumentSchema(Schema):
+    """A project's declarations: lists of items by kind; a kind left out is left as it is."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [DOCUMENT_EXAMPLE]})
+
+    project: str | None = Field(None, description="The project's slug: the address's, or left out")
+    agents: list[dict[str, Any]] | None = ITEMS
+    mcp_servers: list[dict[str, Any]] | None = ITEMS
+    http_tools: list[dict[str, Any]] | None = ITEMS
+    classifications: list[dict[str, Any]] | None = ITEMS
+    workflows: list[dict[str, Any]] | None = ITEMS
+    policies: list[dict[str, Any]] | None = ITEMS
+    waivers: list[dict[str, Any]] | None = ITEMS
+
+
+class ItemIn(BaseModel):
+    """One item of a kind, its fields as in a document; its name is the address's."""
+
+    model_config = ConfigDict(
+        extra="allow", json_schema_extra={"examples": [{"tool_class": "non_idempotent_write", "reversibility":
+                                                        "irreversible", "approval": "always"}]}
+    )  # fmt: skip
 
 
 class DryRunQuery(Schema):
@@ -67,7 +105,7 @@ def _apply(request, documents: list, dry_run: bool):
     return _answer(outcomes, dry_run)
 
 
-@router.get("/projects/{slug}/declarations", response=dict[str, Any],
+@router.get("/projects/{slug}/declarations", response=DocumentSchema, exclude_none=True,
             summary="A project's declarations, as warden_export writes them (secrets by name only)")  # fmt: skip
 def export_declarations(request, slug: str):
     """Members of the project (any role) with a token that may ``read``."""
@@ -78,9 +116,9 @@ def export_declarations(request, slug: str):
 
 @router.put("/projects/{slug}/declarations", response={200: AppliedOut, 202: AppliedOut},
             summary="Apply a project's declaration document (project admins; 202 when a change waits)")  # fmt: skip
-def apply_declarations(request, slug: str, query: Query[DryRunQuery], document: Body[dict[str, Any]]):
+def apply_declarations(request, slug: str, query: Query[DryRunQuery], payload: DocumentSchema):
     """The document's ``project``, if given, is the address's; what it does not name is left as it is."""
-    project = _project(slug)
+    project, document = _project(slug), payload.model_dump(exclude_none=True)
     if document.get("project", slug) != slug:
         raise InvalidInput("a document is PUT at its own project's address",
                            [{"field": "project", "message": f"{slug} (as in the address) or left out"}])  # fmt: skip
@@ -90,6 +128,6 @@ def apply_declarations(request, slug: str, query: Query[DryRunQuery], document: 
 @router.put("/projects/{slug}/declarations/{kind}/{name}", response={200: AppliedOut, 202: AppliedOut},
             summary="Apply one declared item (project admins; 202 when the change waits)")  # fmt: skip
 def apply_declaration(request, slug: str, kind: str, name: str, query: Query[DryRunQuery],
-                      item: Body[dict[str, Any]]):  # fmt: skip
+                      item: ItemIn):  # fmt: skip
     project = _project(slug)
-    return _apply(request, declaration_documents(kind, name, item, project), query.dry_run)
+    return _apply(request, declaration_documents(kind, name, item.model_dump(), project), query.dry_run)

@@ -37,7 +37,7 @@ class BearerToken(HttpBearer):
 SCHEMA_REJECTED = "the request is invalid"
 
 ERROR_RESPONSES = {
-    "400": "Bad request (an Idempotency-Key that is too long)",
+    "400": "Bad request (an Idempotency-Key that is too long, a body that is not JSON)",
     "401": "No valid API token",
     "403": "The role or the token's scope does not allow it",
     "404": "Does not exist, or belongs to a project of others",
@@ -104,7 +104,7 @@ class WardenAPI(NinjaAPI):
             for method, operation in methods.items():
                 _add_examples(operation, components)
                 for code, text in ERROR_RESPONSES.items():
-                    if code == "400" and method != "post":
+                    if code == "400" and method not in ("post", "put"):
                         continue
                     operation["responses"].setdefault(code, {"description": text, "content": error})
                 if method == "post":
