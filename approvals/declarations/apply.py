@@ -35,7 +35,7 @@ from tools.mcp_tools import (
 from ..models import ApprovalPolicy
 from ..policies import FIELDS as POLICY_FIELDS
 from ..policies import policy_save
-from .kinds import KINDS, ORDER, Kind, form_class, form_data, item_of, written
+from .kinds import KINDS, ORDER, Kind, form_class, form_data, item_of, value_problems, written
 
 DEPLOYMENT_KINDS = ("agents", "workflows", "policies")
 _CHECKING = ContextVar("declarations_checking", default=False)
@@ -172,6 +172,8 @@ def item_built(item: Item):
     if len(found) > 1:
         raise _refused([(kind.identity, f"two rows of this project are named {item.name!r}: rename one")])
     before = found[0] if found else None
+    if problems := value_problems(kind, item.body):
+        raise _refused(problems)
     references = _references(item)
     instance = type(before).objects.get(pk=before.pk) if before is not None else _new_row(item)
     form = form_class(kind)(form_data(kind, item.body, references), instance=instance)

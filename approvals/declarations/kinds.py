@@ -119,6 +119,30 @@ def item_of(kind: Kind, row) -> dict:
     return item
 
 
+def value_problems(kind: Kind, item: dict) -> list[tuple[str, str]]:
+    """Values of the wrong shape for their field, which the admin's form (made for posted text) would
+    otherwise turn into text: a list where a name goes, a YAML date in a JSON field, "no" for a box."""
+    problems = []
+    for name in kind.declared:
+        if name not in item:
+            continue
+        value, field = item[name], kind.model._meta.get_field(name)
+        if isinstance(field, models.JSONField):
+            try:
+                json.dumps(value)
+            except (TypeError, ValueError):
+                problems.append((name, "JSON values only (text, numbers, true/false, lists, mappings)"))
+        elif isinstance(field, models.BooleanField):
+            if not isinstance(value, bool):
+                problems.append((name, "true or false"))
+        elif field.is_relation:
+            if value is not None and not isinstance(value, str):
+                problems.append((name, "a name (slug), or null"))
+        elif isinstance(value, bool) or not isinstance(value, str | int | float | type(None)):
+            problems.append((name, "a single value (text or a number)"))
+    return problems
+
+
 def form_class(kind: Kind) -> type[forms.ModelForm]:
     return forms.modelform_factory(kind.model, fields=kind.declared)
 

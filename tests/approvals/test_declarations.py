@@ -286,3 +286,23 @@ def test_bad_bodies_answer_4xx_and_write_nothing(people, client):
         == 401
     )
     assert not HttpTool.objects.exists() and not ApprovalPolicy.objects.exists()
+
+
+def test_values_of_the_wrong_shape_are_field_errors_not_text(people, tmp_path):
+    """YAML gives types the admin's form (made for posted text) would quietly turn into text."""
+    path = tmp_path / "shapes.yaml"
+    path.write_text(
+        "project: default\n"
+        "http_tools:\n"
+        "  - {name: a.b, method: GET, url: 'http://127.0.0.1:8701/x', tool_class: read_only,\n"
+        "     arguments_schema: {type: object}, enabled: 'no', description: {what: 1}}\n"
+        "policies:\n"
+        "  - {name: dated, condition: {field: day, op: '==', value: 2026-01-01}}\n"
+    )
+    with pytest.raises(CommandError) as refused:
+        apply(path, "ada")
+    message = str(refused.value)
+    assert "http_tools[a.b].enabled: true or false" in message
+    assert "http_tools[a.b].description: a single value" in message
+    assert "policies[dated].condition: JSON values only" in message
+    assert not HttpTool.objects.exists() and not ApprovalPolicy.objects.exists()
