@@ -207,6 +207,10 @@ def test_a_loosening_waits_for_a_second_admin_202_and_the_command_says_so(people
     out = apply(write(tmp_path, lowered, "lowered.yaml"), "ada")
     assert "pending  default: classifications crm.note (waits for a second admin: change request" in out
     assert "1 change(s) loosen the rules and wait for a second admin" in out
+    waiting = ChangeRequest.objects.get(status="pending")
+    again = apply_json(tmp_path / "lowered.yaml", "ada")  # CI applies the file again: the same request
+    assert [i["change_request"] for i in again["items"] if i["status"] == "pending"] == [waiting.id]
+    assert ChangeRequest.objects.filter(status="pending").count() == 1
     assert ToolClassification.objects.get(tool="crm.note").tool_class == "non_idempotent_write"
     # A superuser's change applies at once, as in the admin.
     assert statuses(apply_json(tmp_path / "lowered.yaml", "root"))["classifications[crm.note]"] == "changed"
