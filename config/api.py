@@ -132,6 +132,7 @@ class WardenAPI(NinjaAPI):
         "api.evals": "runs.api_evals",
         "api.workers": "runs.api",  # the engine's worker registry (new: no older name to keep)
         "api.governance": "approvals.api",  # change requests, decided by the project's admins (new)
+        "api.declarations": "approvals.api",  # declarations as code, the approvals app's (new)
     }
 
     def get_openapi_operation_id(self, operation) -> str:
