@@ -86,7 +86,7 @@ def _refused(problems) -> _Refused:
 def declarations_items(documents: list) -> list[Item]:
     """The documents' items in the order they apply; InvalidInput naming each item and field that is not
     a declaration at all, NotFound for a project that does not exist."""
-    items, errors = [], []
+    items, errors, seen = [], [], set()
     for number, document in enumerate(documents, 1):
         where = f"document {number}"
         if not isinstance(document, dict):
@@ -101,32 +101,35 @@ def declarations_items(documents: list) -> list[Item]:
             if project is None:
                 raise NotFound(f"project {slug} does not exist")
         for key in ORDER:
-            items += _kind_items(project, KINDS[key], document.get(key, []), where, errors)
+            listed = document.get(key)
+            items += _kind_items(project, KINDS[key], [] if listed is None else listed, where, errors, seen)
     if errors:
         raise InvalidInput("nothing was applied: the document is not valid", errors)
     return items
 
 
-def _kind_items(project, kind: Kind, listed, where: str, errors: list) -> list[Item]:
+def _kind_items(project, kind: Kind, listed, where: str, errors: list, seen: set) -> list[Item]:
+    """The items of one kind of one document; ``seen``: (project, kind, name) of every document's, so an
+    item declared twice (in two files of a directory too) is an error, not a race between them."""
     if project is None and kind.key not in DEPLOYMENT_KINDS and listed:
         errors.append({"field": f"{where}.{kind.key}", "message": "belongs to a project: name it (project: SLUG)"})
         return []
     if not isinstance(listed, list):
         errors.append({"field": f"{where}.{kind.key}", "message": "a list of items"})
         return []
-    items, seen = [], set()
+    items, prefix = [], f"{project.slug}:" if project is not None else ""
     for position, body in enumerate(listed, 1):
         name = body.get(kind.identity) if isinstance(body, dict) else None
-        label = f"{kind.key}[{name if isinstance(name, str) and name else position}]"
+        label = f"{prefix}{kind.key}[{name if isinstance(name, str) and name else position}]"
         if not isinstance(body, dict) or not isinstance(name, str) or not name:
             errors.append({"field": f"{label}.{kind.identity}", "message": f"each item is a mapping with its "
                            f"{kind.identity}"})  # fmt: skip
             continue
         errors += [{"field": f"{label}.{field}", "message": f"not a field of {kind.key}: {', '.join(kind.declared)}"}
                    for field in body if field not in kind.declared]  # fmt: skip
-        if name in seen:
+        if (project, kind.key, name) in seen:
             errors.append({"field": f"{label}.{kind.identity}", "message": "declared twice"})
-        seen.add(name)
+        seen.add((project, kind.key, name))
         items.append(Item(project, kind, body))
     return items
 

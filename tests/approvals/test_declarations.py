@@ -310,3 +310,15 @@ def test_values_of_the_wrong_shape_are_field_errors_not_text(people, tmp_path):
     assert "http_tools[a.b].description: a single value" in message
     assert "policies[dated].condition: JSON values only" in message
     assert not HttpTool.objects.exists() and not ApprovalPolicy.objects.exists()
+
+
+def test_a_directory_applies_its_files_together_and_an_item_declared_in_two_is_refused(people, tmp_path):
+    folder = tmp_path / "warden"
+    folder.mkdir()
+    doc = document()
+    write(folder, {"project": "default", "http_tools": doc["http_tools"]}, "tools.yaml")
+    write(folder, {**doc, "http_tools": []}, "rules.json")
+    assert set(statuses(apply_json(folder, "ada")).values()) == {"created"}
+    write(folder, {"project": "default", "http_tools": doc["http_tools"][:1]}, "again.yaml")
+    with pytest.raises(CommandError, match=r"default:http_tools\[payments.get_charge\].name: declared twice"):
+        apply(folder, "ada", "--dry-run")
