@@ -4,7 +4,10 @@ with the admin's checks, all or nothing, audited and under the same four-eyes ru
 `warden_export` (or GET), secrets by name only."""
 
 import json
+import re
 import uuid
+from io import StringIO
+from pathlib import Path
 
 import pytest
 import yaml
@@ -12,6 +15,8 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from agents.models import Agent, Workflow
+from approvals.declarations.apply import declarations_items
+from approvals.declarations.kinds import ORDER
 from approvals.governance import change_request_decide
 from approvals.models import ApprovalPolicy
 from tenancy.access import default_project, membership_grant
@@ -81,8 +86,6 @@ def write(tmp_path, doc, name="warden.yaml"):
 
 
 def apply(path, username, *flags) -> str:
-    from io import StringIO
-
     out = StringIO()
     call_command("warden_apply", str(path), "--as", username, *flags, stdout=out)
     return out.getvalue()
@@ -322,3 +325,12 @@ def test_a_directory_applies_its_files_together_and_an_item_declared_in_two_is_r
     write(folder, {"project": "default", "http_tools": doc["http_tools"][:1]}, "again.yaml")
     with pytest.raises(CommandError, match=r"default:http_tools\[payments.get_charge\].name: declared twice"):
         apply(folder, "ada", "--dry-run")
+
+
+def test_the_format_reference_in_the_docs_names_only_real_kinds_and_fields(db):
+    """docs/declarations.md shows an item of every kind: each of its fields is one a declaration takes."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "declarations.md").read_text()
+    [reference] = [block for block in re.findall(r"```yaml\n(.*?)```", text, re.S) if "waivers:" in block]
+    Project.objects.create(slug="payments", name="Payments")
+    items = declarations_items([yaml.safe_load(reference)])
+    assert {item.kind.key for item in items} == set(ORDER)
