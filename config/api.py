@@ -9,6 +9,7 @@ from ninja.security import HttpBearer
 
 import api.external  # noqa: F401  (its operations join the reads router)
 from api.approvals import router as approvals_router
+from api.declarations import router as declarations_router
 from api.evals import router as evals_router
 from api.governance import router as governance_router
 from api.inbox import router as inbox_router
@@ -36,7 +37,7 @@ class BearerToken(HttpBearer):
 SCHEMA_REJECTED = "the request is invalid"
 
 ERROR_RESPONSES = {
-    "400": "Bad request (an Idempotency-Key that is too long)",
+    "400": "Bad request (an Idempotency-Key that is too long, a body that is not JSON)",
     "401": "No valid API token",
     "403": "The role or the token's scope does not allow it",
     "404": "Does not exist, or belongs to a project of others",
@@ -103,7 +104,7 @@ class WardenAPI(NinjaAPI):
             for method, operation in methods.items():
                 _add_examples(operation, components)
                 for code, text in ERROR_RESPONSES.items():
-                    if code == "400" and method != "post":
+                    if code == "400" and method not in ("post", "put"):
                         continue
                     operation["responses"].setdefault(code, {"description": text, "content": error})
                 if method == "post":
@@ -131,6 +132,7 @@ class WardenAPI(NinjaAPI):
         "api.evals": "runs.api_evals",
         "api.workers": "runs.api",  # the engine's worker registry (new: no older name to keep)
         "api.governance": "approvals.api",  # change requests, decided by the project's admins (new)
+        "api.declarations": "approvals.api",  # declarations as code, the approvals app's (new)
     }
 
     def get_openapi_operation_id(self, operation) -> str:
@@ -155,6 +157,7 @@ api.add_router("/", questions_router)
 api.add_router("/", evals_router)
 api.add_router("/", workers_router)
 api.add_router("/", governance_router)
+api.add_router("/", declarations_router)
 
 
 def _error(request, status: int, code: str, message: str, errors: list | None = None):

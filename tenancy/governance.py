@@ -10,6 +10,9 @@ A superuser (the deployment's owner: setup commands, the demo, an emergency) cha
 so does any admin of a project a superuser set to single-admin governance.
 """
 
+import json
+
+from django.core.serializers.json import DjangoJSONEncoder
 from django.db import transaction
 from django.utils import timezone
 
@@ -55,7 +58,12 @@ def change_request_open(
     request=None,
 ) -> ChangeRequest:
     """Record a loosening change for another admin of the project to decide; nothing else changes. The
-    caller has checked that ``user`` may administer the project and that the change is valid."""
+    caller has checked that ``user`` may administer the project and that the change is valid. The same
+    change asked for again by the same person while it waits (a declaration file applied by each CI run)
+    is the request already open."""
+    waiting = _same_request_pending(user, project_id, subject, object_id, action, before, after)
+    if waiting is not None:
+        return waiting
     with transaction.atomic():
         row = ChangeRequest.objects.create(
             project_id=project_id,
@@ -84,6 +92,20 @@ def change_request_open(
             },  # fmt: skip
         )
     return row
+
+
+def _same_request_pending(user, project_id, subject, object_id, action, before, after) -> ChangeRequest | None:
+    def canonical(value) -> str:
+        return json.dumps(value, sort_keys=True, cls=DjangoJSONEncoder)
+
+    rows = ChangeRequest.objects.filter(
+        project_id=project_id, subject=subject, object_id=object_id, action=action, status=CS.PENDING,
+        requested_by=user,
+    )  # fmt: skip
+    for row in rows.order_by("id"):
+        if canonical(row.before) == canonical(before) and canonical(row.after) == canonical(after):
+            return row
+    return None
 
 
 def change_request_withdraw(*, request_id: int, user, request=None) -> ChangeRequest:

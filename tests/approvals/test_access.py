@@ -74,6 +74,10 @@ POLICY = {
     ("GET", "/api/v1/change-requests/{change_id}"): ("administer", "read"),
     ("POST", "/api/v1/change-requests/{change_id}/decision"): ("administer", "admin"),
     ("POST", "/api/v1/change-requests/{change_id}/withdraw"): ("administer", "admin"),
+    # Declarations as code (issue 26): exported to members, applied by the project's admins.
+    ("GET", "/api/v1/projects/{slug}/declarations"): ("view", "read"),
+    ("PUT", "/api/v1/projects/{slug}/declarations"): ("administer", "admin"),
+    ("PUT", "/api/v1/projects/{slug}/declarations/{kind}/{name}"): ("administer", "admin"),
 }
 BODIES = {
     "/api/v1/runs": {"workflow": "deploy-review"},
@@ -100,6 +104,8 @@ BODIES = {
     "/api/v1/runs/{run_id}/annotations": {"score": 0.5},
     "/api/v1/eval-suites": {"slug": "new-suite", "name": "New", "project": "default"},
     "/api/v1/change-requests/{change_id}/decision": {"decision": "approve"},
+    "/api/v1/projects/{slug}/declarations": {"classifications": [{"tool": "crm.other", "tool_class": "read_only"}]},
+    "/api/v1/projects/{slug}/declarations/{kind}/{name}": {"tool_class": "read_only"},
 }
 ALLOWED = {  # role → actions
     "viewer": {"view"},
@@ -176,6 +182,9 @@ def scene(demo, django_user_model):
         "task_key": "risk",
         "question_id": question.id,
         "change_id": change.id,
+        "slug": home.slug,
+        "kind": "classifications",
+        "name": "crm.other",
     }
     artifact = Artifact.objects.create(run=run, task=run.tasks.get(key="inventory"), key="inventory", content={})
     entry = BlackboardEntry.objects.create(run=run, key="pods", version=1, kind="number", value=4)
@@ -190,8 +199,9 @@ def _call(client, token, method, path, ids):
     url = path.format(**ids) + QUERIES.get(path, "")
     body = {k: (v.format(**ids) if isinstance(v, str) else v) for k, v in BODIES.get(path, {}).items()}
     headers = {"HTTP_AUTHORIZATION": f"Bearer {token}"} if token else {}
-    if method == "POST":
-        return client.post(url, data=body, content_type="application/json", **headers)
+    if method in ("POST", "PUT"):
+        send = client.post if method == "POST" else client.put
+        return send(url, data=body, content_type="application/json", **headers)
     return client.get(url, **headers)
 
 

@@ -218,6 +218,9 @@ def fill(route: str, scene, *, every: bool, admin_rows: int = 1) -> list[str]:
                 "what": ["tool"],
                 "name": ["crm.read"],
                 "project": [run.project.slug],  # a project's own tool's breaker
+                # declarations as code (api/declarations.py): a project's, one item of a kind
+                "slug": [run.project.slug],
+                "kind": ["classifications"],
             }
         ]
     if "token" in names:  # a decision link (approvals/links.py) to a pending request: made only when needed

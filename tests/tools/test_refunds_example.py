@@ -4,8 +4,11 @@ reviewer and made once after the yes."""
 
 import json
 import uuid
+from io import StringIO
+from pathlib import Path
 
 import pytest
+from django.core.management import call_command
 
 from approvals.models import ApprovalRequest
 from examples.refunds.payments_service import PaymentsService
@@ -30,12 +33,36 @@ def services(monkeypatch, tmp_path, settings):
     payments.stop()
 
 
+WARDEN_YAML = Path(__file__).resolve().parents[2] / "examples" / "refunds" / "warden.yaml"
+
+
+def declared_from_its_file(tmp_path, payments_url: str, django_user_model) -> None:
+    """examples/refunds/warden.yaml, with this machine's service address and the test's MCP command,
+    applied by a superuser, then again by a project admin: the second time nothing changes."""
+    text = WARDEN_YAML.read_text().replace("http://127.0.0.1:8701", payments_url)
+    path = tmp_path / "warden.yaml"
+    path.write_text(text.replace("command: refunds-tickets", "command: tickets"))
+    django_user_model.objects.create_user(username="root", password="root-pass-123", is_superuser=True)
+    out = StringIO()
+    call_command("warden_apply", str(path), "--as", "root", "--json", stdout=out)
+    assert {item["status"] for item in json.loads(out.getvalue())["items"]} == {"created"}
+    admin = django_user_model.objects.create_user(username="ada", password="ada-pass-123")
+    membership_grant(user=admin, project=default_project(), role="admin")
+    out = StringIO()
+    call_command("warden_apply", str(path), "--as", "ada", stdout=out)
+    assert "0 created, 0 changed, 9 unchanged, 0 pending" in out.getvalue()
+
+
+@pytest.mark.parametrize("declared", ["by its setup script", "by its warden.yaml"])
 def test_the_refunds_example_holds_the_refund_for_a_reviewer_then_makes_it_once(
-    demo_tx, worker, services, django_user_model
+    demo_tx, worker, services, django_user_model, declared, tmp_path
 ):
     payments, tickets = services
-    refunds_setup(payments_url=payments.url, mcp_command="tickets")
-    refunds_setup(payments_url=payments.url, mcp_command="tickets")  # run again: it updates, nothing doubles
+    if declared == "by its warden.yaml":
+        declared_from_its_file(tmp_path, payments.url, django_user_model)
+    else:
+        refunds_setup(payments_url=payments.url, mcp_command="tickets")
+        refunds_setup(payments_url=payments.url, mcp_command="tickets")  # run again: it updates, nothing doubles
     reviewer = django_user_model.objects.create_user(username="rita", password="x-pass-123456")
     membership_grant(user=reviewer, project=default_project(), role="reviewer")
 
