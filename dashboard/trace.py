@@ -104,6 +104,8 @@ def operation_flags(operations) -> dict[tuple[int, int], set]:
             mine.add("irreversible")
         if op.status in ("awaiting_approval", "proposed"):
             mine.add("approval")
+        if op.status == "refused":  # the system said no; the model was told
+            mine.add("refused")
     return flags
 
 
