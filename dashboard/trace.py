@@ -53,7 +53,8 @@ KIND_LABELS = {
     "compensation": "compensation",
     "plan": "plan",
 }
-ONLY_CHOICES = {"failed": "failed", "approval": "awaiting approval", "irreversible": "irreversible"}
+ONLY_CHOICES = {"failed": "failed", "approval": "awaiting approval", "irreversible": "irreversible",
+                "refused": "refused by the tool"}  # fmt: skip
 
 
 @dataclass

@@ -184,6 +184,8 @@ def test_a_wrong_refund_gets_the_services_4xx_back_and_the_model_corrects_it(
     client.force_login(root)
     page = client.get(f"/runs/{run.id}/").content.decode()
     assert 'class="flag f-refused"' in page
+    only = client.get(f"/runs/{run.id}/?only=refused").content.decode()  # the filter keeps the refused step
+    assert only.count('class="flag f-refused"') == 1 and "step 2" in only and "step 4" not in only
     assert BREAKER.state("payments.refund", project_id=default_project().id).state == CLOSED
 
 
