@@ -119,6 +119,12 @@ class Breaker:
             return 0.0
         return max(1.0, (cache.get(f"{key}:probe") or now + 1) - now)
 
+    def probe_release(self, name: str, *, project_id: int | None = None) -> None:
+        """A call whose outcome tells nothing of the system's health (a refusal of its arguments) gives
+        back the probe's turn it may have held, so that the next call probes the half-open breaker."""
+        ref = self.ref(name, project_id)
+        tolerant(lambda: cache.delete(f"{self._key(ref)}:probe"), None)
+
     def record(self, name: str, ok: bool, *, project_id: int | None = None) -> None:
         tolerant(lambda: self._record(self.ref(name, project_id), ok), None)
 

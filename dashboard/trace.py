@@ -56,7 +56,8 @@ KIND_LABELS = {
     "plan": "plan",
 }
 FLAG_LABELS = {"orphan": "parent not received"}
-ONLY_CHOICES = {"failed": "failed", "approval": "awaiting approval", "irreversible": "irreversible"}
+ONLY_CHOICES = {"failed": "failed", "approval": "awaiting approval", "irreversible": "irreversible",
+                "refused": "refused by the tool"}  # fmt: skip
 
 
 @dataclass
@@ -107,6 +108,8 @@ def operation_flags(operations) -> dict[tuple[int, int], set]:
             mine.add("irreversible")
         if op.status in ("awaiting_approval", "proposed"):
             mine.add("approval")
+        if op.status == "refused":  # the system said no; the model was told
+            mine.add("refused")
     return flags
 
 

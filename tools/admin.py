@@ -150,8 +150,8 @@ class HttpToolAdmin(GovernedAdmin):
     form = HttpToolForm
     project_path = "project"
     change_action = add_action = delete_action = "administer"
-    list_display = ["name", "project", "method", "url", "tool_class", "reversibility", "enabled"]
-    list_filter = ["project", "tool_class", "enabled"]
+    list_display = ["name", "project", "method", "url", "tool_class", "reversibility", "on_refusal", "enabled"]
+    list_filter = ["project", "tool_class", "on_refusal", "enabled"]
     search_fields = ["name", "url", "description"]
 
     def save_through_service(self, request, obj, form, change):
@@ -185,7 +185,8 @@ class McpServerForm(_CheckedForm):
 
     class Meta:
         model = McpServer
-        fields = ["project", "name", "transport", "url", "command", "headers", "secrets", "timeout_seconds", "enabled"]
+        fields = ["project", "name", "transport", "url", "command", "headers", "secrets", "timeout_seconds",
+                  "on_refusal", "enabled"]  # fmt: skip
 
     def problems(self, server):
         """Checked, then asked for its tools (an outbound call, audited): a server that does not answer
@@ -213,8 +214,8 @@ class McpServerAdmin(GovernedAdmin):
     form = McpServerForm
     project_path = "project"
     change_action = add_action = delete_action = "administer"
-    list_display = ["name", "project", "transport", "url", "command", "enabled", "listed_at"]
-    list_filter = ["project", "transport", "enabled"]
+    list_display = ["name", "project", "transport", "url", "command", "on_refusal", "enabled", "listed_at"]
+    list_filter = ["project", "transport", "on_refusal", "enabled"]
     inlines = [McpToolInline]
 
     def get_form(self, request, obj=None, change=False, **kwargs):

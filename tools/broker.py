@@ -6,6 +6,12 @@ mode and the approval policy, derive the idempotency key from run, task and step
 commit the intent row, call with a deadline, commit the receipt, validate and sanitise the result.
 A refused or invalid call returns a structured tool error to the model and calls nothing.
 
+A call the system itself refuses (ToolRefused: an HTTP 4xx, an MCP error result, a Python tool's refusal)
+changed nothing. As the tool's ``on_refusal`` says (by default: as the agent, ``model`` for a model-driven
+one), it is either the model's answer, ``{"error": {"code", "message"}}``, recorded in the ledger as
+``refused`` and journaled like any result, or the task's permanent failure (``fail``). Either way it says
+nothing about the system's health: it never counts towards the tool's breaker.
+
 Between the intent and the receipt the outcome is unknown to us. A retry that finds an intent without a
 receipt reconciles first (the tool's lookup by key): committed → the stored answer; not committed → the
 call is made again with the same key; no lookup → a human decides. Never a blind retry.
@@ -31,10 +37,19 @@ from core.faults import faults
 from core.logs import log_context
 
 from .catalog import tool_spec
+from .failures import ON_REFUSAL_FAIL, ON_REFUSAL_MODEL
 from .gate import REFUSE, Origin, Verdict, gate, gate_satisfied
 from .human import ASK
 from .installation import run_key_prefix
-from .kit import ArgumentsInvalid, ToolCutOff, ToolFailure, ToolRefused, ToolTimeout, ToolUnavailable
+from .kit import (
+    ArgumentsInvalid,
+    ToolCutOff,
+    ToolFailure,
+    ToolMisconfigured,
+    ToolRefused,
+    ToolTimeout,
+    ToolUnavailable,
+)
 from .ledger import operation_record
 from .models import SealedArguments, ToolOperation
 from .registry import REDACTED, TOOLS, ToolClass, ToolSpec, redact
@@ -60,10 +75,14 @@ class TaskParked(Exception):
 class ToolOutcome:
     result: dict | None = None
     error: dict | None = None  # {"code": ..., "message": ..., "fields": [...]}
+    refused: bool = False  # the error is the system's refusal (counted by the task's bound on them)
 
     @property
     def body(self) -> dict:
-        return {"result": self.result} if self.error is None else {"error": self.error}
+        if self.error is None:
+            return {"result": self.result}
+        # "refused" is the journal's, for the loop's count; the model is shown the error alone.
+        return {"error": self.error, "refused": True} if self.refused else {"error": self.error}
 
 
 def _refuse(code: str, message: str, **extra) -> ToolOutcome:
@@ -153,12 +172,12 @@ def _rate_limited(spec: ToolSpec) -> float:
 # --- the agent's path --------------------------------------------------------------------------------
 
 
-def tool_call(
-    *, run, task, step: int, call_number: int, name: str, arguments, resumed: bool = False, fence=None
-) -> ToolOutcome:
+def tool_call(*, run, task, step: int, call_number: int, name: str, arguments, resumed: bool = False, fence=None,
+              on_refusal: str = ON_REFUSAL_FAIL) -> ToolOutcome:  # fmt: skip
     """One tool call asked for by a task's model. ``resumed``: the model asked for it in an earlier
     attempt (replayed from the journal); the ledger row of that attempt, if any, is found by key.
-    ``fence``: the attempt's lease (a TaskFence), checked just before a write leaves."""
+    ``fence``: the attempt's lease (a TaskFence), checked just before a write leaves. ``on_refusal``: what
+    the system's refusal becomes for this agent (``model`` or ``fail``) when the tool does not say."""
     spec = tool_spec(name, run.project_id)
     if spec is None or spec.internal:
         return _refuse("unknown_tool", f"there is no tool named {name!r}", available=sorted(task.allowed_tools))
@@ -172,6 +191,7 @@ def tool_call(
 
     key = idempotency_key(run_id=run.id, task_key=task.key, step=step, epoch=task.journal_epoch)
     digest = arguments_hash(name, args)
+    to_model = (spec.on_refusal or on_refusal) == ON_REFUSAL_MODEL
     existing = ToolOperation.objects.filter(idempotency_key=key).first()
     if existing is not None:  # judged when its intent was written: its stored verdict stands
         if existing.arguments_hash != digest:
@@ -180,7 +200,7 @@ def tool_call(
             # A reviewer approved edited arguments: those run, with the sealed secrets the agent gave.
             args = {**args, **{k: v for k, v in existing.arguments.items() if k not in spec.secret_fields}}
         with faults.around_call(run.input, run_id=run.id, task_key=task.key, call=call_number):
-            return _resume_operation(existing, spec, args, fence=fence)
+            return _resume_operation(existing, spec, args, fence=fence, to_model=to_model)
 
     repeats = None
     if task.journal_epoch and spec.is_write:  # retried from an earlier step, or forked: a receipt may answer
@@ -203,7 +223,8 @@ def tool_call(
     if stopped is not None:
         return stopped
 
-    call = _Call(run=run, task=task, step=step, call_number=call_number, spec=spec, args=args, key=key, digest=digest)
+    call = _Call(run=run, task=task, step=step, call_number=call_number, spec=spec, args=args, key=key, digest=digest,
+                 to_model=to_model)  # fmt: skip
     with faults.around_call(run.input, run_id=run.id, task_key=task.key, call=call_number):
         return _call_out_or_park(call, verdict, propose=propose, fence=fence)
 
@@ -289,7 +310,7 @@ def _call_out(call: "_Call", verdict: Verdict, *, propose: bool, fence) -> ToolO
     if status == OS.AWAITING_APPROVAL:
         raise TaskParked(op.id, f"{name} waits for a reviewer's approval")
     faults.crash("after_intent")
-    return _call_and_receipt(op, spec, args, fence=fence)
+    return _call_and_receipt(op, spec, args, fence=fence, to_model=call.to_model)
 
 
 def _ask(call: "_Call", verdict: Verdict) -> int:
@@ -360,6 +381,7 @@ class _Call:
     args: dict
     key: str
     digest: str
+    to_model: bool = False  # the system's refusal is the model's answer (on_refusal), not a failure
 
 
 def _undo_plan(spec: ToolSpec) -> dict | None:
@@ -400,7 +422,13 @@ def _read(call: _Call, verdict: Verdict) -> ToolOutcome:
     except (ToolTimeout, ToolUnavailable) as exc:  # a read is safe to try again
         raise TransientFailure(f"{spec.name}: {exc}") from exc
     except ToolRefused as exc:
-        raise StepFailure(f"{spec.name}: {exc}", "permanent") from exc
+        if not _told(exc, call.to_model):
+            raise StepFailure(f"{spec.name}: {exc}", "permanent") from exc
+        error = _refusal(exc)
+        now = timezone.now()
+        _operation_create(call, verdict, status=OS.REFUSED, status_reason=error["message"][:1000],
+                          result={"error": error}, attempts=1, started_at=now, ended_at=now)  # fmt: skip
+        return ToolOutcome(error=error, refused=True)
     faults.crash("after_call")
     outcome = _validated(spec, result)
     _record_read(call, verdict, outcome.result, "")
@@ -440,12 +468,19 @@ def _operation_create(call: _Call, verdict: Verdict, **fields) -> ToolOperation:
     )
 
 
-def _resume_operation(op: ToolOperation, spec: ToolSpec, args: dict, *, fence: tuple[int, int] | None) -> ToolOutcome:
+def _resume_operation(
+    op: ToolOperation, spec: ToolSpec, args: dict, *, fence: tuple[int, int] | None, to_model: bool = False
+) -> ToolOutcome:
     """The step's call has a ledger row already: a retry, a resumed attempt or a duplicate delivery."""
     if op.tool == ASK:
         return _asked(op)
     if op.status in (OS.COMMITTED, OS.COMPENSATING, OS.COMPENSATED, OS.COMPENSATION_FAILED):
         return _answer(op)
+    if op.status == OS.REFUSED:  # the system's answer to this very call: told again, never asked again
+        error = (op.result or {}).get("error") or {"code": ToolRefused.code, "message": op.status_reason}
+        if not to_model:
+            raise StepFailure(f"{op.tool}: {error['message']}", "permanent")
+        return ToolOutcome(error=error, refused=True)
     if op.status == OS.PROPOSED or (op.proposed and op.status in (OS.AWAITING_APPROVAL, OS.APPROVED)):
         return _proposed(op)
     if op.status == OS.REJECTED:
@@ -459,7 +494,7 @@ def _resume_operation(op: ToolOperation, spec: ToolSpec, args: dict, *, fence: t
         found = reconcile(op, spec)
         if found is not None:
             return found
-    return operation_execute(op, spec, args, fence=fence)
+    return operation_execute(op, spec, args, fence=fence, to_model=to_model)
 
 
 def approval_recheck(op: ToolOperation, spec: ToolSpec | None = None, args: dict | None = None) -> ToolOutcome | None:
@@ -573,9 +608,12 @@ def operation_ambiguous_announce(op: ToolOperation) -> None:
     hooks.call(hooks.WEBHOOK_EMIT, event="operation.ambiguous", project_id=project_id, data=data)
 
 
-def operation_execute(op: ToolOperation, spec: ToolSpec, args: dict, *, fence=None) -> ToolOutcome:
+def operation_execute(
+    op: ToolOperation, spec: ToolSpec, args: dict, *, fence=None, to_model: bool = False
+) -> ToolOutcome:
     """Make the call of an operation that may go (approved, or failed and being retried), if its verdict
-    is satisfied and the caller still holds its lease (``fence``)."""
+    is satisfied and the caller still holds its lease (``fence``). ``to_model``: the system's refusal is
+    the calling model's answer (an agent's on_refusal), not a failure."""
     refused = approval_recheck(op, spec, args)
     if refused is not None:
         return refused
@@ -588,10 +626,12 @@ def operation_execute(op: ToolOperation, spec: ToolSpec, args: dict, *, fence=No
         raise TransientFailure(f"{op.tool} ({op.idempotency_key}) is being executed elsewhere")
     OPERATION.assign(op, OS.EXECUTING, **fields)
     faults.crash("after_intent")
-    return _call_and_receipt(op, spec, args, fence=fence)
+    return _call_and_receipt(op, spec, args, fence=fence, to_model=to_model)
 
 
-def _call_and_receipt(op: ToolOperation, spec: ToolSpec, args: dict, *, fence=None) -> ToolOutcome:
+def _call_and_receipt(
+    op: ToolOperation, spec: ToolSpec, args: dict, *, fence=None, to_model: bool = False
+) -> ToolOutcome:
     """The one place an operation's call leaves: its verdict satisfied, for the declaration it was judged
     on, its caller's lease held."""
     why = gate_satisfied(op) or ("its tool's declaration changed" if spec.declaration != op.declaration else "")
@@ -608,12 +648,29 @@ def _call_and_receipt(op: ToolOperation, spec: ToolSpec, args: dict, *, fence=No
         _set(op, OS.FAILED, status_reason=str(exc), ended_at=timezone.now())
         raise TransientFailure(f"{op.tool}: {exc}") from exc
     except ToolRefused as exc:
+        if _told(exc, to_model):
+            error = _refusal(exc)
+            _set(op, OS.REFUSED, status_reason=error["message"][:1000], result={"error": error},
+                 ended_at=timezone.now())  # fmt: skip
+            return ToolOutcome(error=error, refused=True)
         _set(op, OS.FAILED, status_reason=str(exc), ended_at=timezone.now())
         raise StepFailure(f"{op.tool}: {exc}", "permanent") from exc
     faults.crash("after_call")
     outcome = _receipt(op, spec, result)
     faults.crash("after_receipt")
     return outcome
+
+
+def _told(exc: ToolRefused, to_model: bool) -> bool:
+    """Is this refusal the model's answer? Only the system's refusal of these arguments, and only when
+    the tool (or the agent) says so: a call that cannot be made as the tool is set up fails the task."""
+    return to_model and not isinstance(exc, ToolMisconfigured)
+
+
+def _refusal(exc: ToolRefused) -> dict:
+    """The refusal as the model reads it and the ledger keeps it. Its text was scrubbed of the tool's
+    secrets when it was raised (``_external``), then bounded and stripped like any result."""
+    return {"code": exc.code, "message": _sanitised(str(exc)) or "the system refused the request"}
 
 
 def _timed_out(op: ToolOperation, spec: ToolSpec, exc: Exception) -> ToolOutcome:
@@ -663,7 +720,12 @@ def _external(spec: ToolSpec, args: dict, *, key: str, fault: str | None) -> dic
             )
 
         result = _within_deadline(spec, call) if spec.cut_off else call()
-    except ToolFailure as exc:
+    except ToolRefused as exc:
+        # An answer to these arguments (or to the tool's setup), not a sign of the system's health: it
+        # neither opens the breaker nor closes it, and a probe it was gives its turn back.
+        BREAKER.probe_release(spec.name, project_id=spec.project_id)
+        raise scrub_failure(exc, secrets.values())
+    except ToolFailure as exc:  # unavailable, timed out: these count
         _circuit_record(spec, ok=False)
         raise scrub_failure(exc, secrets.values())  # a careless service may quote the credential in its error
     except Exception as exc:  # a tool's own bug: its text may quote the credential too

@@ -26,6 +26,7 @@ from .kit import (
     OpenResult,
     Reversibility,
     ToolClass,
+    ToolMisconfigured,
     ToolRefused,
     ToolSpec,
     ToolTimeout,
@@ -228,7 +229,7 @@ def _secret_headers(headers: dict, secrets: dict) -> dict:
     a Host or a framing header either."""
     for name in headers:
         if refusal := header_refusal(name):
-            raise ToolRefused(refusal)
+            raise ToolMisconfigured(refusal)
     return {name: SECRET_REF.sub(lambda m: secrets[m.group(1)], value) for name, value in headers.items()}
 
 
@@ -251,14 +252,18 @@ def _answer(response: httpx.Response, secrets: dict) -> dict:
         raise ToolUnavailable(f"HTTP {code}, the service asks to try later")
     if code in (408, 500, 502, 504):  # the request may have been acted on before the failure
         raise ToolTimeout(f"HTTP {code}, the outcome is unknown")
+    text = scrub(response.text, secrets.values())[:REFUSAL_TEXT]
     if 300 <= code < 400:
-        raise ToolRefused(f"HTTP {code}, a redirect (not followed)")
-    raise ToolRefused(f"HTTP {code}: {scrub(response.text, secrets.values())[:REFUSAL_TEXT]}")
+        raise ToolMisconfigured(f"HTTP {code}, a redirect (not followed)")
+    if code in (401, 407):  # the credential, not the arguments: no model can mend it
+        raise ToolMisconfigured(f"HTTP {code}: {text}")
+    # The service's own answer to these arguments: a model-driven agent reads it and may correct its call.
+    raise ToolRefused(f"HTTP {code}: {text}", code=f"http_{code}")
 
 
 def _send(method: str, url: str, *, headers: dict, deadline: float, tool: str, **body) -> httpx.Response:
     if not host_allowed(url):  # the deployment's allowlist may have changed since the tool was saved
-        raise ToolRefused("its host is no longer allowed (WARDEN_HTTP_TOOL_HOSTS)")
+        raise ToolMisconfigured("its host is no longer allowed (WARDEN_HTTP_TOOL_HOSTS)")
     try:
         return httpx.request(method, url, headers=headers, timeout=deadline, follow_redirects=False, **body)
     except (httpx.ConnectError, httpx.ConnectTimeout) as exc:  # nothing was sent
@@ -273,7 +278,7 @@ def _execute(row: HttpTool, values: dict, *, key: str, deadline: float, secrets:
     headers = _secret_headers(row.headers or {}, secrets)
     if row.idempotency_header:
         if refusal := header_refusal(row.idempotency_header):
-            raise ToolRefused(refusal)
+            raise ToolMisconfigured(refusal)
         headers[row.idempotency_header] = key
     body = {"json": rest} if row.method in BODY_METHODS else {"params": rest} if rest else {}
     response = _send(row.method, _filled(row.url, values), headers=headers, deadline=deadline, tool=row.name, **body)
@@ -367,6 +372,7 @@ def http_tool_spec(row: HttpTool) -> ToolSpec:
         project_id=row.project_id,
         kind="http",
         declaration=http_tool_declaration(row),
+        on_refusal=row.on_refusal,
     )
 
 

@@ -24,8 +24,10 @@
 
 The module is named in WARDEN_TOOL_MODULES; Warden imports it at start-up and checks every declaration
 before it registers any (tools/registry.py). A tool function raises ToolRefused (nothing changed, do not
-retry), ToolUnavailable (nothing changed, worth another try) or ToolTimeout (no answer in time: the change
-may or may not have been made, so Warden reconciles by key, or a person decides). Secrets are named, never
+retry; a model-driven agent is told, per ``on_refusal``), ToolMisconfigured (the call cannot be made as the
+tool is set up: the task fails for a person), ToolUnavailable (nothing changed, worth another try) or
+ToolTimeout (no answer in time: the change may or may not have been made, so Warden reconciles by key, or
+a person decides). Secrets are named, never
 passed by the model: the broker reads them at call time from the secret source (the environment by
 default, WARDEN_SECRET_SOURCE for another) and hands them to the function alone.
 """
@@ -39,7 +41,15 @@ from jsonschema import Draft202012Validator
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 # Teams import the failures and the default secret source from here.
-from .failures import ToolCutOff, ToolFailure, ToolRefused, ToolTimeout, ToolUnavailable  # noqa: F401
+from .failures import (  # noqa: F401
+    ON_REFUSAL,
+    ToolCutOff,
+    ToolFailure,
+    ToolMisconfigured,
+    ToolRefused,
+    ToolTimeout,
+    ToolUnavailable,
+)
 from .secrets import SECRET_NAME, environment_secret, scrub, secret_read, secrets_for  # noqa: F401
 
 SECRET = {"secret": True}  # json_schema_extra of an argument field that must never be shown
@@ -131,6 +141,9 @@ class ToolSpec:
     approval: str = ""  # a declared tool's project classification: "", "always" or "refuse"
     # A declared tool's version: a digest of what a call of it is (target, method, headers, server, class).
     declaration: str = ""
+    # What the system's refusal (ToolRefused) becomes: "" as the agent (its model is told if it is
+    # model-driven, a scripted agent's task fails), "model" or "fail" (docs/tools.md, "Refusals").
+    on_refusal: str = ""
 
     @property
     def is_write(self) -> bool:
@@ -229,11 +242,13 @@ def tool(
     internal: bool = False,
     external_id: str = "",
     description: str = "",
+    on_refusal: str = "",
 ):
     """Declare the decorated function as the tool ``name``. The function gets the validated arguments
     (an instance of ``arguments``), the idempotency key to pass to the system, the secrets it named and
     its deadline in seconds; it returns a dict or a ``result`` instance. ``lookup(key, secrets=...)``
-    finds what a call with that key did, for reconciling a write whose answer was lost."""
+    finds what a call with that key did, for reconciling a write whose answer was lost. ``on_refusal``:
+    what a ToolRefused the function raises becomes ("" as the agent, "model" or "fail")."""
     names = tuple(secrets)
 
     def decorate(function):
@@ -260,6 +275,7 @@ def tool(
                 external_id=external_id,
                 module=function.__module__,
                 cut_off=True,
+                on_refusal=on_refusal,
             )
         )
         return function

@@ -41,6 +41,7 @@ from .kit import (
     OpenResult,
     Reversibility,
     ToolClass,
+    ToolMisconfigured,
     ToolRefused,
     ToolSpec,
     ToolTimeout,
@@ -61,7 +62,7 @@ class McpUnreachable(Exception):
     """The server did not answer (or not as an MCP server does)."""
 
 
-class McpRefused(ToolRefused):
+class McpRefused(ToolMisconfigured):
     """The server's declaration may not be used as it is: ``problems`` are (field, message) pairs."""
 
     def __init__(self, problems: list[tuple[str | None, str]]):
@@ -102,14 +103,14 @@ def _target(server: McpServer, secrets: dict, errlog=None):
     if server.transport == McpServer.Transport.STDIO:
         command = mcp_command(server.command)
         if command is None:
-            raise ToolRefused(f"the MCP command {server.command!r} is not one WARDEN_MCP_COMMANDS names")
+            raise ToolMisconfigured(f"the MCP command {server.command!r} is not one WARDEN_MCP_COMMANDS names")
         argv, passed = command
         environment = {**get_default_environment(), **{n: os.environ[n] for n in passed if n in os.environ}}
         environment.update({name: secrets[name] for name in server.secrets or [] if name in secrets})
         parameters = StdioServerParameters(command=argv[0], args=list(argv[1:]), env=environment)
         return parameters if errlog is None else stdio_client(parameters, errlog=errlog)
     if not host_allowed(server.url):
-        raise ToolRefused("its host is not one this deployment allows (WARDEN_HTTP_TOOL_HOSTS)")
+        raise ToolMisconfigured("its host is not one this deployment allows (WARDEN_HTTP_TOOL_HOSTS)")
     headers = _secret_headers(server.headers or {}, secrets)
     return streamable_http_client(server.url, http_client=create_mcp_http_client(headers=headers))
 
@@ -305,8 +306,9 @@ def mcp_tools_store(server: McpServer, listed: list[dict]) -> list[McpTool]:
 
 def _result(answer, tool: str, secrets: dict) -> dict:
     text = "\n".join(getattr(c, "text", "") for c in answer.content or [] if getattr(c, "type", "") == "text")
-    if answer.is_error:  # scrubbed before the cut (the broker scrubs the rest)
-        raise ToolRefused(f"the server answered with an error: {scrub(text, secrets.values())[:200]}")
+    if answer.is_error:  # scrubbed before the cut (the broker scrubs the rest); the model may be told
+        said = scrub(text, secrets.values())[:200]
+        raise ToolRefused(f"the server answered with an error: {said}", code="tool_error")
     if isinstance(answer.structured_content, dict):
         return answer.structured_content
     try:
@@ -374,6 +376,7 @@ def mcp_tool_spec(row: McpTool) -> ToolSpec:
         kind="mcp",
         classified=False,  # until a project admin confirms a class (tools/catalog.py)
         declaration=mcp_tool_declaration(row),
+        on_refusal=server.on_refusal,
     )
 
 

@@ -8,6 +8,16 @@ one, so effects (and duplicates by idempotency key) can be counted from outside 
 from django.conf import settings
 from django.db import models
 
+from .failures import ON_REFUSAL_AS_AGENT, ON_REFUSAL_FAIL, ON_REFUSAL_MODEL
+
+
+class OnRefusal(models.TextChoices):
+    """What a tool's refusal (an HTTP 4xx, an MCP error result) becomes (docs/tools.md, "Refusals")."""
+
+    AS_AGENT = ON_REFUSAL_AS_AGENT, "as the agent: a model-driven agent's model is told, a scripted task fails"
+    MODEL = ON_REFUSAL_MODEL, "the model is told, as the tool's result, and may correct its call"
+    FAIL = ON_REFUSAL_FAIL, "the task fails"
+
 
 class ToolOperation(models.Model):
     """One tool call, from its intent (committed before the call) to its receipt, reconciliation or
@@ -20,6 +30,7 @@ class ToolOperation(models.Model):
         REJECTED = "rejected"
         EXECUTING = "executing"  # intent committed; the call may be under way
         COMMITTED = "committed"
+        REFUSED = "refused"  # the system said no and changed nothing; the model was told (on_refusal)
         FAILED = "failed"
         AMBIGUOUS = "ambiguous"  # the call may or may not have taken effect; reconciliation decides
         COMPENSATING = "compensating"
@@ -27,7 +38,14 @@ class ToolOperation(models.Model):
         COMPENSATION_FAILED = "compensation_failed"
 
     TERMINAL = frozenset(
-        {Status.REJECTED, Status.COMMITTED, Status.FAILED, Status.COMPENSATED, Status.COMPENSATION_FAILED}
+        {
+            Status.REJECTED,
+            Status.COMMITTED,
+            Status.REFUSED,
+            Status.FAILED,
+            Status.COMPENSATED,
+            Status.COMPENSATION_FAILED,
+        }
     )
 
     class Kind(models.TextChoices):
@@ -198,6 +216,13 @@ class HttpTool(models.Model):
     external_id = models.CharField(max_length=100, blank=True, help_text="The answer's field naming what was made")
     timeout_seconds = models.FloatField(default=10.0)
     rate_per_minute = models.PositiveIntegerField(null=True, blank=True)
+    on_refusal = models.CharField(
+        max_length=8,
+        choices=OnRefusal.choices,
+        blank=True,
+        default=OnRefusal.AS_AGENT,
+        help_text="What a 4xx answer becomes (401 and 407 always fail the task: the credential)",
+    )
     enabled = models.BooleanField(default=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -230,6 +255,13 @@ class McpServer(models.Model):
         default=list, blank=True, help_text="stdio: names of secrets passed to the command's environment"
     )
     timeout_seconds = models.FloatField(default=30.0)
+    on_refusal = models.CharField(
+        max_length=8,
+        choices=OnRefusal.choices,
+        blank=True,
+        default=OnRefusal.AS_AGENT,
+        help_text="What a tool's error result (isError) becomes",
+    )
     enabled = models.BooleanField(default=True)
     listed_at = models.DateTimeField(null=True, blank=True)
 

@@ -11,6 +11,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from .kit import (  # noqa: F401  (the names the broker, the gate and the pages read from here)
     NAME,
+    ON_REFUSAL,
     SECRET,
     SECRET_NAME,
     Reversibility,
@@ -53,6 +54,8 @@ def _problems(spec: ToolSpec, names: set[str]) -> list[str]:
     # The deployment's own code: no grant needed, but never one of Warden's own settings (and a value
     # that is set, long enough to scrub, and none of the deployment's own secrets).
     problems += secret_problems(spec.secrets, project_id=None)
+    if spec.on_refusal not in ON_REFUSAL:
+        problems.append(f"on_refusal must be one of {ON_REFUSAL[1:]}, or empty for as the agent")
     if spec.external_id and spec.external_id not in spec.result.model_fields:
         problems.append(f"external_id names {spec.external_id!r}, which its result does not have")
     return problems

@@ -12,7 +12,7 @@ from .kit import (
     Reversibility,
     ToolArguments,
     ToolClass,
-    ToolRefused,
+    ToolMisconfigured,
     ToolResult,
     ToolSpec,
     declare,
@@ -137,7 +137,7 @@ def _call(function, credential: str = ""):
 
     def execute(arguments: dict, *, key: str, logged: dict, fault=None, deadline=None, secrets=None) -> dict:
         if credential and not (secrets or {}).get(credential):
-            raise ToolRefused(f"the {function.__name__.split('_')[0]} system refused the request: no credential")
+            raise ToolMisconfigured(f"the {function.__name__.split('_')[0]} system refused the request: no credential")
         return function(**arguments, key=key, logged=logged, fault=fault, deadline=deadline)
 
     return execute

@@ -31,7 +31,7 @@ from django.utils.module_loading import import_string
 
 from tenancy.models import Project
 
-from .failures import ToolRefused
+from .failures import ToolMisconfigured
 
 SECRET_NAME = re.compile(r"^[A-Z][A-Z0-9_]{0,127}$")
 MIN_LENGTH = 8
@@ -55,7 +55,7 @@ OWN_NAMES = frozenset(
 _URL_SAFE = str.maketrans("+/", "-_")
 
 
-class SecretRefused(ToolRefused):
+class SecretRefused(ToolMisconfigured):
     """A named secret may not be used here. The reason never holds a value, nor says whether a secret
     that is not granted exists."""
 

@@ -15,7 +15,10 @@ OPERATION_TRANSITIONS: dict[str, frozenset[str]] = {
     OS.APPROVED: frozenset({OS.EXECUTING, OS.REJECTED, OS.AWAITING_APPROVAL}),
     # executing -> executing: a new holder of the task calls again under the same key (a crash)
     # executing -> approved: reconciled as not committed; called again with the same key
-    OS.EXECUTING: frozenset({OS.EXECUTING, OS.COMMITTED, OS.FAILED, OS.AMBIGUOUS, OS.APPROVED, OS.REJECTED}),
+    # executing -> refused: the system said no and the model is told (on_refusal); nothing happened
+    OS.EXECUTING: frozenset(
+        {OS.EXECUTING, OS.COMMITTED, OS.REFUSED, OS.FAILED, OS.AMBIGUOUS, OS.APPROVED, OS.REJECTED}
+    ),
     # ambiguous: reconciliation or an operator says whether it happened (ambiguous -> ambiguous: asked
     # again, still no answer; its reason says why)
     OS.AMBIGUOUS: frozenset({OS.AMBIGUOUS, OS.COMMITTED, OS.FAILED, OS.APPROVED, OS.EXECUTING}),
@@ -27,6 +30,8 @@ OPERATION_TRANSITIONS: dict[str, frozenset[str]] = {
     OS.COMPENSATING: frozenset({OS.COMPENSATED, OS.COMPENSATION_FAILED, OS.COMMITTED}),
     OS.COMPENSATION_FAILED: frozenset({OS.COMPENSATING}),  # compensated again
     OS.REJECTED: frozenset(),
+    # the model's answer to it is journaled: a resumed step replays it, never calls again
+    OS.REFUSED: frozenset(),
     OS.COMPENSATED: frozenset(),
 }
 

@@ -245,6 +245,8 @@ WARDEN = {
     # Lease expiries (crashes) a task may suffer beyond its max_attempts before it needs a human.
     "MAX_RECOVERIES": int(os.environ.get("WARDEN_MAX_RECOVERIES", 3)),
     "LOOP_GUARD_REPEATS": int(os.environ.get("WARDEN_LOOP_GUARD_REPEATS", 3)),
+    # Replies in a row whose tool calls the systems refused (the model was told) before the task fails.
+    "MAX_CONSECUTIVE_REFUSALS": int(os.environ.get("WARDEN_MAX_CONSECUTIVE_REFUSALS", 3)),
     "MAX_TASKS_PER_RUN": int(os.environ.get("WARDEN_MAX_TASKS_PER_RUN", 200)),
     "MAX_CONCURRENT_TASKS_PER_RUN": int(os.environ.get("WARDEN_MAX_CONCURRENT_TASKS_PER_RUN", 8)),
     "MAX_PLANNING_DEPTH": int(os.environ.get("WARDEN_MAX_PLANNING_DEPTH", 2)),

@@ -669,7 +669,7 @@ def _spans_with_ancestors(run_id: int, ids: list[int]) -> dict[int, dict]:
 
 
 def _step_flags(run_id: int, task_ids: list[int]) -> dict[tuple[int, int], set]:
-    """(task, step) → {"irreversible", "approval"}: what the tree marks on a step's row."""
+    """(task, step) → {"irreversible", "approval", "refused"}: what the tree marks on a step's row."""
     flags: dict[tuple[int, int], set] = {}
     if task_ids:
         in_tasks, task_params = sql.in_list("task_id", task_ids)
@@ -682,6 +682,8 @@ def _step_flags(run_id: int, task_ids: list[int]) -> dict[tuple[int, int], set]:
                 mine.add("irreversible")
             if status in ("awaiting_approval", "proposed"):
                 mine.add("approval")
+            if status == "refused":  # the system said no; the model was told
+                mine.add("refused")
     return flags
 
 

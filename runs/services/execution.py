@@ -27,6 +27,7 @@ from core.faults import crash_now, faults
 from core.logs import log_context
 from tenancy.models import Project
 from tools.broker import TaskParked, tool_call, tool_call_for_journal
+from tools.failures import ON_REFUSAL_FAIL, ON_REFUSAL_MODEL
 from tools.registry import TOOLS
 
 from ..blackboard import MEMORY_TOOLS, knowledge, memory_tool_call
@@ -82,6 +83,11 @@ class _LoopState:
     tool_calls: int = 0
     tool_repeats: dict = field(default_factory=dict)
     last_result: dict | None = None
+    # Replies in a row whose calls the systems refused (one reply's several refusals count once), and
+    # the last refusal: the bound MAX_CONSECUTIVE_REFUSALS reads them.
+    refusals_in_a_row: int = 0
+    refused_turn: int | None = None
+    last_refusal: str = ""
 
     @classmethod
     def replay(cls, journal: list[dict]) -> "_LoopState":
@@ -111,6 +117,16 @@ class _LoopState:
             self.pending_replayed = self.pending_replayed and bool(self.pending)
             # What the model saw last: the result, or the structured error in its place.
             self.last_result = body.get("result") if "result" in body else {"error": body.get("error")}
+            self._count_refusal(entry["name"], body)
+
+    def _count_refusal(self, name: str, body: dict) -> None:
+        if not body.get("refused"):
+            self.refusals_in_a_row, self.refused_turn = 0, None
+            return
+        if self.refused_turn != self.model_turns:
+            self.refusals_in_a_row += 1
+            self.refused_turn = self.model_turns
+        self.last_refusal = f"{name}: {(body.get('error') or {}).get('message', '')}"
 
     @property
     def next_step(self) -> int:
@@ -370,7 +386,10 @@ def _tool_call_counted(run: Run, name: str, body: dict | None, started) -> None:
         project, tool = metrics.bounded_pair(run.project.slug, name)
     metrics.STEPS.labels(Span.Kind.TOOL_CALL, "error" if body is None else "ok").inc()
     metrics.STEP_SECONDS.labels(Span.Kind.TOOL_CALL).observe((timezone.now() - started).total_seconds())
+    # A refusal's code is the tool's own word (http_422, ...): counted as one outcome.
     outcome = "ok" if error is None else metrics.bounded(error.get("code") or "error")
+    if (body or {}).get("refused"):
+        outcome = "refused"
     metrics.TOOL_CALLS.labels(project, tool, outcome).inc()
 
 
@@ -411,12 +430,17 @@ def _model_request(lease: Lease, run: Run, task: Task, agent: Agent, state: _Loo
     )
 
 
+def model_driven(agent: Agent) -> bool:
+    """A real model decides the calls (the native loop), not a script."""
+    return agent.provider in (Agent.Provider.OPENAI, Agent.Provider.ANTHROPIC)
+
+
 def _prompt_and_history(task: Task, agent: Agent, state: _LoopState, deps: dict) -> tuple[str, list[dict]]:
     """A scripted agent reads one prompt with a record of its recent steps. A real model gets the task
     message (its inputs whole, within a quarter of the budget each) and the exchanges so far as messages,
     fitted to the rest of the budget; both rebuilt from the journal alone, so a resumed attempt sends the
     same bytes."""
-    native = agent.provider in (Agent.Provider.OPENAI, Agent.Provider.ANTHROPIC)
+    native = model_driven(agent)
     budget = settings.WARDEN["CONTEXT_CHARS"]
     prompt = build_prompt(
         objective=task.objective,
@@ -516,6 +540,8 @@ def _tool_step(lease: Lease, run: Run, task: Task, state: _LoopState):
                 arguments=call.get("arguments") or {},
                 resumed=state.pending_replayed,
                 fence=(task.id, lease.token),
+                # A model can read a refusal and correct its call; a script would only repeat it.
+                on_refusal=ON_REFUSAL_MODEL if model_driven(task.agent) else ON_REFUSAL_FAIL,
             )
             break
         except TaskParked as parked:
@@ -542,7 +568,18 @@ def _tool_step(lease: Lease, run: Run, task: Task, state: _LoopState):
     )
     _tool_call_counted(run, str(call.get("name")), outcome.body, started)
     faults.crash_point(run.input, run_id=run.id, task_key=task.key, call=call_number, point="after_advance")
+    _refusals_bound(state, outcome.refused)
     return usage
+
+
+def _refusals_bound(state: _LoopState, refused: bool) -> None:
+    """The model was told of a refusal: past MAX_CONSECUTIVE_REFUSALS replies in a row that ended in one,
+    the task fails with the last one's reason. Checked when a refusal is journaled, not when one is
+    replayed: a task retried by hand gives its model another turn."""
+    limit = settings.WARDEN["MAX_CONSECUTIVE_REFUSALS"]
+    if refused and state.refusals_in_a_row >= limit:
+        raise StepFailure(f"{state.refusals_in_a_row} refused calls in a row; the last: {state.last_refusal}",
+                          "permanent")  # fmt: skip
 
 
 def _journal(

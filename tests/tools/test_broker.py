@@ -12,6 +12,7 @@ from tests.conftest import wait_for
 from tools import registry
 from tools.broker import circuit_reset, tool_call
 from tools.installation import run_key_prefix
+from tools.kit import ToolUnavailable
 from tools.models import SandboxCall, ToolOperation
 
 
@@ -32,11 +33,21 @@ def call(demo):
     circuit_reset()
 
 
-def test_consecutive_failures_open_the_circuit_and_calls_are_refused_without_reaching_the_system(call, settings):
+def test_consecutive_failures_open_the_circuit_and_calls_are_refused_without_reaching_the_system(
+    call, settings, monkeypatch
+):
     settings.WARDEN = {**settings.WARDEN, "TOOL_CIRCUIT_FAILURES": 3, "TOOL_CIRCUIT_OPEN_SECONDS": 30}
+    spec = registry.TOOLS["email.send"]
+
+    def down(arguments, **kwargs):
+        raise ToolUnavailable("the e-mail system is down")
+
+    # Unavailable: these count (a refusal does not: tests/tools/test_tool_refusals.py).
+    monkeypatch.setitem(registry.TOOLS, "email.send", dataclasses.replace(spec, execute=down))
     for _ in range(3):
         with pytest.raises(StepFailure):
-            call("email.send", {"to": "a@b.c", "subject": "s", "body": "b"}, faults=["error"])
+            call("email.send", {"to": "a@b.c", "subject": "s", "body": "b"})
+    monkeypatch.setitem(registry.TOOLS, "email.send", spec)
     with pytest.raises(StepFailure) as parked:  # the task parks for a person; the model is not asked
         call("email.send", {"to": "a@b.c", "subject": "s", "body": "b"})
     assert parked.value.failure_class == "breaker"
