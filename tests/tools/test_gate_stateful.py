@@ -617,6 +617,8 @@ def _answers(port: int) -> bool:
         return False
 
 
+# 500 examples take two to four minutes beside the other half of the suite; the default 300 s is for a hang.
+@pytest.mark.timeout(900)
 def test_nothing_leaves_without_the_right_peoples_yes(gate_machine):
     from hypothesis.stateful import run_state_machine_as_test
 
