@@ -56,7 +56,7 @@ KINDS = {
             "mcp_servers",
             McpServer,
             "name",
-            ("transport", "url", "command", "headers", "secrets", "timeout_seconds", "enabled"),
+            ("transport", "url", "command", "headers", "secrets", "timeout_seconds", "on_refusal", "enabled"),
         ),  # fmt: skip
         Kind(
             "http_tools",
@@ -76,6 +76,7 @@ KINDS = {
                 "external_id",
                 "timeout_seconds",
                 "rate_per_minute",
+                "on_refusal",
                 "enabled",
             ),
         ),  # fmt: skip
