@@ -32,4 +32,4 @@ def test_pip_builds_an_installable_typed_wheel(tmp_path):
     assert installed.returncode == 0, installed.stderr[-2000:]
     check = subprocess.run([sys.executable, "-c", "import warden_client; print(warden_client.__version__)"],
                            capture_output=True, text=True, cwd=tmp_path, env={"PYTHONPATH": str(target)})  # fmt: skip
-    assert check.stdout.strip() == "0.2.0", check.stderr
+    assert check.stdout.strip() == "0.3.0", check.stderr

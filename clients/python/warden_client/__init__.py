@@ -25,4 +25,4 @@ from .aio import AsyncWardenClient
 from .client import WardenClient
 
 __all__ = ["AsyncWardenClient", "Call", "Operation", "Retry", "Run", "WardenClient", "WardenError"]
-__version__ = "0.2.0"
+__version__ = "0.3.0"
