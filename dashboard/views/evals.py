@@ -52,7 +52,12 @@ def eval_list(request):
 def eval_suite(request, suite_id: int):
     suite = _suite(request, suite_id, "view")
     cases, columns = comparison(suite)
-    rows = [{"case": case, "cells": [column.cells.get(case.id) for column in columns]} for case in cases]
+    quarantine = list(suite.quarantine.all())
+    known = {case.id for case in quarantine}
+    rows = [
+        {"case": case, "cells": [column.cells.get(case.id) for column in columns], "quarantined": case.id in known}
+        for case in cases
+    ]
     # Each version beside the latest single-agent baseline shown (seed 003: did the fan-out pay?).
     base = next((column for column in reversed(columns) if column.eval_run.baseline), None)
     summary = []
@@ -77,6 +82,7 @@ def eval_suite(request, suite_id: int):
         )
     context = {
         "suite": suite,
+        "quarantine": quarantine,
         "charts": _history_charts(suite),
         "rows": rows,
         "summary": summary,
