@@ -419,7 +419,7 @@ def get_comparison(request, suite_id: PathId, last: int = 4):
 
 @router.post("/eval-suites/{suite_id}/cases", response={201: EvalCaseOut}, summary="Add a case (or one from a run)")
 def add_case(request, suite_id: PathId, payload: EvalCaseIn):
-    suite = _suite_for(request, suite_id, "operate")
+    suite = _suite_for(request, suite_id, "curate")
     user = request.auth.user
     if payload.from_run is not None:
         run = run_for(request, payload.from_run)
