@@ -17,6 +17,7 @@ from runs.evals import (
     eval_case_from_run,
     eval_start,
     eval_suite_create,
+    failing,
     history,
     regressions,
 )
@@ -62,6 +63,7 @@ class EvalSuiteOut(Schema):
     description: str
     project: str
     rerun_on: list[str] = Field(description='Runs again on a new version of these: "agent:<slug>", "workflow:<slug>"…')
+    quarantine: list[int] = Field(default_factory=list, description="Known failures: cases whose failure is forgiven")
     cases: list[EvalCaseOut]
 
     model_config = ConfigDict(
@@ -74,6 +76,7 @@ class EvalSuiteOut(Schema):
                     "description": "",
                     "project": "default",
                     "rerun_on": ["agent:risk-agent"],
+                    "quarantine": [],
                     "cases": [CASE_EXAMPLE],
                 }
             ]
@@ -131,6 +134,10 @@ class RegressionOut(Schema):
     failures: list[str]
 
 
+class FailingOut(RegressionOut):
+    quarantined: bool
+
+
 class EvalRunOut(Schema):
     id: int
     suite: str
@@ -138,8 +145,16 @@ class EvalRunOut(Schema):
     trigger: str
     created_at: datetime
     settled: bool = Field(description="Every case has its verdict")
-    baseline_run: int | None = Field(description="The pass it is compared with: the suite's previous one")
+    accepted: bool = Field(description="run_evals exited 0 on it: later passes are compared with it by default")
+    baseline_run: int | None = Field(
+        description="The pass it is compared with: the suite's last accepted one before it"
+    )
     regressions: list[RegressionOut] = Field(description="Cases that fail now and passed (or were absent) then")
+    failing: list[FailingOut] = Field(
+        default_factory=list,
+        description="Every case that fails now and is not in the suite's quarantine, whether or not it failed then: "
+        "what makes run_evals exit 1",
+    )
     results: list[EvalResultOut]
 
     model_config = ConfigDict(
@@ -152,6 +167,7 @@ class EvalRunOut(Schema):
                     "trigger": "api",
                     "created_at": "2026-12-02T09:00:00Z",
                     "settled": True,
+                    "accepted": False,
                     "baseline_run": 11,
                     "regressions": [
                         {
@@ -159,6 +175,15 @@ class EvalRunOut(Schema):
                             "name": "rollback plan named",
                             "before": True,
                             "failures": ["status: failed, expected completed"],
+                        }
+                    ],
+                    "failing": [
+                        {
+                            "case": 7,
+                            "name": "rollback plan named",
+                            "before": True,
+                            "failures": ["status: failed, expected completed"],
+                            "quarantined": False,
                         }
                     ],
                     "results": [
@@ -284,7 +309,9 @@ class ComparisonOut(Schema):
 
 
 def _suites():
-    return EvalSuite.objects.select_related("project").prefetch_related("cases__workflow", "cases__baseline_workflow")
+    return EvalSuite.objects.select_related("project").prefetch_related(
+        "cases__workflow", "cases__baseline_workflow", "quarantine"
+    )
 
 
 def _suite_for(request, suite_id: int, action: str = "view") -> EvalSuite:
@@ -301,6 +328,7 @@ def _suite_out(suite: EvalSuite) -> dict:
     return {
         "id": suite.id, "slug": suite.slug, "name": suite.name, "description": suite.description,
         "project": suite.project.slug, "rerun_on": suite.rerun_on or [],
+        "quarantine": sorted(case.id for case in suite.quarantine.all()),
         "cases": [_case_out(case) for case in cases],
     }  # fmt: skip
 
@@ -319,7 +347,8 @@ def _eval_run_out(eval_run: EvalRun) -> dict:
     return {
         "id": eval_run.id, "suite": eval_run.suite.slug, "label": eval_run.label, "trigger": eval_run.trigger,
         "created_at": eval_run.created_at, "settled": all(r.passed is not None for r in results),
-        "baseline_run": base.id if base else None, "regressions": regressions(eval_run, base),
+        "accepted": eval_run.accepted, "baseline_run": base.id if base else None,
+        "regressions": regressions(eval_run, base), "failing": failing(eval_run, base),
         "results": [
             {"case": r.case_id, "name": r.case.name, "run": r.run_id, "passed": r.passed, "failures": r.failures,
              "judge_cost_usd": r.judge_cost_micros / 1e6,
@@ -390,7 +419,7 @@ def get_comparison(request, suite_id: PathId, last: int = 4):
 
 @router.post("/eval-suites/{suite_id}/cases", response={201: EvalCaseOut}, summary="Add a case (or one from a run)")
 def add_case(request, suite_id: PathId, payload: EvalCaseIn):
-    suite = _suite_for(request, suite_id, "operate")
+    suite = _suite_for(request, suite_id, "curate")
     user = request.auth.user
     if payload.from_run is not None:
         run = run_for(request, payload.from_run)

@@ -33,6 +33,7 @@ urlpatterns = [
     path("runs/<int:run_id>/annotate", evals.run_annotate, name="annotate"),
     path("runs/<int:run_id>/eval-case", evals.run_to_case, name="eval-case"),
     path("evals/", evals.eval_list, name="evals"),
+    path("evals/new", evals.eval_new, name="eval-new"),
     path("evals/<int:suite_id>/", evals.eval_suite, name="eval-suite"),
     path("evals/<int:suite_id>/run", evals.eval_run, name="eval-run"),
 ]

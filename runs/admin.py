@@ -450,7 +450,16 @@ class EvalCaseInline(ScopedInline, admin.StackedInline):
 class EvalSuiteForm(forms.ModelForm):
     class Meta:
         model = EvalSuite
-        fields = ["slug", "name", "description", "project", "rerun_on"]
+        fields = ["slug", "name", "description", "project", "rerun_on", "quarantine"]
+        widgets = {"quarantine": forms.CheckboxSelectMultiple}
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # Only this suite's own cases can be its known failures (a new suite has none yet).
+        if "quarantine" in self.fields:  # absent where the admin shows the suite read-only
+            self.fields["quarantine"].queryset = (
+                self.instance.cases.all() if self.instance.pk else EvalCase.objects.none()
+            )
 
     def clean_rerun_on(self):
         rerun_on = self.cleaned_data["rerun_on"]
@@ -485,7 +494,7 @@ class EvalCaseAdmin(ScopedAdmin):
 @admin.register(EvalRun)
 class EvalRunAdmin(RunData):
     project_path = "suite__project"
-    list_display = ["id", "suite", "version", "baseline", "trigger", "started_by", "created_at"]
+    list_display = ["id", "suite", "version", "baseline", "trigger", "started_by", "created_at", "accepted"]
     list_filter = ["suite"]
 
 

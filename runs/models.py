@@ -449,6 +449,12 @@ class EvalSuite(models.Model):
         help_text='Run the suite again when a new version of one of these is saved: ["agent:verifier-agent", '
         '"workflow:deploy-review", "policy:refunds over $100"]',
     )
+    quarantine = models.ManyToManyField(
+        "EvalCase",
+        blank=True,
+        related_name="quarantined_in",
+        help_text="Known failures: cases of this suite whose failure does not fail run_evals (named on its page)",
+    )
 
     class Meta:
         ordering = ["slug"]
@@ -508,6 +514,9 @@ class EvalRun(models.Model):
         max_length=200, blank=True, help_text="What started it: the page, the API, run_evals, or a new version"
     )
     created_at = models.DateTimeField(auto_now_add=True)
+    accepted = models.BooleanField(
+        default=False, help_text="run_evals exited 0 on it: the baseline later passes are compared with by default"
+    )
 
     class Meta:
         ordering = ["-id"]

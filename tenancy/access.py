@@ -14,12 +14,18 @@ from .models import ApiToken, Membership, Project
 Role = Membership.Role
 DEFAULT_PROJECT = "default"
 
-# action → (roles that may do it, the token scope it needs)
-ACTIONS: dict[str, tuple[frozenset, str]] = {
+# action → (roles that may do it, the token scope it needs; a tuple: any one of them)
+ACTIONS: dict[str, tuple[frozenset, str | tuple[str, ...]]] = {
     "view": (frozenset({Role.VIEWER, Role.OPERATOR, Role.REVIEWER, Role.ADMIN}), ApiToken.Scope.READ.value),
     "start": (frozenset({Role.OPERATOR, Role.ADMIN}), ApiToken.Scope.RUN.value),
     "operate": (frozenset({Role.OPERATOR, Role.ADMIN}), ApiToken.Scope.OPERATE.value),
     "decide": (frozenset({Role.REVIEWER, Role.ADMIN}), ApiToken.Scope.APPROVE.value),
+    # Grow an evaluation suite: add cases (a reviewed run among them). Reviewers annotate runs, operators
+    # run suites: both keep what they saw as a case, with the token scope either of them works with.
+    "curate": (
+        frozenset({Role.OPERATOR, Role.REVIEWER, Role.ADMIN}),
+        (ApiToken.Scope.OPERATE.value, ApiToken.Scope.APPROVE.value),
+    ),
     # Configure the project: classify tools, change its policies and memberships (admin pages, the API).
     "administer": (frozenset({Role.ADMIN}), ApiToken.Scope.ADMIN.value),
 }
@@ -48,6 +54,17 @@ def project_ids(user, action: str = "view") -> list[int] | None:
     return list(Membership.objects.filter(user=user, role__in=roles).values_list("project_id", flat=True))
 
 
+def actions_anywhere(user) -> frozenset[str]:
+    """The actions ``user`` may take in at least one project (every action for a superuser): what the nav
+    offers. One query; each page checks again."""
+    if user is None or not user.is_active or not user.is_authenticated:
+        return frozenset()
+    if user.is_superuser:
+        return frozenset(ACTIONS)
+    roles = set(Membership.objects.filter(user=user).values_list("role", flat=True).distinct())
+    return frozenset(action for action, (allowed, _) in ACTIONS.items() if roles & allowed)
+
+
 def visible_rows(rows, user, *, field: str = "project_id", action: str = "view"):
     """``rows`` narrowed to the projects where ``user`` may ``action`` (all of them for a superuser)."""
     allowed = project_ids(user, action)
@@ -64,9 +81,11 @@ def authorize(user, project_id: int, action: str, *, what: str, token: ApiToken 
     if role not in roles:
         _denied(user, project_id, action, what, f"role {role}", request)
         raise Forbidden(f"your role in this project ({role}) may not {action} {what}")
-    if token is not None and scope not in (token.scopes or []):
-        _denied(user, project_id, action, what, f"token without the {scope} scope", request)
-        raise Forbidden(f"this API token lacks the {scope!r} scope needed to {action} {what}")
+    scopes = (scope,) if isinstance(scope, str) else scope
+    if token is not None and not set(scopes) & set(token.scopes or []):
+        _denied(user, project_id, action, what, f"token without the {' or '.join(scopes)} scope", request)
+        needed = " or ".join(repr(s) for s in scopes)
+        raise Forbidden(f"this API token lacks the {needed} scope needed to {action} {what}")
     if token is not None and token.for_agent and action in ("decide", "administer"):  # even if its scopes were edited
         _denied(user, project_id, action, what, "an agent's token", request)
         raise Forbidden(f"a token used by an agent can never {action} ({what})")

@@ -5,14 +5,7 @@ from django.conf import settings
 from django.db import migrations, models
 
 
-def lifetime_of_earlier_rules(apps, schema_editor):
-    """Rules made before they had a lifetime get the longest one, counted from their creation."""
-    from datetime import timedelta
-
-    AllowRule = apps.get_model("approvals", "AllowRule")
-    days = settings.WARDEN["ALLOW_RULE_MAX_DAYS"]
-    for rule in AllowRule.objects.filter(expires_at__isnull=True).iterator():
-        AllowRule.objects.filter(id=rule.id).update(expires_at=rule.created_at + timedelta(days=days))
+# The data step that gives earlier rules their lifetime is 0019_lifetime_of_earlier_rules.
 
 
 class Migration(migrations.Migration):

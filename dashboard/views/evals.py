@@ -4,20 +4,23 @@ with a form to run it again for a version or on the baseline workflows. GET only
 
 from django import forms
 from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
 from django.http import HttpResponseBadRequest
 from django.shortcuts import redirect, render
 from django.urls import reverse
-from django.views.decorators.http import require_GET, require_POST
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from agents.models import ModelVersion
 from core.errors import InvalidInput, WardenError
 from dashboard import charts
 from dashboard.insight import fmt_duration, fmt_usd
 from dashboard.trace import TASKS_DRAWN
-from runs.evals import annotation_create, comparison, eval_case_from_run, eval_start, history
+from runs.evals import annotation_create, comparison, eval_case_from_run, eval_start, eval_suite_create, history
 from runs.evals.compare import FIGURES
 from runs.models import Artifact, EvalSuite, Task
 from tenancy.access import role_of, visible_rows
+from tenancy.audit import audit
+from tenancy.models import Project
 
 from .common import authorized, run_for_view
 
@@ -29,6 +32,29 @@ class EvalStartForm(forms.Form):
         queryset=ModelVersion.objects.all(), required=False, empty_label="current agents", label="Version"
     )
     baseline = forms.BooleanField(required=False, label="on the single-agent baseline workflows")
+
+
+class EvalSuiteNewForm(forms.Form):
+    """A new, empty suite (cases come from runs, the API or the admin); the service checks it again."""
+
+    name = forms.CharField(max_length=200)
+    slug = forms.SlugField(max_length=64, help_text="Its name for run_evals and the API: letters, digits, - and _")
+    project = forms.ModelChoiceField(queryset=Project.objects.none(), empty_label=None)
+    description = forms.CharField(required=False, max_length=4000, widget=forms.Textarea(attrs={"rows": 2}))
+    rerun_on = forms.CharField(
+        required=False,
+        max_length=4000,
+        label="Run again on a new version of",
+        help_text="One per line: agent:<slug>, workflow:<slug> or policy:<name>",
+        widget=forms.Textarea(attrs={"rows": 2}),
+    )
+
+    def __init__(self, *args, projects, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["project"].queryset = projects
+
+    def clean_rerun_on(self) -> list[str]:
+        return [line.strip() for line in self.cleaned_data["rerun_on"].splitlines() if line.strip()]
 
 
 def _times(value: float | None) -> str:
@@ -44,7 +70,32 @@ def _suite(request, suite_id: int, action: str) -> EvalSuite:
 @require_GET
 def eval_list(request):
     suites = visible_rows(EvalSuite.objects.select_related("project").prefetch_related("cases"), request.user)
-    return render(request, "runs/evals.html", {"suites": suites})
+    may_create = visible_rows(Project.objects.all(), request.user, field="id", action="administer").exists()
+    return render(request, "runs/evals.html", {"suites": suites, "may_create": may_create})
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def eval_new(request):
+    """Create a suite in one of the projects the person administers (403 for anyone who administers none)."""
+    projects = visible_rows(Project.objects.order_by("slug"), request.user, field="id", action="administer")
+    if not projects.exists():
+        audit(actor=request.user, action="denied:administer", target="a new evaluation suite", outcome="denied",
+              detail={"why": "administers no project"}, request=request)  # fmt: skip
+        raise PermissionDenied("only a project's admin may create its evaluation suites")
+    form = EvalSuiteNewForm(request.POST if request.method == "POST" else None, projects=projects)
+    if form.is_valid():
+        data = form.cleaned_data  # the project is one of those they administer: the field offers only those
+        try:
+            suite = eval_suite_create(project=data["project"], slug=data["slug"], name=data["name"],
+                                      description=data["description"], rerun_on=data["rerun_on"],
+                                      user=request.user, via="page")  # fmt: skip
+        except InvalidInput as exc:
+            for error in exc.errors or [{"field": None, "message": str(exc)}]:
+                form.add_error(error["field"] if error["field"] in form.fields else None, error["message"])
+        else:
+            return redirect("runs:eval-suite", suite_id=suite.id)
+    return render(request, "runs/eval_new.html", {"form": form}, status=400 if form.errors else 200)
 
 
 @login_required
@@ -52,7 +103,12 @@ def eval_list(request):
 def eval_suite(request, suite_id: int):
     suite = _suite(request, suite_id, "view")
     cases, columns = comparison(suite)
-    rows = [{"case": case, "cells": [column.cells.get(case.id) for column in columns]} for case in cases]
+    quarantine = list(suite.quarantine.all())
+    known = {case.id for case in quarantine}
+    rows = [
+        {"case": case, "cells": [column.cells.get(case.id) for column in columns], "quarantined": case.id in known}
+        for case in cases
+    ]
     # Each version beside the latest single-agent baseline shown (seed 003: did the fan-out pay?).
     base = next((column for column in reversed(columns) if column.eval_run.baseline), None)
     summary = []
@@ -77,6 +133,7 @@ def eval_suite(request, suite_id: int):
         )
     context = {
         "suite": suite,
+        "quarantine": quarantine,
         "charts": _history_charts(suite),
         "rows": rows,
         "summary": summary,
@@ -131,7 +188,7 @@ class AnnotationForm(forms.Form):
 
 def reviews_context(request, run) -> dict:
     """The run page's reviews panel: its annotations, and the suites it could become a case of."""
-    suites = visible_rows(EvalSuite.objects.filter(project_id=run.project_id), request.user, action="operate")
+    suites = visible_rows(EvalSuite.objects.filter(project_id=run.project_id), request.user, action="curate")
     tasks, artifacts = Task.objects.filter(run_id=run.id).order_by("id"), Artifact.objects.filter(run_id=run.id)
     return {
         "annotations": list(run.annotations.select_related("author")),
@@ -170,7 +227,7 @@ def run_to_case(request, run_id: int):
     """Add the run to a suite as a new case expecting its outcome (the reviewers' scores say which artifacts)."""
     run = run_for_view(request, run_id)
     suite_id = request.POST.get("suite", "")
-    suite = _suite(request, int(suite_id) if suite_id.isdigit() else 0, "operate")
+    suite = _suite(request, int(suite_id) if suite_id.isdigit() else 0, "curate")
     name = request.POST.get("name", "").strip() or f"as run {run.id} ended"
     try:
         eval_case_from_run(suite=suite, run=run, name=name, user=request.user, via="page")

@@ -15,23 +15,26 @@ from .compare import Column, comparison, history
 from .demo import STRICT_VERIFIER, demo_suite_load
 from .judge import eval_grade
 from .suites import (
+    accepted_baseline_for,
     annotation_create,
     baseline_for,
     eval_case_create,
     eval_case_from_run,
     eval_judge_run,
+    eval_run_accept,
     eval_start,
     eval_start_for_change,
     eval_suite_create,
     expected_checks,
+    failing,
     regressions,
     rerun_on_refusal,
     version_saved,
 )
 
 __all__ = [
-    "Column", "STRICT_VERIFIER", "annotation_create", "baseline_for", "check_failures", "checks_refusal",
-    "comparison", "demo_suite_load", "eval_case_create", "eval_case_from_run", "eval_grade", "eval_judge_run",
-    "eval_start", "eval_start_for_change", "eval_suite_create", "expected_checks", "history", "regressions",
-    "rerun_on_refusal", "version_saved",
+    "Column", "STRICT_VERIFIER", "accepted_baseline_for", "annotation_create", "baseline_for", "check_failures",
+    "checks_refusal", "comparison", "demo_suite_load", "eval_case_create", "eval_case_from_run", "eval_grade",
+    "eval_judge_run", "eval_run_accept", "eval_start", "eval_start_for_change", "eval_suite_create",
+    "expected_checks", "failing", "history", "regressions", "rerun_on_refusal", "version_saved",
 ]  # fmt: skip

@@ -76,22 +76,50 @@ def verdicts(eval_run: EvalRun) -> dict[int, bool | None]:
 
 
 def baseline_for(eval_run: EvalRun) -> EvalRun | None:
-    """The pass a new one is compared with by default: the suite's previous one of the same kind."""
+    """The pass the API sets a new one beside: the suite's previous one of the same kind."""
     earlier = EvalRun.objects.filter(suite_id=eval_run.suite_id, baseline=eval_run.baseline, id__lt=eval_run.id)
     return earlier.order_by("-id").first()
 
 
-def regressions(eval_run: EvalRun, base: EvalRun | None) -> list[dict]:
-    """The cases that fail in ``eval_run`` and passed in ``base`` (or are new to it, or there is no base):
-    what makes run_evals exit 1. A case failing in both is reported, not a regression."""
+def accepted_baseline_for(eval_run: EvalRun) -> EvalRun | None:
+    """The pass run_evals compares a new one with by default: the suite's last *accepted* pass of the same
+    kind before it (run_evals exited 0 on it), so a red pass run again is compared with the last green
+    one, not with itself."""
+    earlier = EvalRun.objects.filter(
+        suite_id=eval_run.suite_id, baseline=eval_run.baseline, id__lt=eval_run.id, accepted=True
+    )
+    return earlier.order_by("-id").first()
+
+
+def _failing(eval_run: EvalRun, base: EvalRun | None) -> list[dict]:
     now, before = verdicts(eval_run), verdicts(base) if base else {}
     names = dict(eval_run.suite.cases.values_list("id", "name"))
     failures = dict(eval_run.results.values_list("case_id", "failures"))
+    quarantined = set(eval_run.suite.quarantine.values_list("id", flat=True))
     return [
-        {"case": case_id, "name": names.get(case_id, ""), "before": before.get(case_id), "failures": failures[case_id]}
+        {"case": case_id, "name": names.get(case_id, ""), "before": before.get(case_id),
+         "failures": failures[case_id], "quarantined": case_id in quarantined}
         for case_id, passed in sorted(now.items())
-        if passed is False and before.get(case_id) is not False
-    ]
+        if passed is False
+    ]  # fmt: skip
+
+
+def regressions(eval_run: EvalRun, base: EvalRun | None) -> list[dict]:
+    """The cases that fail in ``eval_run`` and passed in ``base`` (or are new to it, or there is no base)."""
+    return [{k: v for k, v in item.items() if k != "quarantined"} for item in _failing(eval_run, base)
+            if item["before"] is not False]  # fmt: skip
+
+
+def failing(eval_run: EvalRun, base: EvalRun | None) -> list[dict]:
+    """What makes run_evals exit 1: every case that fails now and is not in the suite's quarantine, whether
+    or not it failed in ``base`` too (``before`` says how it did there)."""
+    return [item for item in _failing(eval_run, base) if not item["quarantined"]]
+
+
+def eval_run_accept(*, eval_run: EvalRun) -> None:
+    """run_evals exited 0 on the pass: it becomes the baseline later passes are compared with."""
+    EvalRun.objects.filter(id=eval_run.id).update(accepted=True)
+    eval_run.accepted = True
 
 
 def suites_for_change(kind: str, name: str) -> list[EvalSuite]:

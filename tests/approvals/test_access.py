@@ -63,7 +63,7 @@ POLICY = {
     ("GET", "/api/v1/eval-suites/{suite_id}"): ("view", "read"),
     ("GET", "/api/v1/eval-suites/{suite_id}/comparison"): ("view", "read"),
     ("POST", "/api/v1/eval-suites/{suite_id}/runs"): ("start", "run"),
-    ("POST", "/api/v1/eval-suites/{suite_id}/cases"): ("operate", "operate"),
+    ("POST", "/api/v1/eval-suites/{suite_id}/cases"): ("curate", "operate or approve"),
     ("GET", "/api/v1/eval-runs/{eval_run_id}"): ("view", "read"),
     ("GET", "/api/v1/runs/{run_id}/annotations"): ("view", "read"),
     ("POST", "/api/v1/runs/{run_id}/annotations"): ("decide", "approve"),
@@ -109,9 +109,9 @@ BODIES = {
 }
 ALLOWED = {  # role → actions
     "viewer": {"view"},
-    "operator": {"view", "start", "operate"},
-    "reviewer": {"view", "decide"},
-    "admin": {"view", "start", "operate", "decide", "administer"},
+    "operator": {"view", "start", "operate", "curate"},
+    "reviewer": {"view", "decide", "curate"},
+    "admin": {"view", "start", "operate", "decide", "curate", "administer"},
 }
 
 
@@ -259,7 +259,9 @@ def test_the_authorization_matrix(scene, client, method, path, who):
         expected = 404  # another project's objects do not exist for them
     elif who == "outsider" and any_project:
         expected = None
-    elif action in ("view", "start", "operate", "decide", "administer") and action not in ALLOWED.get(who, set()):
+    elif action in ("view", "start", "operate", "decide", "curate", "administer") and action not in ALLOWED.get(
+        who, set()
+    ):
         expected = 403
     else:
         expected = None  # allowed: any 2xx, or a 409/422 about the object's state, never 401/403/404
@@ -277,14 +279,15 @@ def test_the_authorization_matrix(scene, client, method, path, who):
 @pytest.mark.parametrize("scope", ["read", "run", "operate", "approve", "admin"])
 def test_each_token_scope_against_each_operation(scene, client, method, path, scope):
     """An admin's token with one scope: it may do exactly what that scope covers, and a refusal changes nothing."""
-    needed = POLICY[(method, path)][1]
+    needed = POLICY[(method, path)][1].split(" or ")  # any one of them
     token = api_token_create(user=scene["people"]["admin"], scopes=[scope])[1]
     before = _state(scene)
     response = _call(client, token, method, path, scene["ids"])
-    if scope == needed:
+    if scope in needed:
         assert response.status_code not in (401, 403, 404), (scope, method, path, response.json())
     else:
-        assert response.status_code == 403 and f"'{needed}' scope" in response.json()["message"], response.json()
+        named = " or ".join(f"'{one}'" for one in needed)
+        assert response.status_code == 403 and f"{named} scope" in response.json()["message"], response.json()
         assert _state(scene) == before
 
 
@@ -523,9 +526,10 @@ PAGES = {
     "runs/<int:run_id>/operations/<int:operation_id>/resolve": "operate",
     "runs/<int:run_id>/blackboard/<int:entry_id>/decide": "operate",
     "runs/<int:run_id>/annotate": "decide (POST)",
-    "runs/<int:run_id>/eval-case": "operate (POST), in the run's and the suite's project",
+    "runs/<int:run_id>/eval-case": "curate (POST), in the run's and the suite's project",
     "insight/": "member (their projects' figures)",
     "evals/": "member (their projects' suites)",
+    "evals/new": "administer, in any project (its form offers only the projects they administer)",
     "evals/<int:suite_id>/": "view, in the suite's project",
     "evals/<int:suite_id>/run": "start (POST), in the suite's project",
     # Operating Warden (tests/runs/test_operations.py): probes for load balancers, Prometheus' scrape (its

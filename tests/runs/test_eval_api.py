@@ -51,6 +51,13 @@ def test_a_pass_started_by_the_api_reports_its_verdicts_regressions_and_comparis
     body = call(client, token, f"/api/v1/eval-runs/{second['id']}").json()
     assert body["baseline_run"] == first.json()["id"]
     assert [(r["name"], r["before"]) for r in body["regressions"]] == [("approves a safe deploy", True)]
+    assert [(r["name"], r["quarantined"]) for r in body["failing"]] == [("approves a safe deploy", False)]
+    assert not body["accepted"]  # only run_evals accepts a pass
+    suite.quarantine.add(suite.cases.get(name="approves a safe deploy"))
+    body = call(client, token, f"/api/v1/eval-runs/{second['id']}").json()
+    assert body["failing"] == [] and len(body["regressions"]) == 1  # a known failure: reported, forgiven
+    listed = call(client, token, f"/api/v1/eval-suites/{suite.id}").json()
+    assert listed["quarantine"] == [suite.cases.get(name="approves a safe deploy").id]
 
     compared = call(client, token, f"/api/v1/eval-suites/{suite.id}/comparison").json()
     assert [c["label"] for c in compared["columns"]] == ["confident", "strict-verifier"]

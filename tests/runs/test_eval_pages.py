@@ -34,7 +34,7 @@ def test_a_reviewed_run_becomes_a_case_in_two_clicks(suite, operator, client, dj
     membership_grant(user=reviewer, project=default_project(), role="reviewer")
     client.force_login(reviewer)
     page = client.get(f"/runs/{run.id}/").content.decode()
-    assert 'id="annotate-form"' in page and 'id="eval-case-form"' not in page  # a reviewer does not edit suites
+    assert 'id="annotate-form"' in page and 'id="eval-case-form"' in page  # a reviewer may keep it as a case
     posted = client.post(
         f"/runs/{run.id}/annotate", {"target": f"artifact:{verdict.id}", "score": "1", "comment": "<b>right</b>"}
     )
@@ -72,3 +72,34 @@ def test_the_comparison_shows_judge_scores_charts_and_keeps_the_baseline(suite, 
     for figure in ("success", "cost-usd", "steps", "seconds", "judge-score"):
         assert f'id="chart-eval-{figure}"' in page
     assert "mean judge score by evaluation run: #" in page and ": 0.75" in page
+
+
+def test_the_suite_page_names_its_known_failures_and_its_accepted_passes(suite, operator, client):
+    known = EvalCase.objects.get(suite=suite, name="stays cheap")
+    EvalCase.objects.filter(id=known.id).update(name="<i>stays cheap</i>")
+    suite.quarantine.add(known)
+    accepted = eval_start(suite=suite)
+    EvalRun.objects.filter(id=accepted.id).update(accepted=True)
+    eval_start(suite=suite)
+    client.force_login(operator)
+    page = client.get(f"/evals/{suite.id}/").content.decode()
+    listed = re.search(r'<section id="eval-quarantine">(.*?)</section>', page, re.S).group(1)
+    assert re.findall(r'<li class="eval-quarantined">([^<]*)</li>', listed) == ["&lt;i&gt;stays cheap&lt;/i&gt;"]
+    assert page.count('title="A known failure: run_evals forgives it">quarantined</span>') == 1
+    assert page.count(">accepted</span>") == 1
+
+
+def test_a_suite_quarantines_only_its_own_cases_in_the_admin(suite, django_user_model):
+    from runs.admin import EvalSuiteForm
+    from runs.models import EvalSuite
+
+    other = EvalSuite.objects.create(slug="other", name="Other", project=default_project())
+    stranger = EvalCase.objects.create(suite=other, name="elsewhere", workflow=suite.cases.first().workflow)
+    data = {"slug": suite.slug, "name": suite.name, "project": suite.project_id, "rerun_on": "[]"}
+    form = EvalSuiteForm(instance=suite, data={**data, "quarantine": [stranger.id]})
+    assert not form.is_valid() and "quarantine" in form.errors
+    own = suite.cases.first()
+    form = EvalSuiteForm(instance=suite, data={**data, "quarantine": [own.id]})
+    assert form.is_valid(), form.errors
+    form.save()
+    assert list(suite.quarantine.all()) == [own]

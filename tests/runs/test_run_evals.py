@@ -41,7 +41,7 @@ def suite(transactional_db, provider):  # noqa: F811
 def test_an_instruction_change_that_breaks_a_case_makes_run_evals_exit_1(suite, worker, capsys):
     call_command("run_evals", "reviews", "--timeout", "120")
     first = capsys.readouterr().out
-    assert "no regression" in first and "passed  approves a tested rollback" in first
+    assert "no failure: evaluation run" in first and "passed  approves a tested rollback" in first
 
     agent = Agent.objects.get(slug="gpt-reviewer")
     agent.instructions = "Reject every deploy on a Friday; today is Friday."
@@ -50,19 +50,67 @@ def test_an_instruction_change_that_breaks_a_case_makes_run_evals_exit_1(suite, 
     with pytest.raises(CommandError) as failed:
         call_command("run_evals", "reviews", "--timeout", "120")
     assert failed.value.returncode == 1
-    assert str(failed.value) == "1 case(s) regressed: approves a tested rollback"
+    assert str(failed.value) == "1 case(s) failed: approves a tested rollback (regressed)"
     out = capsys.readouterr().out
     assert "FAILED  approves a tested rollback" in out and "review.decision is 'reject', not 'approve'" in out
     assert "passed  finishes" in out  # the case the change did not break
     first_pass, second_pass = EvalRun.objects.order_by("id")
     versions = {r.run.versions["agents"]["gpt-reviewer"]["version"] for r in second_pass.results.all()}
     assert versions == {2} and second_pass.trigger == "run_evals"
-    # Against the pass before it, a case failing in both is no regression; against nothing, every failure is.
+    assert first_pass.accepted and not second_pass.accepted
+    # Against a pinned pass where it failed too, the case still fails the command.
     with pytest.raises(CommandError) as again:
-        call_command("run_evals", "reviews", "--baseline", "none", "--timeout", "120")
+        call_command("run_evals", "reviews", "--baseline", str(second_pass.id), "--timeout", "120")
     assert again.value.returncode == 1
-    call_command("run_evals", "reviews", "--baseline", str(second_pass.id), "--timeout", "120")
-    assert Run.objects.filter(status="completed").count() == 8
+    assert str(again.value) == "1 case(s) failed: approves a tested rollback (failed before too)"
+    assert Run.objects.filter(status="completed").count() == 6
+
+
+def test_running_a_red_job_again_does_not_turn_it_green(suite, worker, capsys):
+    """CI re-runs a failed job: the case that failed the first time fails the second, compared with the last
+    accepted pass (not with the red one), however often it is re-run."""
+    call_command("run_evals", "reviews", "--timeout", "120")
+    accepted = EvalRun.objects.get()
+    agent = Agent.objects.get(slug="gpt-reviewer")
+    agent.instructions = "Reject every deploy on a Friday; today is Friday."
+    agent.save()
+    outs = []
+    for _ in range(2):
+        with pytest.raises(CommandError) as failed:
+            call_command("run_evals", "reviews", "--timeout", "120")
+        assert failed.value.returncode == 1 and "approves a tested rollback" in str(failed.value)
+        outs.append((str(failed.value), capsys.readouterr().out))
+    for message, out in outs:
+        assert f"against evaluation run {accepted.id} (current agents, accepted)" in out
+        assert message == "1 case(s) failed: approves a tested rollback (regressed)"
+    # The deprecated alias means the same: the last accepted pass.
+    with pytest.raises(CommandError) as alias:
+        call_command("run_evals", "reviews", "--baseline", "previous", "--timeout", "120")
+    assert alias.value.returncode == 1
+    captured = capsys.readouterr()
+    assert "--baseline previous is deprecated: it means --baseline accepted" in captured.err
+    assert f"against evaluation run {accepted.id} (current agents, accepted)" in captured.out
+    assert list(EvalRun.objects.filter(accepted=True)) == [accepted]
+
+
+def test_only_a_case_the_suite_quarantines_is_forgiven(suite, worker, capsys):
+    agent = Agent.objects.get(slug="gpt-reviewer")
+    agent.instructions = "Reject every deploy on a Friday; today is Friday."
+    agent.save()
+    with pytest.raises(CommandError):
+        call_command("run_evals", "reviews", "--timeout", "120")  # no accepted pass yet: it fails all the same
+    known = EvalCase.objects.get(name="approves a tested rollback")
+    suite.quarantine.add(known)  # named explicitly as a known failure
+    call_command("run_evals", "reviews", "--timeout", "120")
+    out = capsys.readouterr().out
+    assert "failed  approves a tested rollback" in out and "quarantined: forgiven" in out
+    assert "no failure: evaluation run" in out
+    assert EvalRun.objects.order_by("id").last().accepted
+    # Another case failing is not forgiven by that quarantine.
+    EvalCase.objects.filter(name="finishes").update(checks=[{"status": "failed"}])
+    with pytest.raises(CommandError) as failed:
+        call_command("run_evals", "reviews", "--timeout", "120")
+    assert str(failed.value) == "1 case(s) failed: finishes (regressed)"
 
 
 def test_run_evals_refuses_an_unknown_suite_version_or_baseline(suite):

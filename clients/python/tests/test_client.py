@@ -32,15 +32,50 @@ def sync_client(server) -> WardenClient:
     return WardenClient("http://warden.test", "wdn_token", retry=FAST, transport=httpx.MockTransport(server))
 
 
-def test_a_write_carries_a_key_from_its_content_and_the_token():
-    server = Server((201, RUN, None), (201, RUN, None))
+def test_starting_the_same_workflow_twice_with_the_same_input_starts_two_runs():
+    server = Server((201, RUN, None), (201, {**RUN, "id": 8}, None))
     with sync_client(server) as warden:
         run = warden.run_start("external-agent", goal="Refund")
-        warden.run_start("external-agent", goal="Refund")
+        again = warden.run_start("external-agent", goal="Refund")
     first, second = server.requests
     assert run.id == 7 and first.url.path == "/api/v1/runs" and first.headers["authorization"] == "Bearer wdn_token"
+    assert json.loads(first.content) == json.loads(second.content)
     assert json.loads(first.content) == {"workflow": "external-agent", "goal": "Refund", "input": {}}
-    assert first.headers["idempotency-key"] == second.headers["idempotency-key"]  # the same request, the same key
+    # Two calls, two keys: the server starts a second run instead of replaying the first.
+    assert first.headers["idempotency-key"] != second.headers["idempotency-key"]
+    assert again.id == 8
+
+
+def test_a_run_start_whose_answer_was_lost_is_sent_again_with_its_own_key():
+    server = Server(
+        (0, httpx.ReadTimeout("lost"), None),
+        (502, {"code": "bad_gateway", "message": "proxy"}, None),
+        (201, RUN, None),
+        (201, {**RUN, "id": 8}, None),
+    )
+    with sync_client(server) as warden:
+        assert warden.run_start("external-agent", goal="Refund").id == 7
+        assert warden.run_start("external-agent", goal="Refund").id == 8
+    keys = [r.headers["idempotency-key"] for r in server.requests]
+    assert keys[0] == keys[1] == keys[2] and keys[3] != keys[0]  # one call's retries share its key
+
+
+def test_a_caller_deduplicates_across_processes_with_its_own_key():
+    server = Server((201, RUN, None), (201, RUN, None))
+    for _ in range(2):  # two processes, say: each its own client
+        with sync_client(server) as warden:
+            warden.run_start("external-agent", goal="Refund", idempotency_key="ticket-4711")
+    assert [r.headers["idempotency-key"] for r in server.requests] == ["ticket-4711", "ticket-4711"]
+
+
+def test_an_operations_intent_is_keyed_by_what_it_names_its_run_task_and_step():
+    server = Server((201, OPERATION, None), (201, OPERATION, None), (201, OPERATION, None))
+    intent = {"task": "refunds", "tool": "payments.refund", "arguments": {"charge": "c"}}
+    for step in (1, 1, 2):  # a restarted agent sends step 1 again: the same key, the first answer back
+        with sync_client(server) as warden:
+            warden.operation_intent(7, step=step, **intent)
+    first, again, other = (r.headers["idempotency-key"] for r in server.requests)
+    assert first == again and other != first
 
 
 def test_a_lost_answer_and_a_busy_server_are_retried_with_the_same_key():
@@ -96,3 +131,16 @@ def test_the_async_client_sends_the_same_calls():
     run, op = asyncio.run(main())
     assert run.id == 7 and op.decided and not op.approved
     assert [r.headers.get("idempotency-key") for r in server.requests] == ["k-1", "k-1", None]
+
+
+def test_the_async_client_starts_two_runs_for_two_calls_and_retries_each_with_its_key():
+    server = Server((0, httpx.ConnectError("refused"), None), (201, RUN, None), (201, {**RUN, "id": 8}, None))
+
+    async def main():
+        async with AsyncWardenClient("http://warden.test", "wdn_token", retry=FAST,
+                                     transport=httpx.MockTransport(server)) as warden:  # fmt: skip
+            return [(await warden.run_start("external-agent")).id for _ in range(2)]
+
+    assert asyncio.run(main()) == [7, 8]
+    keys = [r.headers["idempotency-key"] for r in server.requests]
+    assert keys[0] == keys[1] != keys[2]

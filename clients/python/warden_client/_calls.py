@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -25,20 +26,28 @@ UNDOABLE = ("compensation", "correction")
 
 @dataclass(frozen=True)
 class Call(Generic[T]):
+    """One API call. A POST's Idempotency-Key is fixed when the call is made, so every retry of this call
+    sends the same key (a lost answer is replayed, not done again) while the next call, even with the
+    same body, is a new request: starting a workflow twice with the same input starts two runs."""
+
     method: str
     path: str
     body: dict | None = None
-    key: str | None = None  # an explicit Idempotency-Key; a POST without one gets one from its content
+    key: str | None = None  # the caller's Idempotency-Key (to deduplicate across processes); else one is made
     params: dict = field(default_factory=dict)
     read: Callable[[Any], T] = _identity
+    derived_key: bool = False  # the body names what it acts on: the key comes from path and body (see uses)
+
+    def __post_init__(self) -> None:
+        if self.method == "POST" and not self.key:
+            object.__setattr__(self, "key", self._derived() if self.derived_key else uuid.uuid4().hex)
+
+    def _derived(self) -> str:
+        content = f"{self.path}\n{json.dumps(self.body, sort_keys=True, default=str)}"
+        return hashlib.sha256(content.encode()).hexdigest()
 
     def headers(self) -> dict:
-        if self.method != "POST":
-            return {}
-        # The same request gets the same key: a retry after a lost answer replays the first answer
-        # instead of doing the work again (the server keeps keys at least 72 h).
-        content = f"{self.path}\n{json.dumps(self.body, sort_keys=True, default=str)}"
-        return {"Idempotency-Key": self.key or hashlib.sha256(content.encode()).hexdigest()}
+        return {"Idempotency-Key": self.key} if self.method == "POST" else {}
 
 
 @dataclass(frozen=True)
@@ -94,12 +103,20 @@ def run_get(run_id: int) -> Call[Run]:
     return Call("GET", f"/runs/{run_id}", read=run_of)
 
 
+# The calls below with derived_key=True name what they act on (a run to finish, a task by its key, an
+# operation by its run, task and step, or by its id): the same body is the same act whichever process
+# sends it, so a key from path and body lets a restarted agent get the first answer back instead of a
+# conflict. Everything else (a run start above all, a span) is a new thing each call: a fresh key.
+
+
 def run_finish(run_id: int, *, completed: bool = True, reason: str = "") -> Call[Run]:
-    return Call("POST", f"/runs/{run_id}/finish", {"completed": completed, "reason": reason}, read=run_of)
+    body = {"completed": completed, "reason": reason}
+    return Call("POST", f"/runs/{run_id}/finish", body, read=run_of, derived_key=True)
 
 
 def task_open(run_id: int, key: str, *, agent: str, objective: str = "") -> Call[dict]:
-    return Call("POST", f"/runs/{run_id}/tasks", {"key": key, "agent": agent, "objective": objective})
+    body = {"key": key, "agent": agent, "objective": objective}
+    return Call("POST", f"/runs/{run_id}/tasks", body, derived_key=True)
 
 
 def span_report(
@@ -123,7 +140,7 @@ def operation_intent(
             "reversibility": reversibility}  # fmt: skip
     if undo is not None:
         body["undo"] = {"tool": undo[0], "arguments": undo[1]}
-    return Call("POST", f"/runs/{run_id}/operations", body, key=idempotency_key, read=operation_of)
+    return Call("POST", f"/runs/{run_id}/operations", body, key=idempotency_key, read=operation_of, derived_key=True)
 
 
 def operations(run_id: int) -> Call[list]:
@@ -144,7 +161,7 @@ def operation_get(operation_id: int, *, wait: int = 0) -> Call[Operation]:
 
 
 def operation_start(operation_id: int) -> Call[Operation]:
-    return Call("POST", f"/operations/{operation_id}/start", {}, read=operation_of)
+    return Call("POST", f"/operations/{operation_id}/start", {}, read=operation_of, derived_key=True)
 
 
 def operation_outcome(
@@ -153,4 +170,4 @@ def operation_outcome(
 ) -> Call[Operation]:  # fmt: skip
     body = {"committed": committed, "result": result, "external_id": external_id, "error": error,
             "ambiguous": ambiguous}  # fmt: skip
-    return Call("POST", f"/operations/{operation_id}/outcome", body, read=operation_of)
+    return Call("POST", f"/operations/{operation_id}/outcome", body, read=operation_of, derived_key=True)

@@ -35,9 +35,10 @@ def _sync(plan: Callable[P, Call[T]]) -> Callable[Concatenate[WardenClient, P], 
 class WardenClient:
     """Warden's integration API for an agent that runs elsewhere (docs/integrations.md).
 
-    Every POST carries an Idempotency-Key (the one given, or one derived from the request), so the
-    client sends a request again after a timeout, a dropped connection, a 429, a 5xx or a key still in
-    flight, and never does anything twice. Errors raise WardenError with the API's code."""
+    Every POST carries an Idempotency-Key (the one given, else a fresh one per call, or for a call whose
+    body names what it acts on one derived from it), so the client sends a request again after a timeout,
+    a dropped connection, a 429, a 5xx or a key still in flight, and never does anything twice. Errors
+    raise WardenError with the API's code."""
 
     def __init__(self, base_url: str, token: str, *, timeout: float = 40.0, retry: Retry | None = None,
                  transport: httpx.BaseTransport | None = None):  # fmt: skip
