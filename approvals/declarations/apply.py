@@ -154,6 +154,12 @@ def _references(item: Item) -> dict:
         if found is None:
             problems.append(("planner_agent", f"no agent {agent!r}"))
         references["planner_agent"] = {agent: found}
+    project = item.body.get("project")
+    if "project" in item.kind.fields and project not in (None, ""):  # an agent's: whose secret its key is
+        found = Project.objects.filter(slug=project).values_list("id", flat=True).first()
+        if found is None:
+            problems.append(("project", f"no project {project!r}"))
+        references["project"] = {project: found}
     if problems:
         raise _refused(problems)
     return references

@@ -9,8 +9,9 @@ from dataclasses import dataclass
 from django import forms
 from django.db import models
 
+from agents.forms import AgentForm
 from agents.models import Agent, Workflow
-from agents.versions import AGENT_FIELDS, WORKFLOW_FIELDS
+from agents.versions import AGENT_FIELDS, ENDPOINT_FIELDS, WORKFLOW_FIELDS
 from tools.classifications import CLASSIFICATION_FIELDS
 from tools.models import HttpTool, McpServer, ToolClassification
 
@@ -51,7 +52,7 @@ class Kind:
 KINDS = {
     kind.key: kind
     for kind in (
-        Kind("agents", Agent, "slug", AGENT_FIELDS, shared=True),
+        Kind("agents", Agent, "slug", (*AGENT_FIELDS, *ENDPOINT_FIELDS), shared=True),
         Kind(
             "mcp_servers",
             McpServer,
@@ -90,7 +91,7 @@ KINDS = {
 # an HTTP tool a classification may only make stricter).
 ORDER = tuple(KINDS)
 PROJECT_KINDS = tuple(key for key in ORDER if key != "agents")
-REFERENCES = {"workflow": "slug", "planner_agent": "slug"}
+REFERENCES = {"workflow": "slug", "planner_agent": "slug", "project": "slug"}
 
 
 def default_of(kind: Kind, name: str):
@@ -145,7 +146,9 @@ def value_problems(kind: Kind, item: dict) -> list[tuple[str, str]]:
 
 
 def form_class(kind: Kind) -> type[forms.ModelForm]:
-    return forms.modelform_factory(kind.model, fields=kind.declared)
+    # An agent's endpoint key is checked against its project's grants, as in the admin.
+    base = AgentForm if kind.model is Agent else forms.ModelForm
+    return forms.modelform_factory(kind.model, form=base, fields=kind.declared)
 
 
 def form_data(kind: Kind, item: dict, references: dict) -> dict:

@@ -334,3 +334,29 @@ def test_the_format_reference_in_the_docs_names_only_real_kinds_and_fields(db):
     Project.objects.create(slug="payments", name="Payments")
     items = declarations_items([yaml.safe_load(reference)])
     assert {item.kind.key for item in items} == set(ORDER)
+
+
+def test_an_agents_own_endpoint_is_declared_with_its_keys_grant_checked_and_exported_by_name(people, tmp_path):
+    """An agent may call its own OpenAI-compatible endpoint with a key its project was granted: a
+    declaration says so as the admin does, the grant checked the same way, the key by name only."""
+    agent = {"slug": "local-agent", "name": "Local agent", "provider": "openai", "model": "qwen-7b",
+             "base_url": "http://127.0.0.1:8702/v1", "api_key_secret": "DATABASE_URL", "project": "default",
+             "send_max_tokens": True}  # fmt: skip
+    with pytest.raises(CommandError, match=r"agents\[local-agent\].api_key_secret"):
+        apply(write(tmp_path, {"agents": [agent]}), "root")
+    assert not Agent.objects.filter(slug="local-agent").exists()
+    with pytest.raises(CommandError, match=r"agents\[local-agent\].project: no project 'nowhere'"):
+        apply(write(tmp_path, {"agents": [{**agent, "project": "nowhere"}]}), "root")
+
+    granted = {**agent, "api_key_secret": "PAYMENTS_API_KEY"}
+    result = apply_json(write(tmp_path, {"agents": [granted]}), "root")
+    assert statuses(result) == {"agents[local-agent]": "created"}
+    row = Agent.objects.get(slug="local-agent")
+    assert (row.base_url, row.api_key_secret, row.project.slug, row.send_max_tokens) == (
+        "http://127.0.0.1:8702/v1", "PAYMENTS_API_KEY", "default", True)  # fmt: skip
+    out = tmp_path / "exported.yaml"
+    call_command("warden_export", "-o", str(out), stderr=open("/dev/null", "w"))
+    exported = list(yaml.safe_load_all(out.read_text()))  # the shared configuration, then each project
+    (mine,) = [a for doc in exported for a in doc.get("agents", []) if a["slug"] == "local-agent"]
+    assert mine["api_key_secret"] == "PAYMENTS_API_KEY" and mine["project"] == "default"
+    assert {i["status"] for i in apply_json(out, "root")["items"]} == {"unchanged"}
