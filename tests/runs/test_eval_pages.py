@@ -72,6 +72,8 @@ def test_the_comparison_shows_judge_scores_charts_and_keeps_the_baseline(suite, 
     for figure in ("success", "cost-usd", "steps", "seconds", "judge-score"):
         assert f'id="chart-eval-{figure}"' in page
     assert "mean judge score by evaluation run: #" in page and ": 0.75" in page
+    # The wide comparison scrolls sideways: it takes keyboard focus and is named (WCAG 2.1.1).
+    assert '<div class="table-scroll" tabindex="0" role="region" aria-label="The latest evaluation runs">' in page
 
 
 def test_the_suite_page_names_its_known_failures_and_its_accepted_passes(suite, operator, client):
