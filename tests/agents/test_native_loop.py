@@ -18,6 +18,7 @@ from approvals.policies import demo_waivers_load
 from runs.models import Run, Span
 from runs.services import run_start
 from tests.conftest import wait_for
+from tests.local_http import answer_json, serve
 from tools.models import SandboxCall, ToolOperation
 
 API_KEY = "sk-native-loop-test"
@@ -103,21 +104,12 @@ class ScriptedModel:
                 model.bodies.append(raw)
                 answer = model.answer(self.path, json.loads(raw), raw)
                 data = json.dumps(answer).encode()
-                try:
-                    self.send_response(200)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(data)))
-                    self.end_headers()
-                    self.wfile.write(data)
-                except OSError:  # the worker that asked was killed
-                    pass
+                answer_json(self, data)
 
             def log_message(self, *args):
                 pass
 
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.httpd, self.url = serve(Handler)
 
     def answer(self, path: str, request: dict, raw: bytes) -> dict:
         anthropic = path.endswith("/messages")

@@ -25,6 +25,7 @@ import pytest
 from approvals.models import ApprovalRequest
 from runs.models import Run, Span
 from tests.conftest import ROOT, wait_for
+from tests.local_http import answer_json, serve
 from tests.runs.test_external_agent import call
 from tools.models import ToolOperation
 
@@ -37,13 +38,6 @@ EXAMPLES = {
     "openai-agents": ROOT / "examples" / "openai_agents_refund.py",
     "langgraph": ROOT / "examples" / "langgraph_refund.py",
 }
-
-
-def _serve(handler_class) -> http.server.ThreadingHTTPServer:
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler_class)
-    httpd.daemon_threads = True
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    return httpd
 
 
 class ChatModel:
@@ -61,19 +55,12 @@ class ChatModel:
                 request = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
                 model.requests.append(request)
                 data = json.dumps(model.answer(request)).encode()
-                try:
-                    self.send_response(200)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(data)))
-                    self.end_headers()
-                    self.wfile.write(data)
-                except OSError:
-                    pass
+                answer_json(self, data)
 
             def log_message(self, *args):
                 pass
 
-        self.httpd = _serve(Handler)
+        self.httpd, _ = serve(Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
 
     def tool_answers(self, request: dict) -> list[str]:
@@ -142,7 +129,7 @@ class WardenProxy:
             def log_message(self, *args):
                 pass
 
-        self.httpd = _serve(Handler)
+        self.httpd, _ = serve(Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
 
     def stop(self):

@@ -25,6 +25,7 @@ from runs.models import Run, Span, Task
 from runs.services import run_start
 from tenancy.access import default_project
 from tests.conftest import wait_for
+from tests.local_http import answer_json, serve
 from tests.runs.test_engine import scripted_workflow
 from tests.tools.test_http_tools import admin_form, declare, waive
 from tests.tools.test_mcp_tools import effects
@@ -59,21 +60,12 @@ class PlannedModel:
                 raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 model.requests.append(json.loads(raw))
                 data = json.dumps(model.answer(model.requests[-1])).encode()
-                try:
-                    self.send_response(200)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(data)))
-                    self.end_headers()
-                    self.wfile.write(data)
-                except OSError:  # the worker that asked was killed
-                    pass
+                answer_json(self, data)
 
             def log_message(self, *args):
                 pass
 
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.httpd, self.url = serve(Handler)
 
     def answer(self, request: dict) -> dict:
         n = sum(1 for m in request["messages"] if m["role"] == "tool")
@@ -275,21 +267,12 @@ class StatusService:
                     time.sleep(2)
                 code = {"ok": 200, "refuse": 422, "down": 503, "slow": 200}.get(mode, 404)
                 data = json.dumps({"mode": mode} if code == 200 else {"error": f"said no to {mode}"}).encode()
-                try:
-                    self.send_response(code)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(data)))
-                    self.end_headers()
-                    self.wfile.write(data)
-                except OSError:
-                    pass
+                answer_json(self, data, code)
 
             def log_message(self, *args):
                 pass
 
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.httpd, self.url = serve(Handler)
 
     def stop(self):
         self.httpd.shutdown()
