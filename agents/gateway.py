@@ -22,9 +22,7 @@ import math
 import random
 import string
 import time
-from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any
 
 from django.conf import settings
 from django.core.cache import cache
@@ -33,68 +31,14 @@ from core.cache import tolerant
 from core.circuit import Breaker, breaker_reason, rate_wait
 from core.errors import StepFailure, TransientFailure
 
+from .model_io import ModelRequest, ModelResponse, max_output_tokens
+from .prices import price_get
+from .providers import AnthropicProvider, OpenAIProvider, ProviderRetryable
+
 log = logging.getLogger("warden.gateway")
 
 # Scripted models are priced like a small hosted model, so budgets and cost totals mean something.
 SCRIPTED_PRICE_MICROS_PER_TOKEN = (1, 4)  # (input, output)
-
-
-@dataclass
-class ModelRequest:
-    agent_slug: str
-    instructions: str
-    prompt: str
-    turn: int  # the model call's number within the task, 1-based; stable across attempts
-    attempt: int
-    context: dict[str, Any] = field(default_factory=dict)  # values a scripted turn may quote
-    tool_names: list[str] = field(default_factory=list)  # the tools the task may call
-    cache_seconds: int = 0  # the agent's: how long an identical request may be answered from the cache
-    fallback: tuple[str, str] | None = None  # (provider, model) to use while the provider's breaker is open
-    routing: dict = field(default_factory=dict)  # the agent's rule for simple steps (a cheaper model)
-    project_id: int | None = None  # the run's: its own HTTP and MCP tools are among those it may call
-    # Real providers: the task's exchanges so far, provider-neutral (agents/conversation.py), rebuilt
-    # from the journal; ``prompt`` is then the task message alone.
-    history: list[dict] = field(default_factory=list)
-    # The most the model may answer with (0: the deployment's default), asked of the provider and
-    # reserved against the budgets before the call.
-    max_output_tokens: int = 0
-    # The agent's own OpenAI-compatible endpoint (Agent.endpoint): its URL, its key's name and project,
-    # and whether it takes max_tokens; empty: the deployment's.
-    endpoint: dict = field(default_factory=dict)
-
-
-@dataclass
-class ModelResponse:
-    text: str = ""
-    tool_call: dict | None = None  # {"name": ..., "arguments": {...}}: the first of tool_calls
-    tool_calls: list[dict] | None = None  # every call of the reply: [{"id", "name", "arguments"}]
-    final: Any = None
-    tokens_in: int = 0
-    tokens_out: int = 0
-    cost_micros: int = 0
-    model: str = ""
-    retries: int = 0  # tries the gateway made before this answer
-    cached: bool = False  # answered from the gateway's cache: no call made, nothing paid
-    sent: dict | None = None  # what the model was sent (system and user messages), kept with the answer
-    provider: str = ""  # the provider that answered (a routing rule or a fallback may pick another)
-
-    def as_journal(self) -> dict:
-        body: dict[str, Any] = {"text": self.text}
-        if self.retries:
-            body["retries"] = self.retries
-        if self.cached:
-            body["cached"] = True
-        if self.sent is not None:
-            body["request"] = self.sent
-        if self.tool_call is not None:
-            body["tool_call"] = self.tool_call
-        if self.tool_calls:
-            body["tool_calls"] = self.tool_calls
-        if self.final is not None:
-            body["final"] = self.final
-        if self.provider and self.provider != "scripted":  # the scripted provider is its agent's, always
-            body["provider"] = self.provider
-        return body
 
 
 class _QuoteFormatter(string.Formatter):
@@ -172,8 +116,6 @@ DEFAULT_INSTRUCTIONS = "You are a careful agent."  # the system message of an ag
 
 
 def _real_providers() -> dict:
-    from .providers import AnthropicProvider, OpenAIProvider
-
     return {"openai": OpenAIProvider(), "anthropic": AnthropicProvider()}
 
 
@@ -190,13 +132,6 @@ def route(provider: str, model: str, request: ModelRequest) -> tuple[str, str]:
     if len(request.prompt) <= limit:
         return str(rule.get("provider") or provider), cheap
     return provider, model
-
-
-def max_output_tokens(provider: str, request: ModelRequest) -> int:
-    if request.max_output_tokens:
-        return request.max_output_tokens
-    key = "SCRIPTED_MAX_OUTPUT_TOKENS" if provider == "scripted" else "MODEL_MAX_OUTPUT_TOKENS"
-    return settings.WARDEN[key]
 
 
 def worst_case(*, provider: str, model: str, request: ModelRequest) -> tuple[int, int]:
@@ -273,8 +208,6 @@ def _cache_key(provider: str, model: str, request: ModelRequest) -> str:
 
 
 def _call_with_retries(impl, model: str, request: ModelRequest) -> ModelResponse:
-    from .providers import ProviderRetryable
-
     cfg, circuit = settings.WARDEN, circuit_name(impl.name, request)
     for tries in range(1, cfg["MODEL_RETRIES"] + 2):
         wait = BREAKER.admit(circuit)  # half-open: this call may be its probe
@@ -321,8 +254,6 @@ def _retry_delay(tries: int, retry_after: float | None) -> float:
 
 def cost_micros(provider: str, model: str, tokens_in: int, tokens_out: int) -> int:
     """The price table applied to the tokens: USD per million tokens is micro-dollars per token."""
-    from .prices import price_get
-
     price = price_get(provider, model)
     if price is None:
         log.warning("no price for %s/%s: its calls cost nothing in budgets until one is set", provider, model)

@@ -9,6 +9,7 @@ from core.errors import InvalidInput
 
 from .models import Agent
 from .schemas import PlanIn, PlannedTaskIn
+from .versions import with_latest_version
 
 
 def pydantic_errors(exc: ValidationError, prefix: str = "") -> list[dict]:
@@ -65,7 +66,7 @@ def plan_validate(
     if duplicates:
         raise InvalidInput(f"task keys used twice: {', '.join(duplicates)}")
     errors = _dependency_errors(plan.tasks, set(keys) | existing_keys, dead_keys)
-    agents = {a.slug: a for a in Agent.objects.filter(slug__in={t.agent for t in plan.tasks})}
+    agents = {a.slug: a for a in with_latest_version(Agent.objects.filter(slug__in={t.agent for t in plan.tasks}))}
     errors += [
         {"field": f"plan.tasks.{t.key}.agent", "message": f"unknown agent {t.agent!r}"}
         for t in plan.tasks

@@ -18,7 +18,7 @@ from tools.memory import TOOL_SCHEMAS
 from tools.secrets import SecretRefused, scrub_failure, secrets_for
 
 from .conversation import anthropic_messages, openai_messages
-from .gateway import ModelRequest, ModelResponse, max_output_tokens
+from .model_io import ModelRequest, ModelResponse, max_output_tokens
 
 MAX_CALLS_PER_REPLY = 16  # tool calls taken from one reply; more is a runaway, not a plan
 

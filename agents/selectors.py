@@ -4,7 +4,7 @@ from django.db.models import Q, QuerySet
 
 from tenancy.access import project_ids
 
-from .models import Workflow
+from .models import Agent, Workflow
 
 
 def workflows_visible(*, user) -> QuerySet:
@@ -21,3 +21,8 @@ def workflow_visible(*, slug: str, user) -> Workflow | None:
     """The workflow named ``slug`` if ``user`` may see it. One of a project they are not in is None, exactly
     as a slug that names nothing, so that a caller's answer cannot tell the two apart."""
     return workflows_visible(user=user).filter(slug=slug).first()
+
+
+def agents_listed() -> QuerySet:
+    """The agent registry, by slug (every agent: the registry is the deployment's)."""
+    return Agent.objects.order_by("slug")

@@ -15,6 +15,9 @@ import json
 from dataclasses import dataclass
 
 from django.db import IntegrityError, transaction
+from django.db.models import OuterRef, QuerySet, Subquery
+
+from core import bus
 
 from .models import Agent, AgentVersion, Workflow, WorkflowVersion
 
@@ -94,18 +97,41 @@ def digest(config: dict) -> str:
     return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()
 
 
+LATEST = ("id", "number", "digest")
+
+
+def with_latest_version(queryset: QuerySet) -> QuerySet:
+    """Agents or workflows, each read with its latest version's id, number and digest in the same
+    statement: ``agent_version``/``workflow_version`` of such a row need no statement of their own when
+    that version is current (a run's start reads every version it pins this way)."""
+    model, owner_field = (AgentVersion, "agent") if queryset.model is Agent else (WorkflowVersion, "workflow")
+    latest = model.objects.filter(**{owner_field: OuterRef("pk")}).order_by("-number")
+    return queryset.annotate(**{f"latest_version_{name}": Subquery(latest.values(name)[:1]) for name in LATEST})
+
+
 def _current(model, owner_field: str, owner, config: dict):
     """The owner's version with this configuration: the latest one if it matches, else a new one."""
     key = digest(config)
+    if getattr(owner, "latest_version_digest", None) == key:
+        # Read with the owner (with_latest_version). A version never changes, so its configuration is
+        # the owner's, as stored (a JSON round trip: what reading the row would have given).
+        stored = json.loads(json.dumps(config, default=str))
+        return model(
+            id=owner.latest_version_id, number=owner.latest_version_number, digest=key, config=stored,
+            **{owner_field: owner},
+        )  # fmt: skip
     for _ in range(3):  # two savers racing for the same number: the loser reads the winner's
         latest = model.objects.filter(**{owner_field: owner}).order_by("-number").first()
         if latest is not None and latest.digest == key:
             return latest
         try:
             with transaction.atomic():
-                return model.objects.create(
+                version = model.objects.create(
                     **{owner_field: owner}, number=(latest.number + 1) if latest else 1, config=config, digest=key
                 )
+                # Listeners (the evaluations that rerun on it) hear after commit, never for a lost race.
+                bus.announce(bus.VersionCreated(kind=owner_field, version_id=version.id))
+                return version
         except IntegrityError:
             continue
     raise IntegrityError(f"cannot record a version of {owner}")

@@ -7,12 +7,14 @@ from ninja import Field, Query, Router, Schema, Status
 from pydantic import ConfigDict
 
 from agents.models import Agent
-from approvals.models import AllowRule, ApprovalRequest
-from approvals.rules import allow_rule_create, allow_rule_revoke
+from api.schemas import BodyIn
+from approvals.rules import allow_rule_create
 from approvals.services import approval_decide
 from core.errors import NotFound
+from core.schemas import PathId, QueryWhole, Whole
+from policy.models import AllowRule, ApprovalRequest
+from policy.rules import allow_rule_revoke
 from runs.models import Run
-from runs.schemas import BodyIn, PathId, QueryWhole, Whole
 from tenancy.access import authorize, authorize_token, visible_rows
 from tenancy.models import Project
 

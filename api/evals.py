@@ -8,21 +8,21 @@ from ninja import Field, Router, Schema, Status
 from pydantic import ConfigDict
 
 from agents.models import ModelVersion
+from api.schemas import BodyIn
 from core.errors import InvalidInput, NotFound
-from runs.evals import (
+from core.schemas import PathId, Whole
+from evals.compare import comparison, history
+from evals.models import Annotation, EvalCase, EvalRun, EvalSuite
+from evals.suites import (
     annotation_create,
     baseline_for,
-    comparison,
     eval_case_create,
     eval_case_from_run,
     eval_start,
     eval_suite_create,
     failing,
-    history,
     regressions,
 )
-from runs.models import Annotation, EvalCase, EvalRun, EvalSuite
-from runs.schemas import BodyIn, PathId, Whole
 from tenancy.access import authorize, authorize_token, visible_rows
 from tenancy.models import Project
 

@@ -1,4 +1,4 @@
-"""Integration API for external agents (runs/external.py): tasks, reported spans, the ledger's intent,
+"""Integration API for external agents (integrations/external.py): tasks, reported spans, the ledger's intent,
 approval wait (long-poll), start, receipt or failure, and the end of the run. Writes need the token's
 ``run`` scope (and the starter's role in the project); reading an operation needs ``read``."""
 
@@ -11,9 +11,10 @@ from pydantic import ConfigDict
 
 from api.reads import router as reads_router
 from api.runs import RunOut, run_for, run_out
+from api.schemas import BodyIn
 from core.errors import NotFound
-from runs import external
-from runs.schemas import BodyIn, PathId, QueryWhole, Whole
+from core.schemas import PathId, QueryWhole, Whole
+from integrations import external
 from runs.selectors import run_get
 from tenancy.access import authorize
 from tools.models import ToolOperation

@@ -8,9 +8,10 @@ from typing import Any, Literal
 from ninja import Field, Router, Schema
 from pydantic import ConfigDict
 
+from api.schemas import BodyIn
 from approvals.governance import change_request_decide, change_requests_pending
 from core.errors import Forbidden, NotFound
-from runs.schemas import BodyIn, PathId
+from core.schemas import PathId
 from tenancy.access import authorize, authorize_token
 from tenancy.audit import audit
 from tenancy.governance import change_request_withdraw

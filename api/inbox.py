@@ -1,4 +1,4 @@
-"""Integration API for the "needs you" inbox: everything waiting for the token's person (dashboard/inbox.py)."""
+"""Integration API for the "needs you" inbox: what waits for the token's person (approvals/selectors/inbox.py)."""
 
 from datetime import datetime
 from typing import Literal
@@ -6,10 +6,10 @@ from typing import Literal
 from ninja import Field, Query, Router, Schema
 from pydantic import ConfigDict
 
+from approvals.selectors.inbox import KINDS, inbox_counts, inbox_items
 from core.errors import NotFound
-from dashboard.inbox import KINDS, inbox_counts, inbox_items
 from tenancy.access import authorize, authorize_token
-from tenancy.models import Project
+from tenancy.selectors import project_by_slug
 
 router = Router(tags=["inbox"])
 Kind = Literal["approval", "question", "operation", "run", "breaker", "blackboard", "change"]
@@ -84,7 +84,7 @@ def inbox(request, filters: Query[InboxQuery]):
     authorize_token(request.auth, "read", what="the inbox", request=request)
     user, project = request.auth.user, None
     if filters.project:
-        project = Project.objects.filter(slug=filters.project).first()
+        project = project_by_slug(filters.project)
         if project is None:
             raise NotFound(f"project {filters.project} does not exist")
         authorize(user, project.id, "view", what=f"project {filters.project}", token=request.auth, request=request)

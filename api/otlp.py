@@ -19,7 +19,7 @@ from django.views.decorators.csrf import csrf_exempt
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
 from core.errors import Forbidden, InvalidInput, NotFound
-from runs.otlp_ingest import otlp_ingest, otlp_parse
+from integrations.otlp_ingest import otlp_ingest, otlp_parse
 from tenancy.tokens import api_token_authenticate
 
 from .limits import RateLimited, rate_check

@@ -6,10 +6,11 @@ from typing import Literal
 from ninja import Field, Query, Router, Schema
 from pydantic import ConfigDict
 
+from api.schemas import BodyIn
 from approvals.models import Question
 from approvals.questions import question_answer
 from core.errors import NotFound
-from runs.schemas import BodyIn, PathId, QueryWhole
+from core.schemas import PathId, QueryWhole
 from tenancy.access import authorize, authorize_token, visible_rows
 
 router = Router(tags=["questions"])

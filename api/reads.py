@@ -8,16 +8,15 @@ from typing import Any, Literal
 from ninja import Field, Query, Router, Schema
 from pydantic import ConfigDict
 
-from agents.models import Agent
-from agents.selectors import workflows_visible
+from agents.selectors import agents_listed, workflows_visible
 from api.runs import keyset_page, run_for
-from dashboard.insight import Figures, insight_choices, insight_compute
-from dashboard.trace import SPAN_FIELDS
-from runs.models import Artifact, Span, Task
-from runs.otlp import otlp_example, run_otlp
+from integrations.otlp import otlp_example, run_otlp
 from runs.schemas import PathId, QueryWhole
-from tenancy.access import authorize_token, project_ids, visible_rows
-from tenancy.models import AuditEvent, Project
+from runs.selectors.insight import Figures, insight_choices, insight_compute
+from runs.selectors.run_page import run_artifact_rows, run_task_rows
+from runs.selectors.trace import span_rows
+from tenancy.access import authorize_token, project_ids
+from tenancy.selectors import audit_events, project_slugs
 
 router = Router(tags=["runs"])
 
@@ -88,7 +87,7 @@ def list_tasks(request, run_id: PathId):
             "started_at": t.started_at,
             "finished_at": t.finished_at,
         }
-        for t in Task.objects.filter(run=run).select_related("agent").order_by("id")
+        for t in run_task_rows(run.id)
     ]
 
 
@@ -145,7 +144,7 @@ SpanNodeOut.model_rebuild()
 def get_trace(request, run_id: PathId):
     run = run_for(request, run_id)
     nodes, roots = {}, []
-    for row in Span.objects.filter(run=run).order_by("id").values(*SPAN_FIELDS):
+    for row in span_rows(run.id):
         node = {
             "id": row["id"],
             "kind": row["kind"],
@@ -240,7 +239,7 @@ def list_artifacts(request, run_id: PathId):
             "provenance": a.provenance,
             "created_at": a.created_at,
         }
-        for a in Artifact.objects.filter(run=run).select_related("task").order_by("id")
+        for a in run_artifact_rows(run.id)
     ]
 
 
@@ -295,13 +294,9 @@ def list_audit(
     limit: QueryWhole(ge=1, le=500) = Query(default=100),  # noqa: B008
 ):
     authorize_token(request.auth, "read", what="the audit log", request=request)
-    rows = visible_rows(AuditEvent.objects.order_by("-id"), request.auth.user)
-    if run:
-        rows = rows.filter(run_id=run)
-    if action:
-        rows = rows.filter(action=action)
+    rows = audit_events(visible=project_ids(request.auth.user, "view"), run_id=run, action=action)
     page, next_after = keyset_page(rows, after=after, limit=limit)
-    slugs = dict(Project.objects.filter(id__in={e.project_id for e in page}).values_list("id", "slug"))
+    slugs = project_slugs({e.project_id for e in page})
     items = [
         {
             "id": e.id,
@@ -409,7 +404,7 @@ def list_agents(request):
             "allowed_tools": a.allowed_tools,
             "is_planner": a.is_planner,
         }
-        for a in Agent.objects.order_by("slug")
+        for a in agents_listed()
     ]
 
 

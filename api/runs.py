@@ -8,9 +8,11 @@ from pydantic import ConfigDict
 
 from agents.models import Workflow
 from agents.selectors import workflow_visible
+from api.schemas import BodyIn
 from core.errors import InvalidInput, NotFound
+from core.schemas import PathId, QueryWhole, Whole
 from runs.models import Run, Task
-from runs.schemas import BodyIn, BudgetIn, PathId, QueryWhole, Whole
+from runs.schemas import BudgetIn
 from runs.selectors import run_get
 from runs.services import (
     run_cancel,

@@ -13,11 +13,12 @@ from api.external import ExternalOperationOut, IntentIn
 from api.external import operation_out as external_out
 from api.governance import ChangeRequestOut, change_request_out
 from api.runs import RunOut, run_for, run_out
+from api.schemas import BodyIn
 from core.errors import NotFound
-from runs.external import external_operation_intent
-from runs.saga import compensation_plan, operation_resolve, run_compensate
-from runs.schemas import BodyIn, PathId, QueryWhole
+from core.schemas import PathId, QueryWhole
+from integrations.external import external_operation_intent
 from runs.selectors import run_get
+from saga.compensation import compensation_plan, operation_resolve, run_compensate
 from tenancy.access import authorize, authorize_token, project_ids, visible_rows
 from tenancy.models import ChangeRequest, Project
 from tools.classifications import TOOL_NAME, TOOL_NAME_RULE, tool_classification_set

@@ -6,7 +6,7 @@ from typing import Literal
 from ninja import Field, Router, Schema
 from pydantic import ConfigDict
 
-from dashboard.ops import workers_visible
+from runs.selectors.workers import workers_visible
 
 router = Router(tags=["operations"])
 

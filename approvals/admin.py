@@ -1,35 +1,23 @@
+"""The approvals app's admin: questions, notifications, decision links and breaker pages, and the admin of
+two policy models whose actions are the reviewer's work — approval requests (decided here, through the
+same service as the queue) and approval policies (saved through the four-eyes rules of
+approvals/policies.py). Their pages are under /admin/policy/ (the models' app); the others of the policy
+app register in policy/admin.py."""
+
 from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.template.response import TemplateResponse
 
 from core.errors import WardenError
+from policy.admin import DecisionInline
+from policy.models import ApprovalPolicy, ApprovalRequest
 from tenancy.access import authorize
-from tenancy.admin_scope import GovernedAdmin, ReadOnlyScopedAdmin, ScopedInline
+from tenancy.admin_scope import GovernedAdmin, ReadOnlyScopedAdmin
 
-from .models import (
-    AllowRule,
-    ApprovalPolicy,
-    ApprovalRequest,
-    BreakerNotification,
-    Decision,
-    DecisionLink,
-    Notification,
-    Question,
-)
+from .models import BreakerNotification, DecisionLink, Notification, Question
 from .policies import policy_delete, policy_problems, policy_save
 from .services import approval_decide
-
-
-class DecisionInline(ScopedInline, admin.TabularInline):
-    model = Decision
-    fields = ["reviewer", "verdict", "comment", "arguments_hash", "edited_arguments", "at"]
-    readonly_fields = fields
-    extra = 0
-    can_delete = False
-
-    def has_add_permission(self, request, obj=None):
-        return False
 
 
 @admin.register(ApprovalRequest)
@@ -115,16 +103,6 @@ class ApprovalRequestAdmin(ReadOnlyScopedAdmin):
         return self._decide(request, queryset, False)
 
 
-@admin.register(Decision)
-class DecisionAdmin(ReadOnlyScopedAdmin):
-    project_path = "request__run__project"
-    delete_action = None
-    list_display = ["id", "request", "reviewer", "verdict", "at"]
-    list_filter = ["verdict"]
-    search_fields = ["=request__id", "reviewer__username", "comment"]
-    readonly_fields = ["request", "reviewer", "verdict", "comment", "arguments_hash", "edited_arguments", "at"]
-
-
 class ApprovalPolicyForm(forms.ModelForm):
     class Meta:
         model = ApprovalPolicy
@@ -198,38 +176,6 @@ class DecisionLinkAdmin(ReadOnlyScopedAdmin):
     search_fields = ["=request__id"]
     exclude = ["nonce"]
     readonly_fields = ["request", "arguments_hash", "created_at", "used_at", "used_by"]
-
-
-@admin.register(AllowRule)
-class AllowRuleAdmin(ReadOnlyScopedAdmin):
-    """Listed and revocable here; created through the API (the checks and the audit live in one place)."""
-
-    project_path = "project"
-    list_display = [
-        "id",
-        "project",
-        "tool",
-        "arguments",
-        "agent",
-        "run",
-        "covers_irreversible",
-        "created_by",
-        "expires_at",
-        "revoked_at",
-    ]
-    list_filter = ["tool", "covers_irreversible", "project"]
-    search_fields = ["tool", "note", "created_by__username"]
-    actions = ["revoke"]
-
-    @admin.action(description="Revoke the selected allow rules")
-    def revoke(self, request, queryset):
-        from .rules import allow_rule_revoke
-
-        for rule in queryset:
-            try:
-                allow_rule_revoke(user=request.user, rule_id=rule.id, request=request)
-            except WardenError as exc:
-                self.message_user(request, f"{rule}: {exc}", messages.ERROR)
 
 
 @admin.register(Question)

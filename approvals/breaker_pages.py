@@ -22,7 +22,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from core import outbound
+from core import links, outbound
 from core.circuit import BreakerRef
 from runs.services.breakers import BREAKERS
 from runs.services.outbox import outbox_add
@@ -113,7 +113,7 @@ def _label(note: BreakerNotification) -> str:
 
 
 def _link() -> str:
-    return f"{settings.WARDEN['BASE_URL'].rstrip('/')}/inbox/?kind=breaker"
+    return links.breakers_url()
 
 
 def _text(note: BreakerNotification) -> str:

@@ -7,11 +7,12 @@ import logging
 from django.db import transaction
 from django.utils import timezone
 
+from policy.models import ApprovalPolicy, ApprovalRequest
 from runs.models import Run
-from runs.saga import run_operations_send
+from saga.compensation import run_operations_send
 from tools.broker import operations_decided
 
-from .models import ApprovalPolicy, ApprovalRequest, Notification
+from .models import Notification
 from .notify import notifications_add, notifications_due
 from .services import _wake_parked_task
 from .transitions import APPROVAL_REQUEST

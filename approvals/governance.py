@@ -34,13 +34,13 @@ def change_requests_pending(user, *, project=None):
     return rows.order_by("requested_at", "id")
 
 
-def change_request_refusal(change: ChangeRequest, user) -> str:
-    """Why ``user`` may not decide this request ('' when they may); the role is checked before."""
+def change_request_refusal(change: ChangeRequest, user) -> Forbidden | None:
+    """Why ``user`` may not decide this request (None when they may); the role is checked before."""
     if change.requested_by_id == getattr(user, "pk", None):
-        return "four eyes: whoever asked for a change cannot approve or reject it; another admin decides"
+        return Forbidden("four eyes: whoever asked for a change cannot approve or reject it; another admin decides")
     if role_of(user, change.project_id) != "admin":
-        return "only an admin of the project decides a change of its rules"
-    return ""
+        return Forbidden("only an admin of the project decides a change of its rules")
+    return None
 
 
 def change_request_decide(*, request_id: int, user, approve: bool, note: str = "", token=None, request=None):
@@ -78,8 +78,8 @@ def _check(change: ChangeRequest, user, approve: bool, note: str) -> None:
     if change.status != CS.PENDING:
         raise Conflict(f"change request {change.id} is {change.status}; it cannot be decided again")
     refusal = change_request_refusal(change, user)
-    if refusal:
-        raise Forbidden(refusal)
+    if refusal is not None:
+        raise refusal
     if not approve and not note.strip():
         raise InvalidInput("a rejection needs a reason", [{"field": "note", "message": "required to reject"}])
 

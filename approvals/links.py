@@ -9,15 +9,15 @@ the request's project learns nothing from it, whatever state it is in."""
 
 import secrets
 
-from django.conf import settings
 from django.core import signing
-from django.db import transaction
 from django.utils import timezone
 
+from core import links
 from core.errors import Conflict, NotFound
+from policy.models import ApprovalRequest
 from tenancy.access import authorize
 
-from .models import ApprovalRequest, DecisionLink
+from .models import DecisionLink
 
 SALT = "warden.approvals.decision-link"
 LINK_MAX_AGE_DAYS = 14
@@ -29,7 +29,7 @@ def decision_link(request: ApprovalRequest) -> str:
     top = ApprovalRequest.objects.get(id=request.parent_id) if request.parent_id else request
     link = DecisionLink.objects.create(nonce=secrets.token_urlsafe(24), request=top, arguments_hash=top.arguments_hash)
     token = signing.dumps({"n": link.nonce, "r": top.id}, salt=SALT, compress=True)
-    return f"{settings.WARDEN['BASE_URL'].rstrip('/')}/approvals/link/{token}"
+    return links.decision_link_url(token)
 
 
 def link_open(token: str, *, user, request=None) -> DecisionLink:
@@ -64,24 +64,3 @@ def link_open(token: str, *, user, request=None) -> DecisionLink:
     if approval.expires_at and approval.expires_at <= timezone.now():
         raise Conflict(f"approval request {approval.id} has expired, and its links with it")
     return link
-
-
-def link_decide(*, token: str, user, approve: bool, note: str = "", request=None) -> ApprovalRequest:
-    """Decide through a link, once: the link row is locked and spent in the decision's transaction."""
-    from .services import approval_decide
-
-    with transaction.atomic():
-        link = link_open(token, user=user, request=request)
-        spent = DecisionLink.objects.filter(id=link.id, used_at__isnull=True).update(
-            used_at=timezone.now(), used_by=user
-        )
-        if not spent:
-            raise Conflict("this link was used a moment ago: it decides once")
-        return approval_decide(
-            request_id=link.request_id,
-            user=user,
-            approve=approve,
-            note=note,
-            seen_hash=link.arguments_hash,
-            request=request,
-        )

@@ -16,12 +16,13 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from core import outbound
+from core import links, outbound
+from policy.models import ApprovalRequest
 from runs.services.outbox import outbox_add
 from tenancy.models import Membership
 
 from .links import decision_link
-from .models import ApprovalRequest, Notification
+from .models import Notification
 
 log = logging.getLogger("warden.notify")
 RESEND_AFTER_SECONDS = 60
@@ -62,7 +63,7 @@ def _due(now):
 
 def link(request: ApprovalRequest) -> str:
     top = request.parent_id or request.id  # the queue shows a bundle as one card
-    return f"{settings.WARDEN['BASE_URL'].rstrip('/')}/approvals/#request-{top}"
+    return links.approval_url(top)
 
 
 def notifications_send(ids=None) -> int:

@@ -9,13 +9,13 @@ import json
 from agents.models import Agent
 from core import bus
 from core.errors import Conflict, InvalidInput
+from policy.models import ApprovalRequest
 from runs.models import Run, Task
 from runs.services.plans import plan_check, plan_rejected, plan_release, workers_started
 from tools.catalog import tool_spec
 from tools.registry import Reversibility
 
-from .models import ApprovalRequest
-from .notify import notifications_add
+from .announce import approval_requested, request_announce
 from .transitions import APPROVAL_REQUEST
 
 
@@ -52,8 +52,6 @@ def plan_outline(run: Run, plan) -> dict:
 
 def plan_hold(*, run: Run, task: Task, plan, now) -> ApprovalRequest:
     """The hook the engine calls (core.hooks.PLAN_HOLD) when a planner finished and its workflow holds plans."""
-    from .services import _emit
-
     bus.run_changed(run.id)
     outline = plan_outline(run, plan)
     lines = [f"Run {run.id}: plan {run.plan_version} by {task.key}, {len(outline['tasks'])} tasks"]
@@ -69,8 +67,7 @@ def plan_hold(*, run: Run, task: Task, plan, now) -> ApprovalRequest:
         summary="\n".join(lines),
         requested_by_id=run.started_by_id,  # separation of duties: whoever started the run does not approve its plan
     )
-    notifications_add(request, kind="new")
-    _emit(request, "approval.requested")
+    approval_requested(request)
     return request
 
 
@@ -84,15 +81,13 @@ def plan_edit_check(request: ApprovalRequest, run: Run, edited) -> None:
 
 def plan_decide(request: ApprovalRequest, run: Run, user, *, approve: bool, note: str, edited, now) -> None:
     """Record the outcome of a plan request (the Decision row is written by the caller) and act on it."""
-    from .services import _emit
-
     task = Task.objects.get(id=request.task_id)
     if edited is not None:
         request.plan, request.arguments_hash = edited, plan_hash(edited)
         request.save(update_fields=["plan", "arguments_hash"])
     decided = ApprovalRequest.Status.APPROVED if approve else ApprovalRequest.Status.REJECTED
     APPROVAL_REQUEST.move(request, decided, decided_at=now, decided_by=user, note=note[:4000])
-    _emit(request, "approval.decided")
+    request_announce(request, "approval.decided")
     if approve:
         why = f"plan {run.plan_version} approved by {user}" + (" as edited" if edited is not None else "")
         plan_release(run=run, task=task, plan=request.plan, reason=why, now=now)

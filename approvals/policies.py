@@ -13,14 +13,13 @@ from django.conf import settings
 from django.db import transaction
 
 from core.errors import Conflict, InvalidInput
+from policy.models import ApprovalPolicy
 from tenancy.access import default_project
 from tenancy.audit import audit
 from tenancy.governance import change_request_open, second_admin_needed
 from tenancy.models import ChangeRequest
 from tools.governance import change_audited, changed_fields, values_of
 from tools.registry import TOOLS, Reversibility
-
-from .models import ApprovalPolicy
 
 SUBJECT = "approvals.approvalpolicy"
 FIELDS = (

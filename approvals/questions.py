@@ -66,18 +66,18 @@ def question_for_operation(op: ToolOperation, *, arguments: dict) -> Question:
     )
 
 
-def question_refusal(question: Question, *, user, project_id: int) -> str:
-    """Why ``user`` may not answer ``question`` ('' when they may): only people who may decide in the
+def question_refusal(question: Question, *, user, project_id: int) -> Forbidden | None:
+    """Why ``user`` may not answer ``question`` (None when they may): only people who may decide in the
     run's project answer questions. The one rule the service, the card and the API share; the question's
     own state (answered, expired) is the service's to refuse."""
     if user is None or not getattr(user, "is_authenticated", False):
-        return "only a signed-in person answers an agent's question"
+        return Forbidden("only a signed-in person answers an agent's question")
     role = role_of(user, project_id)
     if role not in ACTIONS["decide"][0]:
-        return (
+        return Forbidden(
             f"your role in this project ({role or 'none'}) does not answer agents' questions (reviewers and admins do)"
         )
-    return ""
+    return None
 
 
 def _check(question: Question, run: Run, user, answer: str, now) -> str:
@@ -87,8 +87,8 @@ def _check(question: Question, run: Run, user, answer: str, now) -> str:
     if question.expires_at and question.expires_at <= now:
         raise Conflict(f"question {question.id} has expired; it cannot be answered")
     refusal = question_refusal(question, user=user, project_id=run.project_id)
-    if refusal:
-        raise Forbidden(refusal)
+    if refusal is not None:
+        raise refusal
     clean = (answer or "").strip()
     if not clean:
         raise InvalidInput("an answer cannot be empty", [{"field": "answer", "message": "required"}])

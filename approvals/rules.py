@@ -1,17 +1,16 @@
 """Scoped allow rules: created by reviewers (irreversible tools only by an admin, explicitly), revoked by
-reviewers, both audited, each with a lifetime. The gate (tools/gate.py) decides at each call whether a
+reviewers (policy/rules.py), both audited, each with a lifetime. The gate (tools/gate.py) decides at each call whether a
 rule may stand in for a reviewer there: only where its creator could have approved alone."""
 
 from django.conf import settings
 from django.utils import timezone
 
 from core.errors import Forbidden, InvalidInput, NotFound
+from policy.models import AllowRule
 from tenancy.access import authorize
 from tenancy.audit import audit
 from tenancy.models import Project
 from tools.catalog import tool_spec
-
-from .models import AllowRule
 
 
 def _tool_refusal(user, project: Project, tool: str, arguments, *, covers_irreversible: bool, role: str, request):
@@ -97,22 +96,3 @@ def _refused(user, project: Project, tool: str, request, why: str) -> None:
         request=request,
         detail={"why": why},
     )
-
-
-def allow_rule_revoke(*, user, rule_id: int, token=None, request=None) -> AllowRule:
-    rule = AllowRule.objects.select_related("project").filter(id=rule_id).first()
-    if rule is None:
-        raise NotFound(f"allow rule {rule_id} does not exist")
-    authorize(user, rule.project_id, "decide", what=f"allow rule {rule_id}", token=token, request=request)
-    if rule.revoked_at is None:
-        AllowRule.objects.filter(id=rule.id, revoked_at__isnull=True).update(revoked_at=timezone.now(), revoked_by=user)
-        audit(
-            actor=user,
-            action="allow_rule_revoke",
-            project_id=rule.project_id,
-            target=str(rule)[:200],
-            request=request,
-            detail={"rule": rule.id},
-        )
-    rule.refresh_from_db()
-    return rule

@@ -1,24 +1,25 @@
-"""Approval requests: created by the broker and the saga engine, decided by people (admin or API).
+"""Approval requests decided by people (the queue, the admin, the API, a decision link); the policy app
+creates them (policy/services.py) for the broker and the engine.
 
 A decision is applied under the run's lock (lock order: run, then tasks and operations) so that it can
 race neither the task that is about to park nor another reviewer.
 """
 
-import hashlib
-import json
 import logging
 
 from django.db import transaction
-from django.db.models import Q
 from django.utils import timezone
 
 from core import bus
 from core.errors import Conflict, Forbidden, InvalidInput, NotFound
+from policy.deciders import Refusal, request_admins_only
+from policy.deciders import decider_refusal as rule_refusal
+from policy.models import ApprovalRequest, Decision
+from policy.services import request_terms
 from runs.models import Run
-from runs.saga import run_operations_send
+from runs.selectors import run_gate_facts
 from runs.services.runs import run_transition
-from runs.webhooks import webhook_emit
-from tenancy.access import role_of
+from saga.compensation import run_operations_send
 from tenancy.audit import audit, audit_denied
 from tools.broker import arguments_hash, operations_decided
 from tools.catalog import tool_spec
@@ -26,137 +27,15 @@ from tools.gate import Origin, Verdict, gate, strictest
 from tools.kit import ArgumentsInvalid
 from tools.models import ToolOperation
 from tools.registry import redact
-from tools.transitions import OPERATION
 
-from .models import ApprovalPolicy, ApprovalRequest
-from .notify import notifications_add
-from .questions import questions_withdraw
+from .announce import request_announce
+from .links import link_open
+from .models import DecisionLink
+from .plans import plan_decide, plan_edit_check
 from .transitions import APPROVAL_REQUEST
 from .wake import parked_task_wake
 
 log = logging.getLogger("warden.approvals")
-
-
-def _describe(op) -> str:
-    args = ", ".join(f"{k}={v!r}" for k, v in (op.arguments or {}).items())
-    owner = f"{op.task.key} " if op.task_id else ""
-    return f"{owner}{op.tool}({args})"[:1000]
-
-
-def _items_hash(hashes) -> str:
-    import hashlib
-
-    return hashlib.sha256("|".join(hashes).encode()).hexdigest()
-
-
-def _terms(verdict: Verdict, *, with_expiry: bool) -> dict:
-    """What a request asks for, from the gate's verdict. Items of a bundle have no expiry of their own:
-    their parent carries the soonest."""
-    terms = {
-        "quorum": max(1, verdict.quorum),
-        "admins_only": verdict.admins_only,
-        "fail_on_reject": verdict.fail_on_reject,
-    }
-    if with_expiry:
-        policy = ApprovalPolicy.objects.filter(id=verdict.expiry_policy).first() if verdict.expiry_policy else None
-        seconds = verdict.expires_after
-        terms["policy"] = policy
-        terms["expires_at"] = timezone.now() + timezone.timedelta(seconds=seconds) if seconds else None
-    return terms
-
-
-def approval_request_for_operation(op, *, parent: ApprovalRequest | None = None, requested_by_id: int | None = None):
-    """One call waits for a reviewer, on the terms of the verdict stored on it (quorum, admins only,
-    expiry, what a rejection does). Inside the intent's (or the bundle's) transaction. ``requested_by_id``:
-    whose action asked for the call (the run's starter, or the operator who compensated); they may not
-    decide it."""
-    bus.run_changed(op.run_id)
-    request = ApprovalRequest.objects.create(
-        run_id=op.run_id,
-        task_id=op.task_id if op.kind == "action" and not op.proposed else None,
-        parent=parent,
-        kind=ApprovalRequest.Kind.OPERATION,
-        summary=_describe(op),
-        arguments_hash=op.arguments_hash,
-        declaration=op.declaration or "",
-        requested_by_id=requested_by_id,
-        **_terms(Verdict.from_json(op.verdict), with_expiry=parent is None),
-    )
-    type(op).objects.filter(id=op.id).update(approval=request)
-    op.approval = request
-    if parent is None:
-        notifications_add(request, kind="new")
-        _emit(request, "approval.requested")
-    return request
-
-
-def _emit(request: ApprovalRequest, event: str) -> None:
-
-    project_id = Run.objects.filter(id=request.run_id).values_list("project_id", flat=True).first()
-    data = {
-        "request": request.id,
-        "run": request.run_id,
-        "kind": request.kind,
-        "status": request.status,
-        "summary": request.summary,
-        "decided_by": request.decided_by.get_username() if request.decided_by_id else None,
-        "note": request.note,
-    }
-    webhook_emit(event=event, project_id=project_id, data=data)
-
-
-def approval_request_for_operations(
-    *, run: Run, operations, kind: str, title: str, requested_by_id: int | None = None
-) -> ApprovalRequest:
-    """A parent request for several operations (a bundle of proposals, or the corrections of a
-    compensation), with one item per operation that can also be decided alone. The parent asks for the
-    strictest of its items' verdicts: the largest quorum, admins only if any item is, the soonest expiry,
-    a failed task on rejection if any item says so."""
-    bus.run_changed(run.id)
-    lines = [title] + [f"{n}. {_describe(op)}" for n, op in enumerate(operations, 1)]
-    parent = ApprovalRequest.objects.create(
-        run=run,
-        kind=kind,
-        summary="\n".join(lines),
-        arguments_hash=_items_hash(op.arguments_hash for op in operations),
-        requested_by_id=requested_by_id,
-        **_terms(strictest(Verdict.from_json(op.verdict) for op in operations), with_expiry=True),
-    )
-    for op in operations:
-        approval_request_for_operation(op, parent=parent, requested_by_id=requested_by_id)
-    notifications_add(parent, kind="new")
-    _emit(parent, "approval.requested")
-    return parent
-
-
-def approvals_withdraw(*, run: Run, reason: str) -> int:
-    """The run moved on (cancelled, compensated): nobody needs to decide any more, and nothing it still
-    meant to do will be done. Run locked."""
-    bus.run_changed(run.id)
-    now = timezone.now()
-    pending = ApprovalRequest.objects.filter(run=run, status=ApprovalRequest.Status.PENDING)
-    ids = list(pending.values_list("id", flat=True))
-    APPROVAL_REQUEST.move_where(pending, ApprovalRequest.Status.WITHDRAWN, decided_at=now, note=reason[:1000])
-    questions_withdraw(run=run, reason=reason, now=now)
-    OS = ToolOperation.Status
-    why = f"not done: {reason}"[:1000]
-    operations_decided(approval_ids=ids, approved=False, reason=why, now=now)
-    # Proposals not bundled yet, and approved agent calls nobody has started: they will not be done either.
-    OPERATION.move_where(
-        ToolOperation.objects.filter(run=run, kind="action"),
-        OS.REJECTED,
-        sources=[OS.PROPOSED, OS.APPROVED],
-        status_reason=why,
-        ended_at=now,
-    )
-    return len(ids)
-
-
-def approvals_withdraw_ids(*, ids: list[int], reason: str, now) -> int:
-    """Withdraw these pending requests: the calls they were about will not be made (a retry from an
-    earlier step superseded them). The caller holds the run's lock."""
-    pending = ApprovalRequest.objects.filter(id__in=ids)
-    return APPROVAL_REQUEST.move_where(pending, ApprovalRequest.Status.WITHDRAWN, decided_at=now, note=reason[:1000])
 
 
 def approval_decide(
@@ -216,8 +95,8 @@ def _check(approval, run, user, approve, note, seen_hash, edited) -> None:
     if approval.expires_at and approval.expires_at <= timezone.now():
         raise Conflict(f"approval request {approval.id} has expired; it cannot be decided")
     refusal = decider_refusal(approval, run=run, user=user)
-    if refusal:
-        raise Forbidden(refusal)
+    if refusal is not None:
+        raise refusal
     if not seen_hash or seen_hash != approval.arguments_hash:
         raise Conflict("the arguments changed since you saw them: look again before deciding")
     if not approve and not note.strip():
@@ -236,36 +115,37 @@ def _check(approval, run, user, approve, note, seen_hash, edited) -> None:
         if not note.strip():
             raise InvalidInput("edited arguments need a comment", [{"field": "note", "message": "required"}])
         if approval.kind == ApprovalRequest.Kind.PLAN:
-            from .plans import plan_edit_check
-
             plan_edit_check(approval, run, edited)
         elif approval.kind != ApprovalRequest.Kind.OPERATION:
             raise InvalidInput("arguments can be edited on one operation at a time, not on a bundle")
 
 
-def decider_refusal(approval: ApprovalRequest, *, run: Run, user) -> str:
-    """Why ``user`` may not decide this request ('' when they may): separation of duties (whoever started
-    the run, or asked for this work, cannot), and a verdict that reserves the decision for project
-    admins. The role to decide at all is checked by ``authorize`` before this."""
-    if run.started_by_id is not None and run.started_by_id == user.pk:
-        return "separation of duties: whoever started a run cannot approve or reject its actions"
-    if approval.requested_by_id is not None and approval.requested_by_id == user.pk:
-        return "separation of duties: whoever asked for this work cannot approve or reject it"
-    if approval.admins_only or (approval.policy_id is not None and approval.policy.decided_by_role == "admin"):
-        if role_of(user, run.project_id) != "admin":
-            return "a matching approval policy says only a project admin may decide this"
-    return ""
+def decider_refusal(approval: ApprovalRequest, *, run: Run, user) -> Forbidden | None:
+    """Why ``user`` may not decide this request (None when they may), by the one decider rule
+    (policy/deciders.py): separation of duties (whoever started the run, or asked for this work,
+    cannot), and a verdict that reserves the decision for project admins. The role to decide at all is
+    checked by ``authorize`` before this."""
+    refusal = rule_refusal(
+        user, project_id=run.project_id, started_by_id=run.started_by_id, requested_by_id=approval.requested_by_id,
+        admins_only=request_admins_only(approval), role_known=True,
+    )  # fmt: skip
+    return Forbidden(REFUSALS[refusal]) if refusal else None
+
+
+REFUSALS = {
+    Refusal.STARTED_THE_RUN: "separation of duties: whoever started a run cannot approve or reject its actions",
+    Refusal.ASKED_FOR_IT: "separation of duties: whoever asked for this work cannot approve or reject it",
+    Refusal.ADMINS_ONLY: "a matching approval policy says only a project admin may decide this",
+    Refusal.NOT_A_DECIDER: "you may not decide in this project",
+}
 
 
 def _decide(approval, run, user, approve, note, edited, now) -> str:
     """Record the decision on this request (and on each pending item of a parent); returns its outcome."""
     bus.run_changed(run.id)
-    from .models import Decision
 
     verdict = Decision.Verdict.APPROVE if approve else Decision.Verdict.REJECT
     if approval.kind == ApprovalRequest.Kind.PLAN:
-        from .plans import plan_decide
-
         Decision.objects.create(request=approval, reviewer=user, verdict=verdict, comment=note[:4000],
                                 arguments_hash=approval.arguments_hash, edited_arguments=edited)  # fmt: skip
         plan_decide(approval, run, user, approve=approve, note=note, edited=edited, now=now)
@@ -280,7 +160,7 @@ def _decide(approval, run, user, approve, note, edited, now) -> str:
         if item.decisions.filter(reviewer=user).exists():
             continue  # this reviewer decided that item alone already
         refusal = decider_refusal(item, run=run, user=user)
-        if refusal:  # an item stricter than its parent (an edit raised it): refused whole, nothing recorded
+        if refusal is not None:  # an item stricter than its parent (an edit raised it): refused whole, nothing recorded
             raise Forbidden(f"item {item.id}: {refusal}")
         if edited is not None:
             _apply_edit(item, edited, run=run, user=user)
@@ -313,7 +193,7 @@ def _settle_item(item, run, user, approve, note, now) -> None:
     operations_decided(approval_ids=[item.id], approved=approve, reason=reason, now=now)
     log.info("approval %s (%s) of run %s %s", item.id, item.kind, run.id, verdict)
     if item.parent_id is None:
-        _emit(item, "approval.decided")
+        request_announce(item, "approval.decided")
     if item.parent_id is None and item.task_id:
         _wake_parked_task(run, item, reason, now)
     elif item.parent_id is None and approve:
@@ -327,7 +207,7 @@ def _settle_parent(parent, run, user, note, now) -> None:
     approved = parent.items.filter(status="approved").exists()
     decided = ApprovalRequest.Status.APPROVED if approved else ApprovalRequest.Status.REJECTED
     APPROVAL_REQUEST.move(parent, decided, decided_at=now, decided_by=user, note=note[:4000])
-    _emit(parent, "approval.decided")
+    request_announce(parent, "approval.decided")
     if parent.kind == ApprovalRequest.Kind.BUNDLE and run.status == Run.Status.WAITING_FOR_APPROVAL:
         run_transition(run=run, to=Run.Status.RUNNING, reason=f"proposals decided by {user}", now=now)
     run_operations_send(run)
@@ -350,7 +230,8 @@ def _apply_edit(item, edited: dict, *, run: Run, user) -> None:
         fields = [{**f, "field": f"arguments.{f['field']}"} for f in exc.fields]
         raise InvalidInput(f"the edited arguments are invalid for {op.tool}", fields) from exc
     origin = Origin.PROPOSAL if op.proposed else Origin.AGENT
-    fresh = gate(run_id=op.run_id, tool=op.tool, arguments=args, origin=origin, agent_id=None)
+    facts = run_gate_facts(op.run_id, op.tool)
+    fresh = gate(run_id=op.run_id, facts=facts, tool=op.tool, arguments=args, origin=origin, agent_id=None)
     verdict = strictest([Verdict.from_json(op.verdict), fresh])
     new_hash = arguments_hash(op.tool, args)
     ToolOperation.objects.filter(id=op.id).update(
@@ -362,19 +243,20 @@ def _apply_edit(item, edited: dict, *, run: Run, user) -> None:
         verdict=verdict.to_json(),
     )
     item.arguments_hash = new_hash
-    for name, value in _terms(verdict, with_expiry=False).items():
+    for name, value in request_terms(verdict, with_expiry=False).items():
         setattr(item, name, value)
     item.save(update_fields=["arguments_hash", "quorum", "admins_only", "fail_on_reject"])
     refusal = decider_refusal(item, run=run, user=user)
-    if refusal:
-        raise Forbidden(f"with these arguments {refusal[0].lower()}{refusal[1:]}")
+    if refusal is not None:
+        why = str(refusal)
+        raise Forbidden(f"with these arguments {why[0].lower()}{why[1:]}")
     if item.parent_id:  # the parent asks for the strictest of its items again
         parent = ApprovalRequest.objects.select_for_update().get(id=item.parent_id)
         verdicts = [
             Verdict.from_json(v)
             for v in ToolOperation.objects.filter(approval__parent=parent).values_list("verdict", flat=True)
         ]
-        for name, value in _terms(strictest(verdicts), with_expiry=False).items():
+        for name, value in request_terms(strictest(verdicts), with_expiry=False).items():
             setattr(parent, name, value)
         parent.save(update_fields=["quorum", "admins_only", "fail_on_reject"])
 
@@ -383,23 +265,21 @@ def _wake_parked_task(run: Run, request: ApprovalRequest, reason: str, now) -> N
     parked_task_wake(run, request.task_id, reason, now)
 
 
-def policies_in_force(*, project_id: int, workflow_id: int | None) -> list[dict]:
-    """The enabled approval policies that may match a run starting now, each with its settings and their
-    digest: recorded on the run (its ``versions``), so a later edit shows as a different digest and the
-    gate can hold the run to the stricter of the recorded and the live settings."""
-    rows = (
-        ApprovalPolicy.objects.filter(enabled=True)
-        .filter(Q(project_id=project_id) | Q(project__isnull=True))
-        .filter(Q(workflow_id=workflow_id) | Q(workflow__isnull=True))
-        .order_by("id")
-        .values()
-    )
-    in_force = []
-    for row in rows:
-        settings_of = {k: v for k, v in row.items() if k not in ("id", "name")}
-        digest = hashlib.sha256(json.dumps(settings_of, sort_keys=True, default=str).encode()).hexdigest()[:16]
-        # The settings themselves too: the gate holds the run to the stricter of them and the live row
-        # (a policy loosened or removed mid-run still binds it; a waiver added since does not).
-        recorded = {k: row[k] for k in ApprovalPolicy.RECORDED}
-        in_force.append({"id": row["id"], "name": row["name"], "digest": digest, "settings": recorded})
-    return in_force
+def link_decide(*, token: str, user, approve: bool, note: str = "", request=None) -> ApprovalRequest:
+    """Decide through a decision link (approvals/links.py), once: the link row is locked and spent in the
+    decision's transaction."""
+    with transaction.atomic():
+        link = link_open(token, user=user, request=request)
+        spent = DecisionLink.objects.filter(id=link.id, used_at__isnull=True).update(
+            used_at=timezone.now(), used_by=user
+        )
+        if not spent:
+            raise Conflict("this link was used a moment ago: it decides once")
+        return approval_decide(
+            request_id=link.request_id,
+            user=user,
+            approve=approve,
+            note=note,
+            seen_hash=link.arguments_hash,
+            request=request,
+        )

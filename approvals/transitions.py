@@ -1,21 +1,10 @@
-"""The approval request's and the question's state machines (core/machine.py applies them): one decision or
-one answer, then it is closed."""
+"""The question's state machine (core/machine.py applies it): one answer, then it is closed. The approval
+request's is the policy app's (policy/transitions.py), re-exported here for the reviewer's code."""
 
 from core.machine import StateMachine
+from policy.transitions import APPROVAL_REQUEST, APPROVAL_TRANSITIONS  # noqa: F401
 
-from .models import ApprovalRequest, Question
-
-AS = ApprovalRequest.Status
-
-APPROVAL_TRANSITIONS: dict[str, frozenset[str]] = {
-    AS.PENDING: frozenset({AS.APPROVED, AS.REJECTED, AS.WITHDRAWN, AS.EXPIRED}),
-    AS.APPROVED: frozenset(),
-    AS.REJECTED: frozenset(),
-    AS.WITHDRAWN: frozenset(),
-    AS.EXPIRED: frozenset(),
-}
-
-APPROVAL_REQUEST = StateMachine("approval request", AS.values, APPROVAL_TRANSITIONS)
+from .models import Question
 
 QS = Question.Status
 

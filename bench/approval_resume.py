@@ -110,7 +110,7 @@ class CommitStamps:
         from django.db import transaction
         from django.db.models.signals import post_save
 
-        from approvals.models import Decision
+        from policy.models import Decision
         from runs.models import Run
 
         self.decisions: dict[int, float] = {}
@@ -156,7 +156,7 @@ def run_finished(run_id: int) -> bool:
 
 def park(operator, n: int) -> dict[int, int]:
     """Start ``n`` gated runs and wait until each has parked on its call: {run id: approval request id}."""
-    from approvals.models import ApprovalRequest
+    from policy.models import ApprovalRequest
     from runs.models import Task
     from runs.services import run_start
 
@@ -242,7 +242,7 @@ def measure(args, operator, token: str, worker_pids: list[int]) -> dict:
 
 def latencies(m: dict, stamps: CommitStamps) -> dict:
     """Everything from the database, against the commit stamps taken in this process."""
-    from approvals.models import Decision
+    from policy.models import Decision
     from runs.models import Span
     from tools.models import ToolOperation
 

@@ -1,21 +1,29 @@
 """All of Warden's benchmarks in one command, one table of their figures, Warden beside its peers, and
 the goals.
 
-    .venv/bin/python bench/run.py [--quick] [--only engine,peers,approvals,dashboard,embedded,peers-sqlite] [--json]
+    .venv/bin/python bench/run.py [--quick] [--only engine,peers,approvals,dashboard,embedded,peers-sqlite,tools]
+    .venv/bin/python bench/run.py --against REF [--rounds 5] [--only engine,embedded]
 
 Runs, one after the other and each in its own process: bench/engine.py (PostgreSQL + Redis, real
 workers), bench/peers.py (the same workloads on DBOS, LangGraph + PostgresSaver and a naive two-commit
 journal, on the same PostgreSQL), bench/approval_resume.py, bench/live_push.py, bench/embedded.py (the
-engine on SQLite in one process) and bench/peers.py --backend sqlite. Each PostgreSQL benchmark has its
+engine on SQLite in one process), bench/peers.py --backend sqlite and bench/tool_calls.py (tool adapters beside
+direct calls of the same services). Each PostgreSQL benchmark has its
 own database (warden_bench_run_*: dropped and recreated, dropped at the end) and queue namespace on Redis
 db 13, and starts and stops its own workers (the dashboard its ASGI server). Their output is shown as it
 comes, prefixed with their name; each ends with one JSON line of its figures (--json), read here into the
 tables: figure | value | reference measured in the same run | ratio | goal, then steps/s side by side
-with the peers, then each goal (P1–P9, E1–E3: docs/benchmarks.md) met or not.
+with the peers, then each goal (P1–P9, E1–E3, T1: docs/benchmarks.md) met or not.
 
 Only 127.0.0.1 is contacted: PostgreSQL and Redis must listen there. --quick runs small versions of
 everything, a smoke check of a few minutes; without it, the figures of docs/benchmarks.md. The peers are
 the optional `bench` extra (`pip install -e ".[bench]"`); without it their rows say "not installed".
+
+--against REF compares this build with another: REF is checked out in a temporary git worktree, and the
+two builds take turns (REF first, then this one, then this one, then REF, …) for --rounds rounds, so that
+both meet the same hour of a machine whose speed drifts; each figure is printed as the two medians and
+their ratio (this build ÷ REF; "WORSE" beyond 10% in the wrong direction). The engine runs one repetition
+per round (the rounds are the repetitions). Use it for any change that touches the engine.
 """
 
 import argparse
@@ -33,7 +41,7 @@ from urllib.parse import urlparse
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
-BENCHES = ("engine", "peers", "approvals", "dashboard", "embedded", "peers-sqlite")
+BENCHES = ("engine", "peers", "approvals", "dashboard", "embedded", "peers-sqlite", "tools")
 # Not bench/approval_resume.py: a script of that name would shadow the approvals app on sys.path.
 SCRIPTS = {
     "engine": "engine.py",
@@ -42,6 +50,7 @@ SCRIPTS = {
     "dashboard": "live_push.py",
     "embedded": "embedded.py",
     "peers-sqlite": "peers.py",
+    "tools": "tool_calls.py",  # not bench/tools.py: a script of that name would shadow the tools app
 }
 DATABASES = {
     "engine": "warden_bench_run_engine",
@@ -51,7 +60,7 @@ DATABASES = {
 }
 NAMESPACES = {"engine": "warden-bench", "approvals": "warden-bench-appr", "dashboard": "warden-bench-dash"}
 # Measured on SQLite in this process's children only: no database, no Redis keys to clean up after them.
-LOCAL = {"embedded", "peers-sqlite"}
+LOCAL = {"embedded", "peers-sqlite", "tools"}
 # Whatever the calling shell says, the benchmarks get their addresses from here only.
 SCRUBBED = (
     "DATABASE_URL",
@@ -68,9 +77,11 @@ class Interrupted(Exception):
     pass
 
 
-def command(name: str, args) -> tuple[list[str], dict]:
+def command(name: str, args, root: Path = ROOT) -> tuple[list[str], dict]:
     db = f"{args.postgres.rstrip('/')}/{DATABASES.get(name, '')}"
-    cmd = [sys.executable, str(HERE / SCRIPTS[name]), "--json"] + (["--quick"] if args.quick else [])
+    cmd = [sys.executable, str(root / "bench" / SCRIPTS[name]), "--json"] + (["--quick"] if args.quick else [])
+    if getattr(args, "against", None) and name in REPEATABLE:
+        cmd += ["--repeat", "1"]  # the alternation's rounds are the repetitions
     env = {k: v for k, v in os.environ.items() if k not in SCRUBBED}
     env["PYTHONUNBUFFERED"] = "1"
     if name == "engine":
@@ -86,16 +97,16 @@ def command(name: str, args) -> tuple[list[str], dict]:
     return cmd, env
 
 
-def run_one(name: str, args, timeout: float) -> tuple[dict | None, int, float]:
+def run_one(name: str, args, timeout: float, root: Path = ROOT) -> tuple[dict | None, int, float]:
     """Run one benchmark, echoing its output; returns its JSON figures (None if it failed), its exit code
     and its duration. An interruption or the timeout stops it with SIGTERM: it stops its own processes
     and drops its database on the way out."""
-    cmd, env = command(name, args)
+    cmd, env = command(name, args, root)
     started = time.monotonic()
     # Its own session: a Ctrl-C reaches this process only, which then asks the benchmark to stop, once.
     proc = subprocess.Popen(
         cmd,
-        cwd=ROOT,
+        cwd=root,
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -305,6 +316,12 @@ GOALS = (
         lambda v: v <= 50,
     ),
     ("P9", "approval → resume p50 ≤ 10 ms", lambda r: _fig(r, "approvals", "resume_p50_ms"), lambda v: v <= 10),
+    ("T1", "HTTP tool ≤ 1.3× a direct call, p50", lambda r: _fig(r, "tools", "http_tool_vs_direct_p50"),
+     lambda v: v <= 1.3),
+    ("T1", "MCP tool (HTTP) ≤ 1.3× a direct call, p50", lambda r: _fig(r, "tools", "mcp_http_vs_direct_p50"),
+     lambda v: v <= 1.3),
+    ("T1", "MCP tool (stdio) ≤ 1.3× a direct call, p50", lambda r: _fig(r, "tools", "mcp_stdio_vs_direct_p50"),
+     lambda v: v <= 1.3),
     ("E1", "embedded (1) ÷ DBOS on SQLite ≥ 5×", lambda r: _ratio(r, "embedded", 1, "peers-sqlite", "dbos", "long"),
      lambda v: v >= 5),
     ("E1", "embedded (1) ÷ LangGraph on SQLite ≥ 2×",
@@ -343,6 +360,136 @@ def goals(results: dict) -> list[tuple]:
     return rows
 
 
+# Benchmarks whose figures depend on the build (the peers' do not) and that take --repeat.
+BUILD_DEPENDENT = ("engine", "approvals", "dashboard", "embedded")
+REPEATABLE = ("engine", "embedded")
+
+
+def worktree(ref: str) -> Path:
+    """REF checked out beside this one (a detached git worktree in a temporary directory). It runs on this
+    interpreter and its installed packages: a REF whose pyproject.toml differs is said so, not installed."""
+    import tempfile
+
+    commit = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--verify", f"{ref}^{{commit}}"], capture_output=True, text=True
+    )
+    if commit.returncode != 0:
+        raise SystemExit(f"--against {ref}: not a commit of this repository ({commit.stderr.strip()})")
+    path = Path(tempfile.mkdtemp(prefix="warden-against-"))
+    subprocess.run(
+        ["git", "-C", str(ROOT), "worktree", "add", "--quiet", "--detach", str(path), commit.stdout.strip()],
+        check=True,
+    )
+    if (path / "pyproject.toml").read_bytes() != (ROOT / "pyproject.toml").read_bytes():
+        print(f"[run] note: {ref}'s pyproject.toml differs; it runs on this build's installed packages", flush=True)
+    return path
+
+
+def worktree_remove(path: Path) -> None:
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(path)], capture_output=True)
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "prune"], capture_output=True)
+
+
+def numeric_figures(result: dict | None) -> dict[str, float]:
+    found = (result or {}).get("figures") or {}
+    return {k: float(v) for k, v in found.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+
+
+def higher_is_better(figure: str) -> bool | None:
+    """Rates (``…_per_s``) are better higher; times (``…_ms…``, CPU per step included) and losses lower."""
+    if figure.endswith("_ms") or "_ms_" in figure or "lost" in figure:
+        return False
+    if figure.endswith("_per_s") or "_per_s_" in figure:
+        return True
+    return None
+
+
+def alternate(names: list[str], args, timeout: float, ref_root: Path) -> dict:
+    """Each round runs every benchmark on both builds, one after the other, the order swapped each round
+    (REF first in odd rounds), so both see the same hour of this machine; the figures are the medians of
+    the rounds. Returns {bench: {figure: {"ref": [...], "head": [...]}}}."""
+    builds = {"ref": ref_root, "head": ROOT}
+    seen: dict = {name: {} for name in names}
+    for round_ in range(1, args.rounds + 1):
+        order = ("ref", "head") if round_ % 2 else ("head", "ref")
+        for name in names:
+            for build in order:
+                label = args.against if build == "ref" else "this build"
+                print(f"\n[run] round {round_}/{args.rounds}: {name} on {label} …", flush=True)
+                result, code, took = run_one(name, args, timeout, builds[build])
+                if code != 0:
+                    raise SystemExit(f"[run] {name} failed on {label} (exit code {code}): no comparison")
+                print(f"[run] {name} on {label}: done in {took:.0f} s", flush=True)
+                for figure, value in numeric_figures(result).items():
+                    seen[name].setdefault(figure, {"ref": [], "head": []})[build].append(value)
+    return seen
+
+
+def comparison_rows(seen: dict) -> list[tuple]:
+    import statistics
+
+    rows = []
+    for name, figures in seen.items():
+        for figure, values in figures.items():
+            if not values["ref"] or not values["head"]:
+                continue
+            ref, head = statistics.median(values["ref"]), statistics.median(values["head"])
+            ratio = head / ref if ref else None
+            better = higher_is_better(figure)
+            if ratio is None or better is None:
+                verdict = "—"
+            elif abs(ratio - 1) <= 0.10:
+                verdict = "within 10%"
+            else:
+                verdict = "better" if (ratio > 1) == better else "WORSE"
+            rows.append(
+                (
+                    f"{name}: {figure}",
+                    f"{ref:,.3f}",
+                    f"{head:,.3f}",
+                    "—" if ratio is None else f"{ratio:.2f}×",
+                    verdict,
+                    " ".join(f"{v:,.3g}" for v in values["ref"])
+                    + " | "
+                    + " ".join(f"{v:,.3g}" for v in values["head"]),
+                )
+            )
+    return rows
+
+
+def main_against(names: list[str], args, timeout: float) -> None:
+    names = [n for n in names if n in BUILD_DEPENDENT]
+    if not names:
+        raise SystemExit(f"--against compares builds: choose among {', '.join(BUILD_DEPENDENT)} with --only")
+    ref_root = worktree(args.against)
+    started = time.monotonic()
+    try:
+        seen = alternate(names, args, timeout, ref_root)
+    except (KeyboardInterrupt, Interrupted):
+        print("\n[run] interrupted: the benchmark was stopped and its database dropped", flush=True)
+        sys.exit(130)
+    finally:
+        worktree_remove(ref_root)
+    print(f"\nthis build ({_head()}) against {args.against}, medians of {args.rounds} alternated rounds:")
+    header = ("figure", args.against, "this build", "ratio", "", "rounds (ref | this)")
+    print_table(header, comparison_rows(seen))
+    load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    print(
+        f"\ntook {time.monotonic() - started:.0f} s; load average (1, 5, 15 min) at the end {load};"
+        f" {os.cpu_count()} cores"
+    )
+    if args.json:
+        print(json.dumps({"against": args.against, "rounds": args.rounds, "figures": seen}))
+
+
+def _head() -> str:
+    out = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    dirty = subprocess.run(
+        ["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True
+    ).stdout.strip()
+    return out.stdout.strip() + (" + uncommitted changes" if dirty else "")
+
+
 def print_table(header: tuple, rows: list[tuple]) -> None:
     widths = [max(len(r[i]) for r in rows + [header]) for i in range(len(header))]
     print()
@@ -358,7 +505,16 @@ def main() -> None:
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/13")
     parser.add_argument("--timeout", type=float, help="seconds per benchmark (default 600 with --quick, else 3600)")
     parser.add_argument("--json", action="store_true", help="end with one JSON line of every figure")
+    parser.add_argument(
+        "--against",
+        metavar="REF",
+        help="compare this build with REF (a commit, tag or branch), checked out in a temporary worktree: the "
+        "two builds alternate, each figure's median and ratio are printed (default --only engine,embedded)",
+    )
+    parser.add_argument("--rounds", type=int, default=5, help="with --against: alternations of the two builds")
     args = parser.parse_args()
+    if args.against and "--only" not in sys.argv:
+        args.only = "engine,embedded"
     names = [n.strip() for n in args.only.split(",") if n.strip()]
     unknown = set(names) - set(BENCHES)
     if unknown:
@@ -373,6 +529,8 @@ def main() -> None:
         raise Interrupted()
 
     signal.signal(signal.SIGTERM, interrupted)
+    if args.against:
+        return main_against(names, args, timeout)
     started, load_start = time.monotonic(), Path("/proc/loadavg").read_text().split()[:3]
     results, codes, durations = {}, {}, {}
     try:

@@ -140,7 +140,7 @@ def invariants() -> dict:
     query tests each run's key prefix, which over thousands of runs takes longer than the soak."""
     from django.db.models import Count, Exists, OuterRef
 
-    from approvals.models import ApprovalRequest
+    from policy.models import ApprovalRequest
     from runs.models import Run
     from tools.models import SandboxCall, ToolOperation
 

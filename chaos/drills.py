@@ -362,7 +362,7 @@ def settled(run_ids: list[int]) -> bool:
 
 def unsettled(run_ids: list[int]) -> list[str]:
     """What each run that did not settle is doing: the diagnosis printed with a failed drill."""
-    from approvals.models import ApprovalRequest
+    from policy.models import ApprovalRequest
     from runs.models import Run, Task
     from tools.models import ToolOperation
 
@@ -391,7 +391,7 @@ def unsettled(run_ids: list[int]) -> list[str]:
 def invariants(run_ids: list[int], reviewer: Reviewer) -> dict:
     from django.db.models import Count, Q
 
-    from approvals.models import ApprovalRequest, Decision
+    from policy.models import ApprovalRequest, Decision
     from runs.models import Run
     from tools.installation import run_key_prefix
     from tools.models import SandboxCall, ToolOperation

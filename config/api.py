@@ -92,7 +92,7 @@ def _add_examples(operation: dict, components: dict) -> None:
 
 class WardenAPI(NinjaAPI):
     """The schema documents what the exception handlers below answer, for every operation, the
-    Idempotency-Key header every write accepts (runs/idempotency.py), and an example of each request
+    Idempotency-Key header every write accepts (integrations/idempotency.py), and an example of each request
     and success body (from the schemas' own examples)."""
 
     def get_openapi_schema(self, *, path_prefix=None, path_params=None):

@@ -13,14 +13,25 @@ from dashboard.views import queue as approvals_views
 from .api import api
 
 
-class MovedToTenancy(RedirectView):
-    """Admin pages of the models that moved from approvals to tenancy: old bookmarks still land (deprecated)."""
+class AdminModelMoved(RedirectView):
+    """Admin pages of models that moved to another app keep answering: the admin's URLs are a public
+    contract, so old links and bookmarks land on the new page, query string kept (the old paths are
+    deprecated: README, "Changes that need your attention")."""
 
-    permanent = False
+    app = ""
+    permanent = True  # the move is final
 
     def get_redirect_url(self, *args, **kwargs):
         query = self.request.META.get("QUERY_STRING", "")
-        return f"/admin/tenancy/{kwargs['model']}/{kwargs['rest']}" + (f"?{query}" if query else "")
+        return f"/admin/{self.app}/{kwargs['model']}/{kwargs['rest']}" + (f"?{query}" if query else "")
+
+
+# old admin path → the app that owns the model now
+MOVED = [
+    (r"runs/(?P<model>webhookendpoint|webhookdelivery|otlptrace|otlpexportcursor|idempotencykey)", "integrations"),
+    (r"runs/(?P<model>evalsuite|evalcase|evalrun|evalresult|annotation)", "evals"),
+    (r"approvals/(?P<model>approvalpolicy|allowrule|approvalrequest|decision)", "policy"),
+]
 
 
 class Favicon(RedirectView):
@@ -33,8 +44,10 @@ class Favicon(RedirectView):
 
 
 urlpatterns = [
+    *(re_path(rf"^admin/{old}/(?P<rest>.*)$", AdminModelMoved.as_view(app=app)) for old, app in MOVED),
     re_path(
-        r"^admin/approvals/(?P<model>project|membership|apitoken|auditevent)/(?P<rest>.*)$", MovedToTenancy.as_view()
+        r"^admin/approvals/(?P<model>project|membership|apitoken|auditevent)/(?P<rest>.*)$",
+        AdminModelMoved.as_view(app="tenancy", permanent=False),
     ),
     path("admin/", admin.site.urls),
     path("favicon.ico", Favicon.as_view()),

@@ -8,6 +8,7 @@ start-up and hear after commit, never on rollback. So nothing below them imports
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from django.db import transaction
@@ -103,3 +104,77 @@ def breaker_opened(breaker: "BreakerRef", *, opened_at: float) -> None:
 def breaker_closed(breaker: "BreakerRef") -> None:
     """Listeners learn after commit (at once outside a transaction), never on rollback."""
     transaction.on_commit(lambda: _tell_each(_breaker_closed_listeners, breaker))
+
+
+# --- what happened, typed: the engine's, the broker's and the rule-makers' announcements ----------------
+# The engine (runs) and the rules below it announce facts; the satellites above (saga, evaluations,
+# integrations) subscribe in their AppConfig.ready. An announcement is made inside the transaction that
+# decided it. A subscriber either writes rows that must commit with the fact (durable=True: webhook
+# deliveries, evaluation rows; an outbox, so nothing is lost between a commit and a crash) or acts after
+# commit (the default), never on rollback. docs/architecture.md lists who listens to what.
+
+
+@dataclass(frozen=True)
+class RunSettled:
+    """A run reached a terminal status, or needs a person (``status`` says which)."""
+
+    run_id: int
+    project_id: int
+    status: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class TaskParked:
+    """A task stopped to wait (for a reviewer, an answer or a closed breaker); ``reason`` says for what."""
+
+    run_id: int
+    task_id: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class OperationAmbiguous:
+    """A tool call's outcome is unknown (it may have happened): the project's people must look."""
+
+    project_id: int | None
+    data: dict
+
+
+@dataclass(frozen=True)
+class VersionCreated:
+    """A new immutable version of an agent or a workflow (``kind``: "agent" or "workflow")."""
+
+    kind: str
+    version_id: int
+
+
+@dataclass(frozen=True)
+class PolicyChanged:
+    """An approval policy was created or changed."""
+
+    policy_id: int
+
+
+Event = RunSettled | TaskParked | OperationAmbiguous | VersionCreated | PolicyChanged
+_subscribers: dict[type, list[tuple[Callable, bool]]] = {}
+
+
+def subscribe(event_type: type, listener: Callable, *, durable: bool = False) -> None:
+    """Register ``listener(event)`` for one event type (at start-up). ``durable``: called at once, inside
+    the announcing transaction, so its rows commit or roll back with the fact; otherwise after commit."""
+    entries = _subscribers.setdefault(event_type, [])
+    if all(existing is not listener for existing, _ in entries):
+        entries.append((listener, durable))
+
+
+def announce(event: Event) -> None:
+    """Call inside the transaction that decided ``event`` (at once outside one)."""
+    later = []
+    for listener, durable in _subscribers.get(type(event), ()):
+        if durable:
+            listener(event)  # its failure fails the transaction: the fact and its rows go together
+        else:
+            later.append(listener)
+    if later:
+        transaction.on_commit(lambda: _tell_each(later, event))

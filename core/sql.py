@@ -6,7 +6,9 @@ statement is prepared once on Django's own connection (same transaction).
 """
 
 import json
+from collections.abc import Sequence
 from datetime import UTC
+from typing import NamedTuple
 
 import psycopg
 from django.db import connection
@@ -98,3 +100,56 @@ def in_list(column: str, values) -> tuple[str, list]:
     if connection.vendor == "postgresql":
         return f"{column} = ANY(%s)", [values]
     return f"{column} IN ({', '.join(['%s'] * len(values))})", values
+
+
+def any_of(column: str, name: str) -> str:
+    """``column`` is one of the ids in the named parameter ``name``, bound with ``any_of_ids``: one fixed statement
+    text on both databases (an array on PostgreSQL, a JSON list on SQLite), so it stays prepared."""
+    if connection.vendor == "postgresql":
+        return f"{column} = ANY(%({name})s)"
+    return f"{column} IN (SELECT value FROM json_each(%({name})s))"
+
+
+def any_of_ids(values) -> list[int] | str:
+    """A list of ids as ``any_of`` binds it."""
+    values = [int(v) for v in values]
+    return values if connection.vendor == "postgresql" else json.dumps(values)
+
+
+class Statement(NamedTuple):
+    """One statement of a sequence that ``play`` runs, with named parameters (``%(name)s``).
+
+    ``into`` names the columns of the row it returns (a name and how many columns it takes), which later
+    statements of the sequence may use as parameters; without ``into`` no row is read. ``fenced``: a
+    compare-and-set, whose missing row means the write was refused and nothing after it runs. ``many``:
+    all the rows it returns, under that name. ``when``: it runs only if that parameter is non-empty.
+    """
+
+    text: str
+    into: tuple[tuple[str, int], ...] = ()
+    fenced: bool = False
+    many: str = ""
+    when: str = ""
+
+
+def play(statements: Sequence[Statement], params: dict) -> bool:
+    """Run ``statements`` in order, adding what each returns to ``params``. False when a fenced one
+    matched no row (the statements before it ran: the caller's transaction rolls them back)."""
+    for statement in statements:
+        if statement.when and not params[statement.when]:
+            continue
+        if statement.many:
+            params[statement.many] = fetchall(statement.text, params)
+        elif not statement.into:
+            execute(statement.text, params)
+        else:
+            row = fetchone(statement.text, params)
+            if row is None:
+                if statement.fenced:
+                    return False
+                raise LookupError(f"no row returned by {statement.text[:60]!r}")
+            at = 0
+            for name, width in statement.into:
+                params[name] = row[at] if width == 1 else tuple(row[at : at + width])
+                at += width
+    return True

@@ -1,6 +1,8 @@
 from django.apps import AppConfig
 
-from core import bus
+from core import bus, links
+
+from .links import DashboardPages
 
 
 class DashboardConfig(AppConfig):
@@ -12,3 +14,5 @@ class DashboardConfig(AppConfig):
 
         bus.on_run_changed(live.run_changed)
         bus.on_access_changed(live.access_changed)
+        # Lower layers name pages by id (webhooks, notifications, "View on site"); the URLs are the dashboard's.
+        links.provide(DashboardPages())

@@ -10,14 +10,14 @@ from dataclasses import dataclass, field
 
 from django.db.models import Count, F
 
-from approvals.models import ApprovalRequest
 from core.errors import Forbidden, NotFound, WardenError
+from policy.models import ApprovalRequest
 from runs.models import Run, Task
 from runs.refusals import run_cancel_refusal, run_retry_failed_refusal, short
-from runs.saga import COMPENSABLE_FROM, compensation_plan, run_compensate, run_compensate_refusal
 from runs.selectors import set_aside_by_replan
 from runs.services import run_cancel, task_retry
 from runs.transitions import TransitionNotAllowed
+from saga.compensation import COMPENSABLE_FROM, compensation_plan, run_compensate, run_compensate_refusal
 from tenancy.access import authorize, project_ids
 from tools.human import ASK
 from tools.models import ToolOperation

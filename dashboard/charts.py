@@ -9,24 +9,15 @@ table next to it for anyone the drawing does not serve.
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 from django.utils.html import conditional_escape, format_html
 from django.utils.safestring import SafeString, mark_safe
 
+from runs.selectors.insight import Bin
+
 WIDTH, HEIGHT = 720, 260
 LEFT, RIGHT, TOP, BOTTOM = 64, 16, 34, 52  # margins: tick labels left, axis labels below
 MAX_X_LABELS = 10
-
-
-@dataclass(frozen=True)
-class Bin:
-    """A histogram bin ``[lo, hi)``; ``hi`` None: open-ended (the last bin)."""
-
-    lo: float
-    hi: float | None
-    count: int
-    label: str
 
 
 def nice_scale(peak: float | None, *, ticks: int = 4, integer: bool = False) -> tuple[float, float]:

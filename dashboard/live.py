@@ -23,9 +23,10 @@ from contextlib import contextmanager
 from channels.layers import get_channel_layer
 from django.conf import settings
 from django.core.cache import cache
-from django.db import close_old_connections, connection
+from django.db import close_old_connections
 
 from core.errors import NotFound
+from core.worker_thread import WorkerThread
 from dashboard.listing import run_row_html
 from dashboard.presence import (
     INBOX_PRESENCE,
@@ -45,10 +46,9 @@ from runs.models import Run
 log = logging.getLogger("warden.events")
 
 
-class Publisher:
+class Publisher(WorkerThread):
     """One daemon thread per process: renders each changed run once per burst and sends it."""
 
-    IDLE_CLOSE_SECONDS = 1.0  # close the thread's database connection when idle (tests drop databases)
     # After a batch that took T, wait DUTY × T (at most DUTY_CAP) before the next one: changes meanwhile
     # are coalesced, and a worker's publisher never takes more than about a quarter of its process's
     # time from the worker threads, however fast a watched run moves.
@@ -60,13 +60,12 @@ class Publisher:
     # only until that pass, which reads presence again).
     IDLE_PASS_SECONDS = 0.05
 
+    name = "warden-events"
+
     def __init__(self):
-        self._cv = threading.Condition()
+        super().__init__()
         self._pending: dict[int, None] = {}
         self._users: dict[int, None] = {}
-        self._thread: threading.Thread | None = None
-        self._busy = False
-        self._stopping = False
         self._loop: asyncio.AbstractEventLoop | None = None
         # The in-memory channel layer (embedded mode) must be used from the event loop of the server
         # that owns its queues; consumers register it here when they connect.
@@ -75,48 +74,22 @@ class Publisher:
     def push(self, run_id: int) -> None:
         with self._cv:
             self._pending[run_id] = None
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name="warden-events", daemon=True)
-                self._thread.start()
-            self._cv.notify()
+            self._wake()
 
     def push_user(self, user_id: int) -> None:
         with self._cv:
             self._users[user_id] = None
         self.push(0)
 
-    def flush(self, timeout: float = 10) -> None:
-        """Wait until everything pushed so far is published (tests, benchmarks)."""
-        deadline = time.monotonic() + timeout
-        with self._cv:
-            while (self._pending or self._busy) and time.monotonic() < deadline:
-                self._cv.wait(0.01)
-
-    def stop(self, timeout: float = 10) -> None:
-        """Publish what is pending, close the thread's database connection and end it (test teardown)."""
-        thread = self._thread
-        if thread is None:
-            return
-        self.flush(timeout)
-        with self._cv:
-            self._stopping = True
-            self._cv.notify_all()
-        thread.join(timeout)
-        with self._cv:
-            self._stopping, self._thread = False, None
+    def _has_work(self) -> bool:
+        return bool(self._pending)
 
     def _run(self) -> None:
         self._loop = asyncio.new_event_loop()
         while True:
             with self._cv:
-                if not self._pending and not self._stopping:
-                    self._cv.wait(self.IDLE_CLOSE_SECONDS)
-                if self._stopping and not self._pending:
-                    connection.close()
+                if not self._await_work():
                     return
-                if not self._pending:
-                    connection.close()
-                    continue
                 batch, self._pending, self._busy = list(self._pending), {}, True
                 users, self._users = list(self._users), {}
             started, watched = time.monotonic(), bool(users)
@@ -130,9 +103,7 @@ class Publisher:
             except Exception:  # a failed push is a gap the browsers recover from
                 log.exception("publishing changes of runs %s failed", batch)
             finally:
-                with self._cv:
-                    self._busy = False
-                    self._cv.notify_all()
+                self._done()
             pause = min((time.monotonic() - started) * self.DUTY, self.DUTY_CAP)
             time.sleep(pause if watched else max(pause, self.IDLE_PASS_SECONDS))
 

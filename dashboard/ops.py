@@ -28,14 +28,13 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from approvals.models import ApprovalRequest
 from core import metrics
-from core.errors import Forbidden
-from runs.models import Outbox, Run, Task, WebhookDelivery, WorkerProcess
+from integrations.models import WebhookDelivery
+from policy.models import ApprovalRequest
+from runs.models import Outbox, Run, Task, WorkerProcess
 from runs.services.breakers import BREAKERS
-from runs.workers import WorkerRow, gone_after, workers_list
-from tenancy.access import authorize_token, project_ids
-from tenancy.audit import audit, client_address
+from runs.workers import gone_after
+from tenancy.audit import client_address
 from tenancy.models import Project
 from tenancy.proxies import is_loopback, via_unnamed_proxy
 
@@ -282,15 +281,3 @@ def metrics_text() -> bytes:
         MultiProcessCollector(registry)
     registry.register(StateCollector())
     return generate_latest(registry)
-
-
-# --- workers --------------------------------------------------------------------------------------------
-def workers_visible(user, *, token=None, request=None) -> list[WorkerRow]:
-    """The worker processes, for someone who may operate in some project (workers are shared by all);
-    the tasks each holds only of the projects they may see. Forbidden (audited) for anyone else."""
-    if project_ids(user, "operate") == []:
-        audit(actor=user, action="denied:operate", target="the workers", outcome="denied",
-              detail={"why": "operates in no project"}, request=request)  # fmt: skip
-        raise Forbidden("only someone who operates a project may see the workers")
-    authorize_token(token, "read", what="the workers", request=request)  # a read, as every GET
-    return workers_list(project_ids=project_ids(user, "view"))

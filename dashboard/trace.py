@@ -12,32 +12,13 @@ from datetime import datetime
 from functools import lru_cache
 from html import escape as esc
 
-from django.db.models import Count, Q, Sum
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.safestring import SafeString, mark_safe
 
-from agents.models import Workflow
 from runs.models import Span
-from runs.otlp_ingest import ORPHAN
+from runs.selectors.trace import CONTAINERS
 
-SPAN_FIELDS = (
-    "id",
-    "parent_id",
-    "task_id",
-    "kind",
-    "name",
-    "status",
-    "attempt",
-    "step",
-    "started_at",
-    "ended_at",
-    "tokens_in",
-    "tokens_out",
-    "cost_micros",
-    "payload_id",
-)
-CONTAINERS = ("run", "task", "attempt")
 FULL_TREE_MAX = 400  # spans: a run this small is drawn whole and open
 # Tasks a page draws at once (tree and timeline); a larger run's tree loads the next ones on demand,
 # so a run of 10,000 tasks costs its page what one of 300 does.
@@ -93,10 +74,6 @@ class Node:
         return None if end is None else (end - self.started_at).total_seconds() * 1000
 
 
-def span_rows(run_id: int, **filters) -> list[dict]:
-    return list(Span.objects.filter(run_id=run_id, **filters).order_by("id").values(*SPAN_FIELDS))
-
-
 def operation_flags(operations) -> dict[tuple[int, int], set]:
     """Flags of tool-call spans from the ledger, keyed by (task, step): the ledger knows reversibility."""
     flags: dict[tuple[int, int], set] = {}
@@ -149,32 +126,6 @@ def tree_build(
             parent.sub_count += node.sub_count
             parent.sub_errors += node.sub_errors
     return roots, nodes
-
-
-def orphan_ids(run) -> frozenset[int]:
-    """The run's ingested spans whose parent has not been received (an external run's only: a query)."""
-    if run.workflow.planner != Workflow.Planner.EXTERNAL:
-        return frozenset()
-    return frozenset(Span.objects.filter(run=run, attributes__has_key=ORPHAN).values_list("id", flat=True))
-
-
-def task_totals(run_id: int, task_ids: list[int] | None = None) -> dict[int, tuple[int, int, int, int]]:
-    """Per task (of ``task_ids``, or all): tokens, cost, spans and failed spans of its whole subtree,
-    summed by the database (a large run's page loads only its run, task and attempt spans)."""
-    spans = Span.objects.filter(run_id=run_id, task_id__isnull=False)
-    if task_ids is not None:
-        spans = spans.filter(task_id__in=task_ids)
-    rows = (
-        spans.values("task_id")
-        .annotate(
-            tokens=Sum("tokens_in") + Sum("tokens_out"),
-            cost=Sum("cost_micros"),
-            spans=Count("id"),
-            errors=Count("id", filter=Q(status=Span.Status.ERROR)),
-        )
-        .order_by()
-    )
-    return {r["task_id"]: (r["tokens"] or 0, r["cost"] or 0, r["spans"], r["errors"]) for r in rows}
 
 
 def totals_apply(nodes: dict[int, Node], totals: dict[int, tuple[int, int, int, int]]) -> None:

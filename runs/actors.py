@@ -4,11 +4,8 @@ the database decides what, if anything, is left to do. Retries belong to the eng
 import dramatiq
 from django.conf import settings
 
-from .evals import eval_grade
-from .saga import run_operations as operations_run
 from .services.breakers import RESUME, breaker_resume_after_close
 from .services.execution import task_execute
-from .webhooks import webhook_deliver
 
 # Below the lease, so Dramatiq interrupts a stuck attempt before another worker may take it over.
 # (It cannot interrupt blocking I/O: fencing is what makes a late worker harmless.)
@@ -18,23 +15,6 @@ TIME_LIMIT_MS = int(1000 * (settings.WARDEN["ACTOR_TIME_LIMIT_SECONDS"] or setti
 @dramatiq.actor(actor_name="execute_task", queue_name="warden", max_retries=0, time_limit=TIME_LIMIT_MS)
 def execute_task(run_id: int, task_id: int) -> None:
     task_execute(run_id=run_id, task_id=task_id)
-
-
-@dramatiq.actor(actor_name="deliver_webhook", queue_name="warden", max_retries=0, time_limit=TIME_LIMIT_MS)
-def deliver_webhook(delivery_id: int) -> None:
-    webhook_deliver(delivery_id=delivery_id)
-
-
-@dramatiq.actor(actor_name="run_operations", queue_name="warden", max_retries=0, time_limit=TIME_LIMIT_MS)
-def run_operations(run_id: int) -> None:
-    """The supervisor's executor of a run's proposals and compensations (runs/saga.py)."""
-    operations_run(run_id)
-
-
-@dramatiq.actor(actor_name="grade_eval_result", queue_name="warden", max_retries=0, time_limit=TIME_LIMIT_MS)
-def grade_eval_result(result_id: int) -> None:
-    """An evaluation case's judge checks: a model grades its run's artifact (runs/evals/judge.py)."""
-    eval_grade(result_id)
 
 
 @dramatiq.actor(actor_name=RESUME, queue_name="warden", max_retries=0, time_limit=TIME_LIMIT_MS)

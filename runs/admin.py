@@ -1,7 +1,6 @@
 """Admin for data fixes. Statuses are read-only here: state changes go through the engine's services
 (the actions below), so the admin cannot make a transition the engine would refuse."""
 
-from django import forms
 from django.contrib import admin, messages
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
@@ -9,41 +8,28 @@ from django.utils.safestring import mark_safe
 
 from agents.models import Workflow
 from core.errors import WardenError
-from core.outbound import url_refusal
 from tenancy.access import authorize, default_project
-from tenancy.admin_scope import ReadOnlyScopedAdmin, ScopedAdmin, ScopedInline, SuperuserAdmin, SuperuserReadOnlyAdmin
-from tenancy.audit import audit
+from tenancy.admin_scope import ReadOnlyScopedAdmin, ScopedAdmin, ScopedInline, SuperuserReadOnlyAdmin
 from tenancy.models import AuditEvent
 from tools.models import SealedArguments, ToolOperation
 
-from .evals import checks_refusal, rerun_on_refusal
+from .blackboard import entry_decide
 from .models import (
-    Annotation,
     Artifact,
     BlackboardEntry,
-    EvalCase,
-    EvalResult,
-    EvalRun,
-    EvalSuite,
     FaultFiring,
-    IdempotencyKey,
-    OtlpExportCursor,
-    OtlpTrace,
     Outbox,
     Payload,
     QuarantinedResult,
     Run,
     Span,
     Task,
-    WebhookDelivery,
-    WebhookEndpoint,
     WorkerProcess,
 )
-from .saga import compensation_plan, operation_resolve, run_compensate
 from .services import run_cancel, run_resume, run_start, task_retry
+from .services.artifacts import artifact_reject
 from .services.runs import RUN_BUDGET_FIELDS, run_budget_set
 from .transitions import TransitionNotAllowed
-from .webhooks import webhook_endpoint_save
 
 
 class RunData(ReadOnlyScopedAdmin):
@@ -137,7 +123,7 @@ class RunAdmin(RunData):
         "audit",
     ]
     inlines = [TaskInline]
-    actions = ["cancel_runs", "resume_runs", "compensate_runs"]
+    actions = ["cancel_runs", "resume_runs"]  # and compensate_runs (saga/admin.py)
 
     def save_through_service(self, request, obj, form, change):
         changes = {name: form.cleaned_data[name] for name in form.changed_data if name in RUN_BUDGET_FIELDS}
@@ -190,36 +176,6 @@ class RunAdmin(RunData):
     @admin.action(description="Resume the selected runs (needs attention → running)")
     def resume_runs(self, request, queryset):
         admin_action_apply(self, request, queryset, run_resume, reason=f"resumed by {request.user} in the admin")
-
-    @admin.action(description="Compensate the selected runs (undo committed effects; corrections need approval)")
-    def compensate_runs(self, request, queryset):
-        from django.template.response import TemplateResponse
-
-        if request.POST.get("confirm") == "yes":
-            reason = f"compensation requested by {request.user}"
-            admin_action_apply(self, request, queryset, run_compensate, reason=reason)
-            return None
-        # First show exactly what would be undone or corrected; nothing changes until confirmed.
-
-        allowed = []
-        for run in queryset:
-            try:
-                authorize(request.user, run.project_id, "operate", what=f"run {run.id}", request=request)
-                allowed.append(run)
-            except WardenError as exc:
-                self.message_user(request, f"{run}: {exc}", messages.ERROR)
-        if not allowed:
-            return None
-        queryset = allowed
-        context = {
-            **self.admin_site.each_context(request),
-            "title": "Compensate runs",
-            "plans": [(run, compensation_plan(run.id)) for run in queryset],
-            "selected": [run.id for run in queryset],
-            "action_checkbox_name": admin.helpers.ACTION_CHECKBOX_NAME,
-            "opts": self.model._meta,
-        }
-        return TemplateResponse(request, "admin/runs/compensate_confirm.html", context)
 
 
 @admin.register(Task)
@@ -295,8 +251,6 @@ class ArtifactAdmin(RunData):
 
     @admin.action(description="Reject: tasks that join it stop instead of using it (the run needs attention)")
     def reject_artifacts(self, request, queryset):
-        from .services.artifacts import artifact_reject
-
         admin_action_apply(self, request, queryset, artifact_reject, id_arg="artifact_id")
 
 
@@ -322,21 +276,6 @@ class WorkerProcessAdmin(SuperuserReadOnlyAdmin):
     search_fields = ["name", "host"]
 
 
-@admin.register(OtlpExportCursor)
-class OtlpExportCursorAdmin(SuperuserReadOnlyAdmin):
-    """How far the live OTLP export has gone (a superuser may delete it to start again from now)."""
-
-    list_display = ["last_span_id", "since"]
-
-
-@admin.register(OtlpTrace)
-class OtlpTraceAdmin(RunData):
-    """Which run each OpenTelemetry trace sent to Warden became (runs/otlp_ingest.py)."""
-
-    list_display = ["trace_id", "run", "project", "created_at"]
-    search_fields = ["trace_id"]
-
-
 @admin.register(FaultFiring)
 class FaultFiringAdmin(RunData):
     list_display = ["id", "run", "task_key", "point", "mode", "created_at"]
@@ -346,172 +285,6 @@ class FaultFiringAdmin(RunData):
 @admin.register(Payload)
 class PayloadAdmin(SuperuserReadOnlyAdmin):
     list_display = ["id", "size", "created_at"]
-
-
-@admin.register(IdempotencyKey)
-class IdempotencyKeyAdmin(SuperuserReadOnlyAdmin):
-    list_display = ["key", "status", "response_status", "created_at", "locked_at"]
-    list_filter = ["status"]
-    search_fields = ["key"]
-    exclude = ["scope"]  # a hash of the caller's credentials: nothing to read in it
-
-
-class DeliveryInline(ScopedInline, admin.TabularInline):
-    model = WebhookDelivery
-    fields = ["event", "status", "attempts", "last_status_code", "delivered_at", "created_at"]
-    readonly_fields = fields
-    extra = 0
-    max_num = 0
-    ordering = ["-id"]
-    show_change_link = True
-
-
-class WebhookEndpointForm(forms.ModelForm):
-    url = forms.URLField(max_length=500, assume_scheme="https")
-
-    class Meta:
-        model = WebhookEndpoint
-        fields = ["url", "secret", "project", "events", "active"]
-
-    def clean_url(self):
-        url = self.cleaned_data["url"]
-        why = url_refusal(url)
-        if why:
-            raise forms.ValidationError(why)
-        return url
-
-
-@admin.register(WebhookEndpoint)
-class WebhookEndpointAdmin(SuperuserAdmin):
-    """Only superusers: an endpoint receives every event of the projects it covers."""
-
-    form = WebhookEndpointForm
-    list_display = ["url", "project", "events", "active", "created_at"]
-    list_filter = ["active", "project"]
-    inlines = [DeliveryInline]
-
-    def get_readonly_fields(self, request, obj=None):
-        return ["secret_hint"] if obj else []
-
-    def get_fields(self, request, obj=None):
-        # The secret is written once; afterwards only its first characters are shown.
-        return ["url", "project", "events", "active", "secret_hint"] if obj else ["url", "secret", "project", "events"]
-
-    @admin.display(description="secret")
-    def secret_hint(self, obj):
-        return f"{obj.secret[:4]}…"
-
-    def save_through_service(self, request, obj, form, change):
-        webhook_endpoint_save(endpoint=obj, actor=request.user, created=not change, request=request)
-
-
-@admin.register(WebhookDelivery)
-class WebhookDeliveryAdmin(SuperuserReadOnlyAdmin):
-    """The delivery log; "send again" requeues a delivery with a fresh count of attempts."""
-
-    list_display = ["id", "event", "endpoint", "status", "attempts", "last_status_code", "delivered_at", "created_at"]
-    list_filter = ["status", "event"]
-    search_fields = ["event", "endpoint__url", "last_error"]
-    actions = ["redeliver"]
-
-    @admin.action(description="Send the selected deliveries again")
-    def redeliver(self, request, queryset):
-
-        from .webhooks import webhook_redeliver
-
-        for delivery in queryset:
-            webhook_redeliver(delivery_id=delivery.id)
-            audit(actor=request.user, action="webhook_redeliver", target=f"delivery {delivery.id}", request=request)
-        self.message_user(request, f"{queryset.count()} queued again", messages.SUCCESS)
-
-
-class EvalCaseForm(forms.ModelForm):
-    """Checks are validated as the API validates them: a bad one is refused here, not found failing later."""
-
-    class Meta:
-        model = EvalCase
-        fields = ["name", "workflow", "baseline_workflow", "goal", "input", "checks"]
-
-    def clean_checks(self):
-        checks = self.cleaned_data["checks"]
-        errors = checks_refusal(checks)
-        if errors:
-            raise forms.ValidationError([error["message"] for error in errors])
-        return checks
-
-
-class EvalCaseInline(ScopedInline, admin.StackedInline):
-    model = EvalCase
-    form = EvalCaseForm
-    extra = 0
-    fields = ["name", "workflow", "baseline_workflow", "goal", "input", "checks"]
-
-
-class EvalSuiteForm(forms.ModelForm):
-    class Meta:
-        model = EvalSuite
-        fields = ["slug", "name", "description", "project", "rerun_on", "quarantine"]
-        widgets = {"quarantine": forms.CheckboxSelectMultiple}
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        # Only this suite's own cases can be its known failures (a new suite has none yet).
-        if "quarantine" in self.fields:  # absent where the admin shows the suite read-only
-            self.fields["quarantine"].queryset = (
-                self.instance.cases.all() if self.instance.pk else EvalCase.objects.none()
-            )
-
-    def clean_rerun_on(self):
-        rerun_on = self.cleaned_data["rerun_on"]
-        errors = rerun_on_refusal(rerun_on)
-        if errors:
-            raise forms.ValidationError([error["message"] for error in errors])
-        return rerun_on
-
-
-@admin.register(EvalSuite)
-class EvalSuiteAdmin(ScopedAdmin):
-    """Suites are a project's configuration: its admins write them (and their cases)."""
-
-    form = EvalSuiteForm
-    project_path = "project"
-    change_action = add_action = delete_action = "administer"
-    list_display = ["slug", "name", "project", "rerun_on"]
-    list_filter = ["project"]
-    search_fields = ["slug", "name", "description"]
-    inlines = [EvalCaseInline]
-
-
-@admin.register(EvalCase)
-class EvalCaseAdmin(ScopedAdmin):
-    project_path = "suite__project"
-    change_action = add_action = delete_action = "administer"
-    form = EvalCaseForm
-    list_display = ["name", "suite", "workflow", "from_run"]
-    list_filter = ["suite"]
-
-
-@admin.register(EvalRun)
-class EvalRunAdmin(RunData):
-    project_path = "suite__project"
-    list_display = ["id", "suite", "version", "baseline", "trigger", "started_by", "created_at", "accepted"]
-    list_filter = ["suite"]
-
-
-@admin.register(EvalResult)
-class EvalResultAdmin(RunData):
-    project_path = "run__project"
-    list_display = ["eval_run", "case", "run", "passed", "judge_cost_micros"]
-    list_filter = ["passed"]
-
-
-@admin.register(Annotation)
-class AnnotationAdmin(RunData):
-    """Reviewers' scores and comments: written from the run page or the API (annotation_create), kept."""
-
-    list_display = ["run", "target", "target_id", "score", "author", "created_at"]
-    list_filter = ["target"]
-    search_fields = ["=run__id", "comment"]
 
 
 @admin.register(BlackboardEntry)
@@ -530,47 +303,8 @@ class BlackboardEntryAdmin(RunData):
         self._decide(request, queryset, BlackboardEntry.Verification.REJECTED)
 
     def _decide(self, request, queryset, verdict):
-        from .blackboard import entry_decide
-
         note = f"{verdict} in the admin by {request.user.get_username()} (operator)"
         admin_action_apply(self, request, queryset, entry_decide, id_arg="entry_id", verdict=verdict, note=note)
-
-
-# The ledger: statuses change only through the broker and the saga (the actions below); secret argument
-# values never appear here.
-@admin.register(ToolOperation)
-class ToolOperationAdmin(RunData):
-    list_display = [
-        "id",
-        "run",
-        "task",
-        "step",
-        "kind",
-        "tool",
-        "status",
-        "tool_class",
-        "reversibility",
-        "gate",
-        "committed_at",
-    ]
-    list_filter = ["status", "gate", "kind", "tool", "tool_class", "reversibility", "proposed"]
-    search_fields = ["=id", "=run__id", "idempotency_key", "tool", "external_id", "status_reason"]
-    list_select_related = ["run", "task"]
-    actions = ["resolve_committed", "resolve_not_committed"]
-
-    def _resolve(self, request, queryset, committed: bool):
-        note = f"checked by {request.user}"
-        admin_action_apply(
-            self, request, queryset, operation_resolve, id_arg="operation_id", committed=committed, note=note
-        )
-
-    @admin.action(description="Resolve the selected ambiguous operations: the effect happened")
-    def resolve_committed(self, request, queryset):
-        self._resolve(request, queryset, committed=True)
-
-    @admin.action(description="Resolve the selected ambiguous operations: the effect did not happen")
-    def resolve_not_committed(self, request, queryset):
-        self._resolve(request, queryset, committed=False)
 
 
 @admin.register(SealedArguments)

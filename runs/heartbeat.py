@@ -36,7 +36,7 @@ class LeaseKeeper:
             self._leases.pop(task_id, None)
 
     def hold_executor(self, run_id: int, token: int) -> None:
-        """The supervisor's executor of a run (runs/saga.py) holds the run's executor lease."""
+        """The supervisor's executor of a run (saga/executor.py) holds the run's executor lease."""
         with self._lock:
             self._executors[run_id] = token
             self._started()

@@ -1,41 +1,11 @@
-"""Dramatiq middleware: every worker process also runs the recovery sweeper; fault drills can have every
-message delivered twice."""
+"""Dramatiq middleware the settings name (DRAMATIQ_BROKER): fault drills can have every message delivered
+twice. The broker is built before the models load, so a middleware that needs the engine (the recovery
+sweeper's, runs/services/recovery.py) is added by runs/apps.py instead."""
 
 import random
-import time
 
 from dramatiq.message import generate_unique_id
 from dramatiq.middleware import Middleware
-
-from core import metrics
-
-
-class RecoverySweeperMiddleware(Middleware):
-    """Every worker process runs the sweeper, registers itself (runs/workers.py) and counts its messages:
-    the hop (enqueued until picked up) and the outcome, by actor (core/metrics.py)."""
-
-    def after_worker_boot(self, broker, worker):
-        from .services.recovery import sweeper
-
-        sweeper.start(threads=worker.worker_threads)
-
-    def before_worker_shutdown(self, broker, worker):
-        from .services.recovery import sweeper
-
-        sweeper.stop()
-        metrics.process_exited()
-
-    def before_process_message(self, broker, message):
-        # From when it was due: a delayed message (a retry's backoff) waits on purpose until its eta.
-        due = max(message.message_timestamp, message.options.get("eta") or 0) / 1000
-        waited = time.time() - due
-        metrics.HOP_SECONDS.labels(metrics.bounded(message.actor_name)).observe(max(0.0, waited))
-
-    def after_process_message(self, broker, message, *, result=None, exception=None):
-        outcome = "ok" if exception is None else "error"
-        metrics.MESSAGES.labels(metrics.bounded(message.actor_name), outcome).inc()
-
-    after_skip_message = after_process_message
 
 
 class DuplicateDelivery(Middleware):

@@ -3,6 +3,8 @@
 from django.conf import settings
 from django.db import models
 
+from core import links
+
 
 class Run(models.Model):
     class Status(models.TextChoices):
@@ -60,7 +62,7 @@ class Run(models.Model):
     # The supervisor's executor of proposals and compensations holds this lease while it works.
     ops_lease_owner = models.CharField(max_length=128, blank=True)
     ops_lease_expires_at = models.DateTimeField(null=True, blank=True)
-    # Incremented by every claim of that lease: a frozen executor's token no longer matches (runs/saga.py).
+    # Incremented by every claim of that lease: a frozen executor's token no longer matches (saga/executor.py).
     ops_lease_token = models.PositiveBigIntegerField(default=0)
     pruned_at = models.DateTimeField(
         null=True, blank=True, help_text="When retention emptied its span bodies and payloads"
@@ -94,9 +96,7 @@ class Run(models.Model):
 
     def get_absolute_url(self) -> str:
         """The run's dashboard page (the admin's "View on site")."""
-        from django.urls import reverse
-
-        return reverse("runs:detail", args=[self.pk])
+        return links.run_path(self.pk)
 
     @property
     def is_terminal(self) -> bool:
@@ -236,6 +236,10 @@ class Span(models.Model):
         ERROR = "error"
         QUARANTINED = "quarantined"
 
+    # The attribute that marks an ingested span whose parent has not been received yet
+    # (integrations/otlp_ingest.py); the trace page flags it.
+    ORPHAN = "otlp_orphan"
+
     # No index of its own: the (run, kind) index serves lookups by run.
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="spans", db_index=False)
     task = models.ForeignKey(
@@ -361,218 +365,6 @@ class FaultFiring(models.Model):
         constraints = [models.UniqueConstraint(fields=["run", "task_key", "point", "mode"], name="fault_fires_once")]
 
 
-class IdempotencyKey(models.Model):
-    """A write to the integration API made with an ``Idempotency-Key`` header (Stripe's semantics): the
-    first response is kept and replayed for the same key and body. Scoped to the caller's token."""
-
-    class Status(models.TextChoices):
-        IN_FLIGHT = "in_flight"
-        DONE = "done"
-
-    scope = models.CharField(max_length=64, help_text="SHA-256 of the caller's credentials")
-    key = models.CharField(max_length=255)
-    fingerprint = models.CharField(max_length=64, help_text="SHA-256 of method, path and body")
-    status = models.CharField(max_length=16, choices=Status.choices, default=Status.IN_FLIGHT)
-    response_status = models.PositiveSmallIntegerField(null=True, blank=True)
-    response_body = models.TextField(blank=True)
-    response_type = models.CharField(max_length=100, blank=True)
-    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
-    locked_at = models.DateTimeField(help_text="When the request holding it started (or took it over)")
-
-    class Meta:
-        ordering = ["-id"]
-        constraints = [models.UniqueConstraint(fields=["scope", "key"], name="idempotency_key_unique_per_caller")]
-
-    def __str__(self) -> str:
-        return f"{self.key} ({self.status})"
-
-
-class WebhookEndpoint(models.Model):
-    """Where Warden tells another system what happened (configured in the admin)."""
-
-    EVENTS = ("run.finished", "run.needs_attention", "approval.requested", "approval.decided", "operation.ambiguous")
-
-    url = models.URLField(max_length=500)
-    secret = models.CharField(max_length=200, help_text="Shared secret of the HMAC-SHA256 signature")
-    project = models.ForeignKey(
-        "tenancy.Project", null=True, blank=True, on_delete=models.CASCADE, help_text="Empty: every project"
-    )
-    events = models.JSONField(default=list, blank=True, help_text=f"Empty: all of {', '.join(EVENTS)}")
-    active = models.BooleanField(default=True)
-    created_at = models.DateTimeField(auto_now_add=True)
-
-    def __str__(self) -> str:
-        return self.url
-
-
-class WebhookDelivery(models.Model):
-    """One event for one endpoint: written in the transaction that decided the event, sent after commit,
-    retried with backoff, kept as the delivery log."""
-
-    class Status(models.TextChoices):
-        PENDING = "pending"
-        SENDING = "sending"
-        DELIVERED = "delivered"
-        FAILED = "failed"
-
-    endpoint = models.ForeignKey(WebhookEndpoint, on_delete=models.CASCADE, related_name="deliveries")
-    event = models.CharField(max_length=40)
-    payload = models.JSONField()
-    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
-    attempts = models.PositiveIntegerField(default=0)
-    next_attempt_at = models.DateTimeField(db_index=True)
-    claimed_at = models.DateTimeField(null=True, blank=True)
-    last_status_code = models.PositiveSmallIntegerField(null=True, blank=True)
-    last_error = models.TextField(blank=True)
-    delivered_at = models.DateTimeField(null=True, blank=True)
-    created_at = models.DateTimeField(auto_now_add=True)
-
-    class Meta:
-        ordering = ["-id"]
-        indexes = [models.Index(fields=["status", "next_attempt_at"])]
-
-    def __str__(self) -> str:
-        return f"{self.event} → {self.endpoint_id} ({self.status})"
-
-
-class EvalSuite(models.Model):
-    """Reference evaluations: tasks an operator re-runs after changing a prompt, a tool or a model, and
-    compares version against version (runs/evals.py)."""
-
-    slug = models.SlugField(max_length=64, unique=True)
-    name = models.CharField(max_length=200)
-    description = models.TextField(blank=True)
-    project = models.ForeignKey("tenancy.Project", on_delete=models.PROTECT, related_name="eval_suites")
-    rerun_on = models.JSONField(
-        default=list,
-        blank=True,
-        help_text='Run the suite again when a new version of one of these is saved: ["agent:verifier-agent", '
-        '"workflow:deploy-review", "policy:refunds over $100"]',
-    )
-    quarantine = models.ManyToManyField(
-        "EvalCase",
-        blank=True,
-        related_name="quarantined_in",
-        help_text="Known failures: cases of this suite whose failure does not fail run_evals (named on its page)",
-    )
-
-    class Meta:
-        ordering = ["slug"]
-
-    def __str__(self) -> str:
-        return self.slug
-
-
-class EvalCase(models.Model):
-    suite = models.ForeignKey(EvalSuite, on_delete=models.CASCADE, related_name="cases")
-    name = models.CharField(max_length=200)
-    workflow = models.ForeignKey("agents.Workflow", on_delete=models.PROTECT, related_name="+")
-    baseline_workflow = models.ForeignKey(
-        "agents.Workflow",
-        null=True,
-        blank=True,
-        on_delete=models.PROTECT,
-        related_name="+",
-        help_text="A single-agent workflow doing the same task: the baseline a multi-agent workflow must beat",
-    )
-    goal = models.TextField(blank=True)
-    input = models.JSONField(default=dict, blank=True)
-    checks = models.JSONField(
-        default=list,
-        blank=True,
-        help_text='[{"status": "completed"}, {"artifact": "verify", "contains": "APPROVE"}, {"max_cost_usd": 0.01}, '
-        '{"max_steps": 20}, {"artifact": "verify", "schema": {…}}, {"artifact": "risk", "path": "score", "equals": 3}, '
-        '{"artifact": "risk", "path": "score", "approx": 0.3, "tolerance": 0.05}, {"tool_called": "crm.read"}, '
-        '{"tool_not_called": "email.send"}, {"no_unapproved_irreversible": true}, '
-        '{"judge": {"agent": "judge-agent", "artifact": "verify", "rubric": "…", "min_score": 0.7}} '
-        "(docs/evaluations.md)",
-    )
-    from_run = models.ForeignKey(
-        Run,
-        null=True,
-        blank=True,
-        on_delete=models.SET_NULL,
-        related_name="+",
-        help_text="The annotated run it came from",
-    )
-
-    class Meta:
-        ordering = ["suite", "id"]
-
-    def __str__(self) -> str:
-        return self.name
-
-
-class EvalRun(models.Model):
-    """One pass of a suite, with the agents as they are or as a model version changes them."""
-
-    suite = models.ForeignKey(EvalSuite, on_delete=models.CASCADE, related_name="eval_runs")
-    version = models.ForeignKey("agents.ModelVersion", null=True, blank=True, on_delete=models.PROTECT)
-    baseline = models.BooleanField(default=False, help_text="The cases ran on their single-agent baseline workflows")
-    started_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
-    trigger = models.CharField(
-        max_length=200, blank=True, help_text="What started it: the page, the API, run_evals, or a new version"
-    )
-    created_at = models.DateTimeField(auto_now_add=True)
-    accepted = models.BooleanField(
-        default=False, help_text="run_evals exited 0 on it: the baseline later passes are compared with by default"
-    )
-
-    class Meta:
-        ordering = ["-id"]
-
-    @property
-    def label(self) -> str:
-        agents = self.version.slug if self.version_id else "current agents"
-        return f"single-agent baseline ({agents})" if self.baseline else agents
-
-
-class EvalResult(models.Model):
-    eval_run = models.ForeignKey(EvalRun, on_delete=models.CASCADE, related_name="results")
-    case = models.ForeignKey(EvalCase, on_delete=models.CASCADE, related_name="+")
-    run = models.ForeignKey(Run, on_delete=models.PROTECT, related_name="+")
-    passed = models.BooleanField(null=True, help_text="Empty until the run has finished and its judges have graded")
-    failures = models.JSONField(default=list, blank=True)
-    # The judge checks' grades: [{"artifact", "score", "reasoning", "cost_micros", "model", "passed"}]. Model
-    # output, so data only: escaped wherever it is shown.
-    grades = models.JSONField(default=list, blank=True)
-    judge_cost_micros = models.BigIntegerField(default=0, help_text="What the judges' model calls cost")
-
-    class Meta:
-        ordering = ["eval_run", "case"]
-        constraints = [models.UniqueConstraint(fields=["eval_run", "case"], name="one_result_per_case")]
-
-
-class Annotation(models.Model):
-    """A reviewer's score or comment on a run, or on one of its tasks, spans or artifacts (runs/evals/)."""
-
-    class Target(models.TextChoices):
-        RUN = "run"
-        TASK = "task"
-        SPAN = "span"
-        ARTIFACT = "artifact"
-
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="annotations")
-    target = models.CharField(max_length=16, choices=Target.choices, default=Target.RUN)
-    target_id = models.BigIntegerField(null=True, blank=True, help_text="The task, span or artifact; empty: the run")
-    score = models.FloatField(null=True, blank=True, help_text="0 (bad) to 1 (good)")
-    comment = models.TextField(blank=True)
-    author = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
-    created_at = models.DateTimeField(auto_now_add=True)
-
-    class Meta:
-        ordering = ["run", "id"]
-        constraints = [
-            models.CheckConstraint(
-                condition=models.Q(score__isnull=True) | models.Q(score__gte=0, score__lte=1),
-                name="annotation_score_0_1",
-            )
-        ]
-
-    def __str__(self) -> str:
-        return f"{self.target} {self.target_id or self.run_id} of run {self.run_id}"
-
-
 class BlackboardEntry(models.Model):
     """Durable knowledge a run's tasks share (runs/blackboard.py): typed, versioned by compare-and-set,
     with its author, the artifacts it rests on, a verification status and an optional expiry. Tasks'
@@ -610,32 +402,6 @@ class BlackboardEntry(models.Model):
 
     def __str__(self) -> str:
         return f"{self.key} v{self.version}"
-
-
-class OtlpTrace(models.Model):
-    """An OpenTelemetry trace sent to Warden (runs/otlp_ingest.py), and the external run it became."""
-
-    project = models.ForeignKey("tenancy.Project", on_delete=models.CASCADE, related_name="+")
-    trace_id = models.CharField(max_length=32)
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="otlp_traces")
-    created_at = models.DateTimeField(auto_now_add=True)
-
-    class Meta:
-        constraints = [models.UniqueConstraint(fields=["project", "trace_id"], name="one_run_per_otlp_trace")]
-
-    def __str__(self) -> str:
-        return f"trace {self.trace_id} → run {self.run_id}"
-
-
-class OtlpExportCursor(models.Model):
-    """How far the live OTLP export has gone (runs/otlp.py): spans after ``last_span_id`` that have
-    closed, and older ones that closed after ``since``, go out in the next pass. One row."""
-
-    last_span_id = models.BigIntegerField(default=0)
-    since = models.DateTimeField()
-
-    def __str__(self) -> str:
-        return f"exported through span {self.last_span_id}, and what closed until {self.since}"
 
 
 class WorkerProcess(models.Model):

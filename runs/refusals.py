@@ -4,7 +4,7 @@ A ``<service>_refusal`` is pure: it reads the facts it is given (a run, a task, 
 and returns the error the service raises, or None. The service calls it under its lock; the confirmation
 pages, the run page's buttons, the bulk preview and the API call the same function, so what they offer
 is what the service does (tests/runs/test_refusals.py drives every action through both).
-The compensation's and the resolution's rules live beside their services, in runs/saga.py.
+The compensation's and the resolution's rules live beside their services, in saga/compensation.py.
 """
 
 from core.errors import Conflict, InvalidInput, WardenError

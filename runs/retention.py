@@ -6,7 +6,7 @@ loses the bulk of its journal: span bodies are replaced by a marker, the large b
 decided stays: the span rows (tree, timings, tokens, cost, status), the tasks' and the run's figures, the
 side-effect ledger with its idempotency keys and results, approvals and decisions, the audit log,
 artifacts and the blackboard. Nothing reads a finished run's journal again: its tasks cannot be retried,
-and compensating a failed or cancelled run works from the ledger alone (runs/saga.py).
+and compensating a failed or cancelled run works from the ledger alone (saga/compensation.py).
 
 ``runs_prune`` works in batches, one transaction each; ``manage.py prune_runs`` and the recovery sweeper
 (``retention_sweep``) call it.

@@ -2,17 +2,10 @@
 
 from typing import Literal
 
-from ninja import Schema
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from agents.schemas import PLAN_OUTPUT_SCHEMA, BudgetIn, PlanIn, PlannedTaskIn  # noqa: F401  (re-exported)
 from core.schemas import DECIMAL, STRICT, PathId, QueryWhole, Whole  # noqa: F401  (re-exported for the API)
-
-
-class BodyIn(Schema):
-    """The base of every API request body."""
-
-    model_config = STRICT
 
 
 class FaultIn(BaseModel):

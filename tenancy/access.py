@@ -9,6 +9,7 @@ is written to the audit log.
 from core.bus import access_changed
 from core.errors import Forbidden, InvalidInput, NotFound
 
+from .audit import audit
 from .models import ApiToken, Membership, Project
 
 Role = Membership.Role
@@ -100,8 +101,6 @@ def authorize_token(token: ApiToken | None, scope: str, *, what: str, request=No
 
 
 def _denied(user, project_id, action: str, what: str, why: str, request) -> None:
-    from .audit import audit
-
     # Checks run before any service opens its transaction, so the record is not rolled back with it.
     audit(
         actor=user,
@@ -117,33 +116,31 @@ def _denied(user, project_id, action: str, what: str, why: str, request) -> None
 ROLE_RANK = {Role.VIEWER: 0, Role.OPERATOR: 1, Role.REVIEWER: 1, Role.ADMIN: 2}
 
 
-def membership_refusal(*, granter, project_id: int, role: str | None) -> str:
-    """Why ``granter`` may not give ``role`` in a project (None: take a role away); '' when they may.
+def membership_refusal(*, granter, project_id: int, role: str | None) -> Forbidden | None:
+    """Why ``granter`` may not give ``role`` in a project (``role`` None: take a role away); None when they may.
     Only an admin of that project grants, and never above their own role (superusers: anything)."""
     if granter.is_superuser:
-        return ""
+        return None
     mine = role_of(granter, project_id)
     if mine != Role.ADMIN:
-        return "only an admin of this project may change who belongs to it"
+        return Forbidden("only an admin of this project may change who belongs to it")
     if role is not None and ROLE_RANK.get(role, 99) > ROLE_RANK[mine]:
-        return f"you may not grant a role above your own ({mine})"
-    return ""
+        return Forbidden(f"you may not grant a role above your own ({mine})")
+    return None
 
 
 def membership_grant(*, user, project: Project, role: str, granter=None, request=None) -> Membership:
     """``granter``: who asks (the admin); without one, a trusted caller (setup, the shell)."""
-    from .audit import audit
-
     if role not in Role.values:
         raise InvalidInput(
             f"unknown role {role!r}", [{"field": "role", "message": "viewer, operator, reviewer, admin"}]
         )
     if granter is not None:
-        why = membership_refusal(granter=granter, project_id=project.id, role=role)
-        if why:
+        refusal = membership_refusal(granter=granter, project_id=project.id, role=role)
+        if refusal is not None:
             audit(actor=granter, action="membership_grant", outcome="denied", project_id=project.id,
-                  target=str(user), request=request, detail={"role": role, "why": why})  # fmt: skip
-            raise Forbidden(why)
+                  target=str(user), request=request, detail={"role": role, "why": str(refusal)})  # fmt: skip
+            raise refusal
     before = Membership.objects.filter(user=user, project=project).values_list("role", flat=True).first()
     membership, _ = Membership.objects.update_or_create(user=user, project=project, defaults={"role": role})
     if granter is not None:
@@ -154,14 +151,12 @@ def membership_grant(*, user, project: Project, role: str, granter=None, request
 
 
 def membership_revoke(*, user, project: Project, granter=None, request=None) -> int:
-    from .audit import audit
-
     if granter is not None:
-        why = membership_refusal(granter=granter, project_id=project.id, role=None)
-        if why:
+        refusal = membership_refusal(granter=granter, project_id=project.id, role=None)
+        if refusal is not None:
             audit(actor=granter, action="membership_revoke", outcome="denied", project_id=project.id,
-                  target=str(user), request=request, detail={"why": why})  # fmt: skip
-            raise Forbidden(why)
+                  target=str(user), request=request, detail={"why": str(refusal)})  # fmt: skip
+            raise refusal
     deleted, _ = Membership.objects.filter(user=user, project=project).delete()
     if granter is not None and deleted:
         audit(actor=granter, action="membership_revoke", project_id=project.id, target=str(user), request=request)

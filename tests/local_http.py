@@ -10,7 +10,7 @@ def serve(handler_class) -> tuple[http.server.ThreadingHTTPServer, str]:
     """Serve ``handler_class`` on a free port of 127.0.0.1 until the process ends or ``shutdown()``."""
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler_class)
     httpd.daemon_threads = True
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     return httpd, f"http://127.0.0.1:{httpd.server_address[1]}"
 
 

@@ -35,6 +35,7 @@ from core.circuit import Breaker, BreakerRef, breaker_reason, rate_wait
 from core.errors import LeaseLost, StepFailure, TransientFailure
 from core.faults import faults
 from core.logs import log_context
+from policy.services import approval_request_for_operation
 
 from .catalog import tool_spec
 from .failures import ON_REFUSAL_FAIL, ON_REFUSAL_MODEL
@@ -304,7 +305,7 @@ def _call_out(call: "_Call", verdict: Verdict, *, propose: bool, fence) -> ToolO
         )
         if status == OS.AWAITING_APPROVAL:
             starter = ToolOperation.objects.filter(id=op.id).values_list("run__started_by_id", flat=True).get()
-            hooks.call(hooks.APPROVAL_REQUEST_FOR_OPERATION, op, requested_by_id=starter)
+            approval_request_for_operation(op, requested_by_id=starter)
     if status == OS.PROPOSED:
         return _proposed(op)
     if status == OS.AWAITING_APPROVAL:
@@ -541,7 +542,7 @@ def _judged_again(op: ToolOperation, spec: ToolSpec, args: dict) -> ToolOutcome 
     with transaction.atomic():
         OPERATION.move(op, OS.AWAITING_APPROVAL, status_reason=f"{why}: it waits for a new approval", **fields)
         starter = ToolOperation.objects.filter(id=op.id).values_list("run__started_by_id", flat=True).get()
-        hooks.call(hooks.APPROVAL_REQUEST_FOR_OPERATION, op, requested_by_id=starter)
+        approval_request_for_operation(op, requested_by_id=starter)
     bus.run_changed(op.run_id)
     log.warning("operation %s: %s; it waits for a new approval", op.id, why)
     if op.kind == ToolOperation.Kind.ACTION and not op.proposed and op.task_id:
@@ -584,6 +585,21 @@ def operations_decided(*, approval_ids, approved: bool, reason: str, now) -> int
     )
 
 
+def operations_withdrawn(*, run_id: int, approval_ids, reason: str, now) -> None:
+    """The ledger side of a run that moved on (cancelled, compensated): the calls its withdrawn requests
+    were about, its proposals not bundled yet and its approved agent calls nobody has started will not be
+    done. Run locked, in the transaction that withdrew the requests (policy/services.py)."""
+    why = f"not done: {reason}"[:1000]
+    operations_decided(approval_ids=approval_ids, approved=False, reason=why, now=now)
+    OPERATION.move_where(
+        ToolOperation.objects.filter(run_id=run_id, kind="action"),
+        OS.REJECTED,
+        sources=[OS.PROPOSED, OS.APPROVED],
+        status_reason=why,
+        ended_at=now,
+    )
+
+
 def _set(op: ToolOperation, to: str, **changes) -> None:
     if to == OS.AMBIGUOUS and op.status != OS.AMBIGUOUS:  # announced once, when it becomes ambiguous
         with transaction.atomic():  # the status and its webhook commit together, or neither does
@@ -595,7 +611,8 @@ def _set(op: ToolOperation, to: str, **changes) -> None:
 
 
 def operation_ambiguous_announce(op: ToolOperation) -> None:
-    """Tell the project's webhooks that a write may or may not have happened (a person may have to look)."""
+    """Announce that a write may or may not have happened (a person may have to look): the integrations
+    write the project's webhooks in this transaction."""
 
     project_id = ToolOperation.objects.filter(id=op.id).values_list("run__project_id", flat=True).first()
     data = {
@@ -605,7 +622,7 @@ def operation_ambiguous_announce(op: ToolOperation) -> None:
         "key": op.idempotency_key,
         "reason": op.status_reason,
     }
-    hooks.call(hooks.WEBHOOK_EMIT, event="operation.ambiguous", project_id=project_id, data=data)
+    bus.announce(bus.OperationAmbiguous(project_id=project_id, data=data))
 
 
 def operation_execute(

@@ -17,23 +17,18 @@ whose declaration changed after it was approved waits for a new approval (tools/
 import hashlib
 from dataclasses import replace
 
+from policy.classes import (  # noqa: F401  (the order, read here by the tools' governance)
+    CLASS_RANK,
+    REVERSIBILITY_RANK,
+    stricter_class,
+    stricter_reversibility,
+)
+
 from .http_tools import http_tool_find
 from .kit import ToolSpec
 from .mcp_tools import mcp_tool_find
 from .models import ToolClassification
 from .registry import TOOLS, Reversibility, ToolClass
-
-CLASS_RANK = {ToolClass.READ_ONLY: 0, ToolClass.IDEMPOTENT_WRITE: 1, ToolClass.NON_IDEMPOTENT_WRITE: 2}
-REVERSIBILITY_RANK = {Reversibility.NONE: 0, Reversibility.REVERSIBLE: 1, Reversibility.IRREVERSIBLE: 2}
-
-
-def stricter_class(*classes: str) -> str:
-    """The most dangerous of these side-effect classes (an unknown one counts as the most dangerous)."""
-    return max((c for c in classes if c), key=lambda c: CLASS_RANK.get(c, 2), default=ToolClass.READ_ONLY)
-
-
-def stricter_reversibility(*values: str) -> str:
-    return max(values, key=lambda r: REVERSIBILITY_RANK.get(r, 2), default=Reversibility.NONE)
 
 
 def tool_spec(name: str, project_id: int | None) -> ToolSpec | None:

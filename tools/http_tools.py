@@ -10,8 +10,11 @@ secrets' grants again at every call.
 
 import hashlib
 import json
+import os
 import re
+import threading
 from functools import partial
+from http.cookiejar import CookieJar, DefaultCookiePolicy
 from urllib.parse import quote, urlsplit
 
 import httpx
@@ -261,11 +264,33 @@ def _answer(response: httpx.Response, secrets: dict) -> dict:
     raise ToolRefused(f"HTTP {code}: {text}", code=f"http_{code}")
 
 
+_clients: dict[int, httpx.Client] = {}
+_clients_lock = threading.Lock()
+KEEPALIVE_SECONDS = 1.0
+
+
+def _client() -> httpx.Client:
+    """This process's client (a fork makes its own): a client per call cost ~20 ms of building its TLS
+    context, even for http://. Its connections are reused for a second at most: one idle for longer may be
+    closed by the server (uvicorn after 5 s, nginx 75 s) just as a call goes out on it, which would make
+    the call ambiguous."""
+    pid = os.getpid()
+    with _clients_lock:
+        if pid not in _clients:
+            _clients.clear()  # a parent's client is not used in its child
+            limits = httpx.Limits(keepalive_expiry=KEEPALIVE_SECONDS)
+            # A jar that keeps no cookie: the client is shared by every project's tools, and a cookie one
+            # service set must never ride along with another call (to the same host, by another project).
+            keeps_none = CookieJar(DefaultCookiePolicy(allowed_domains=[]))
+            _clients[pid] = httpx.Client(follow_redirects=False, limits=limits, cookies=keeps_none)
+        return _clients[pid]
+
+
 def _send(method: str, url: str, *, headers: dict, deadline: float, tool: str, **body) -> httpx.Response:
     if not host_allowed(url):  # the deployment's allowlist may have changed since the tool was saved
         raise ToolMisconfigured("its host is no longer allowed (WARDEN_HTTP_TOOL_HOSTS)")
     try:
-        return httpx.request(method, url, headers=headers, timeout=deadline, follow_redirects=False, **body)
+        return _client().request(method, url, headers=headers, timeout=deadline, follow_redirects=False, **body)
     except (httpx.ConnectError, httpx.ConnectTimeout) as exc:  # nothing was sent
         raise ToolUnavailable(f"cannot connect ({type(exc).__name__})") from exc
     except httpx.HTTPError as exc:  # sent, and no (whole) answer: it may have been acted on

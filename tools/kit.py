@@ -41,6 +41,8 @@ from jsonschema import Draft202012Validator
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 # Teams import the failures and the default secret source from here.
+from policy.classes import Reversibility, ToolClass  # noqa: F401  (what a tool's author declares)
+
 from .failures import (  # noqa: F401
     ON_REFUSAL,
     ToolCutOff,
@@ -54,20 +56,6 @@ from .secrets import SECRET_NAME, environment_secret, scrub, secret_read, secret
 
 SECRET = {"secret": True}  # json_schema_extra of an argument field that must never be shown
 NAME = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)+$")  # system.operation, e.g. payments.refund
-
-
-class ToolClass:
-    READ_ONLY = "read_only"
-    IDEMPOTENT_WRITE = "idempotent_write"  # the system deduplicates by the idempotency key
-    NON_IDEMPOTENT_WRITE = "non_idempotent_write"  # it does not: a repeat is a duplicate
-    ALL = (READ_ONLY, IDEMPOTENT_WRITE, NON_IDEMPOTENT_WRITE)
-
-
-class Reversibility:
-    NONE = ""  # a read
-    REVERSIBLE = "reversible"  # undone by another call (close the ticket)
-    IRREVERSIBLE = "irreversible"  # only corrected (a correction e-mail)
-    ALL = (NONE, REVERSIBLE, IRREVERSIBLE)
 
 
 class ToolArguments(BaseModel):

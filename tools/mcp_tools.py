@@ -47,6 +47,7 @@ from .kit import (
     ToolTimeout,
     ToolUnavailable,
 )
+from .mcp_sessions import NotSent, mcp_session_call, session_key
 from .models import HttpTool, McpServer, McpTool
 from .registry import TOOLS
 from .secrets import scrub, secret_problems, secrets_for
@@ -56,6 +57,7 @@ KEY_META = "io.warden/idempotency-key"
 STDERR_KEPT = 64 * 1024  # of what a stdio server writes on stderr, the end relayed to the log
 SERVER_NAME = re.compile(r"^[a-z][a-z0-9_]{0,39}$")
 LIST_LIMIT = 200  # tools one server may bring
+KEEPALIVE_SECONDS = 1.0
 
 
 class McpUnreachable(Exception):
@@ -90,15 +92,12 @@ def warden_name(server: str, remote: str) -> str:
 # --- talking to a server ----------------------------------------------------------------------------
 
 
-def _target(server: McpServer, secrets: dict, errlog=None):
-    # The SDK is imported where it is used: it is large, and most processes never talk to an MCP server.
-    """What the SDK's Client connects to: a stdio command with its secrets in the environment, or a
-    streamable HTTP transport with the secret headers. ``secrets``: read by ``secrets_for`` for the
-    server's project. The command and the host are checked again: the deployment may have changed its
-    mind since the server was saved."""
-    from mcp.client.stdio import StdioServerParameters, get_default_environment, stdio_client
-    from mcp.client.streamable_http import streamable_http_client
-    from mcp.shared._httpx_utils import create_mcp_http_client
+def _connection(server: McpServer, secrets: dict) -> dict:
+    """What a session with the server is opened with: a stdio command with its environment (the secrets in
+    it), or a streamable HTTP address with the secret headers. ``secrets``: read by ``secrets_for`` for the
+    server's project. The command and the host are checked again: the deployment may have changed its mind
+    since the server was saved."""
+    from mcp.client.stdio import get_default_environment
 
     if server.transport == McpServer.Transport.STDIO:
         command = mcp_command(server.command)
@@ -107,12 +106,31 @@ def _target(server: McpServer, secrets: dict, errlog=None):
         argv, passed = command
         environment = {**get_default_environment(), **{n: os.environ[n] for n in passed if n in os.environ}}
         environment.update({name: secrets[name] for name in server.secrets or [] if name in secrets})
-        parameters = StdioServerParameters(command=argv[0], args=list(argv[1:]), env=environment)
-        return parameters if errlog is None else stdio_client(parameters, errlog=errlog)
+        return {"stdio": argv, "env": environment}
     if not host_allowed(server.url):
         raise ToolMisconfigured("its host is not one this deployment allows (WARDEN_HTTP_TOOL_HOSTS)")
-    headers = _secret_headers(server.headers or {}, secrets)
-    return streamable_http_client(server.url, http_client=create_mcp_http_client(headers=headers))
+    return {"url": server.url, "headers": _secret_headers(server.headers or {}, secrets)}
+
+
+def _target(connection: dict, errlog=None):
+    """The SDK's transport for a connection (the SDK is imported where it is used: it is large, and most
+    processes never talk to an MCP server)."""
+    import httpx2  # the SDK's HTTP client
+    from mcp.client.stdio import StdioServerParameters, stdio_client
+    from mcp.client.streamable_http import streamable_http_client
+    from mcp.shared._httpx_utils import MCP_DEFAULT_SSE_READ_TIMEOUT, MCP_DEFAULT_TIMEOUT
+
+    if "stdio" in connection:
+        argv = connection["stdio"]
+        parameters = StdioServerParameters(command=argv[0], args=list(argv[1:]), env=connection["env"])
+        return stdio_client(parameters, errlog=errlog)
+    # A kept session's connections are reused for a second at most: one idle for longer may be closed by the
+    # server (uvicorn after 5 s, nginx 75 s) just as a call goes out on it, which would make the call ambiguous.
+    timeout = httpx2.Timeout(MCP_DEFAULT_TIMEOUT, read=MCP_DEFAULT_SSE_READ_TIMEOUT)
+    client = httpx2.AsyncClient(
+        headers=connection["headers"], timeout=timeout, limits=httpx2.Limits(keepalive_expiry=KEEPALIVE_SECONDS)
+    )
+    return streamable_http_client(connection["url"], http_client=client)
 
 
 @contextmanager
@@ -181,7 +199,7 @@ def mcp_list(server: McpServer) -> list[dict]:
 
     async def listing(errlog):
         async with Client(
-            _target(server, secrets, errlog), mode="legacy", read_timeout_seconds=server.timeout_seconds
+            _target(_connection(server, secrets), errlog), mode="legacy", read_timeout_seconds=server.timeout_seconds
         ) as client:
             tools, cursor = [], None
             while len(tools) < LIST_LIMIT:
@@ -319,23 +337,28 @@ def _result(answer, tool: str, secrets: dict) -> dict:
 
 
 def _execute(row: McpTool, values: dict, *, key: str, deadline: float, secrets: dict, **_rest) -> dict:
-    from mcp import Client
-
-    server, sent = row.server, {}
-
-    async def call(errlog):  # ``secrets``: the broker read them for the server's project
-        async with Client(_target(server, secrets, errlog), mode="legacy", read_timeout_seconds=deadline) as client:
-            sent["at"] = True  # connected: from here on the call may have reached the server
-            return await client.call_tool(row.remote_name, values, meta={KEY_META: key})
-
+    """One call on the process's session with the server (tools/mcp_sessions.py). ``secrets``: the broker
+    read them for the server's project."""
+    server = row.server
+    connection = _connection(server, secrets)
     try:
-        with _stderr_relay(server, secrets) as errlog:
-            answer = _in_thread(partial(call, errlog), deadline)
+        answer = mcp_session_call(
+            key=session_key(server.id, connection),
+            label=f"server {server.name} of project {server.project_id}",
+            secrets=tuple(secrets.values()),
+            target_factory=partial(_target, connection),
+            stdio="stdio" in connection,
+            use=lambda client: client.call_tool(row.remote_name, values, meta={KEY_META: key}),
+            marker=key,
+            deadline=deadline,
+        )
     except ToolRefused:
         raise
-    except BaseException as exc:  # noqa: BLE001
+    except NotSent as exc:
+        raise ToolUnavailable(scrub(str(exc), secrets.values())[:200]) from None
+    except BaseException as exc:  # noqa: BLE001  (sent, and no answer: it may have been acted on)
         what = f"{type(exc).__name__}: {scrub(str(exc), secrets.values())[:200]}"  # scrubbed before the cut
-        raise (ToolTimeout(what) if sent else ToolUnavailable(what)) from None
+        raise ToolTimeout(what) from None
     return _result(answer, row.name, secrets)
 
 

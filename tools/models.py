@@ -98,7 +98,7 @@ class ToolOperation(models.Model):
     # approval) instead of its receipt answering the step.
     repeat_chosen = models.BooleanField(default=False)
     approval = models.ForeignKey(
-        "approvals.ApprovalRequest", null=True, blank=True, on_delete=models.SET_NULL, related_name="operations"
+        "policy.ApprovalRequest", null=True, blank=True, on_delete=models.SET_NULL, related_name="operations"
     )
     # The gate's verdict (tools/gate.py), taken before the intent was written: allow, or wait for approval
     # with its quorum, roles and expiry, and the policies and rule that produced it. No row without one:
@@ -118,6 +118,13 @@ class ToolOperation(models.Model):
         indexes = [
             models.Index(fields=["run", "status"]),
             models.Index(fields=["run", "tool", "arguments_hash"]),
+            # The saga's sweep, several times a second, asks for the few operations an executor may still
+            # owe (saga/sweeps.py: redrive_operations): it reads these entries, not every row of the ledger.
+            models.Index(
+                fields=["run"],
+                condition=models.Q(status__in=["approved", "executing", "ambiguous"]),
+                name="tooloperation_owed",
+            ),
         ]
         constraints = [
             models.CheckConstraint(condition=models.Q(gate__in=["allow", "approval"]), name="operation_has_a_verdict")

@@ -16,6 +16,7 @@ from django.db import transaction
 
 from agents.models import Workflow
 from core.errors import Forbidden, InvalidInput, NotFound
+from policy.models import ApprovalPolicy
 from tenancy.access import authorize
 from tenancy.admin_scope import config_save
 from tenancy.audit import audit, audit_denied
@@ -32,7 +33,6 @@ from tools.mcp_tools import (
     mcp_tools_store,
 )
 
-from ..models import ApprovalPolicy
 from ..policies import FIELDS as POLICY_FIELDS
 from ..policies import policy_save
 from .kinds import KINDS, ORDER, Kind, form_class, form_data, item_of, value_problems, written

@@ -12,10 +12,9 @@ from django.db import models
 from agents.forms import AgentForm
 from agents.models import Agent, Workflow
 from agents.versions import AGENT_FIELDS, ENDPOINT_FIELDS, WORKFLOW_FIELDS
+from policy.models import ApprovalPolicy
 from tools.classifications import CLASSIFICATION_FIELDS
 from tools.models import HttpTool, McpServer, ToolClassification
-
-from ..models import ApprovalPolicy
 
 POLICY_FIELDS = (
     "enabled", "workflow", "tool", "condition", "quorum", "decided_by_role", "expires_after_seconds",

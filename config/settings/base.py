@@ -89,10 +89,14 @@ INSTALLED_APPS = [
     "django_dramatiq",
     "axes",  # login throttling (django-axes); before tenancy, whose admin keeps its pages to superusers
     "tenancy",  # projects, memberships, tokens, the audit log: imported by every app, imports none
+    "policy",  # approval policies, waivers, allow rules, requests and decisions: below the broker and the engine
     "runs",
     "agents",
+    "integrations",  # webhooks, OTLP both ways, external agents, the API's idempotency: above the engine
     "tools",
     "approvals",
+    "saga",  # the supervisor's executor and compensation, above the engine
+    "evals",  # reference evaluations, above the engine
     "dashboard",  # pages, live push and insight: on top, imported by no app below it
 ]
 
@@ -108,7 +112,7 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
-    "runs.idempotency.IdempotencyMiddleware",
+    "integrations.idempotency.IdempotencyMiddleware",
     "axes.middleware.AxesMiddleware",  # answers a locked-out login with the lockout page
 ]
 
@@ -186,8 +190,7 @@ _dramatiq_middleware = [
     "dramatiq.middleware.TimeLimit",
     "dramatiq.middleware.Retries",  # present so actors can say max_retries=0: the engine retries
     "django_dramatiq.middleware.DbConnectionsMiddleware",
-    "runs.middleware.RecoverySweeperMiddleware",
-]
+]  # and the recovery sweeper's, added by runs/apps.py once the models are loaded
 if os.environ.get("WARDEN_CHAOS_DUPLICATE_DELIVERY") == "1":  # fault drills only: docs/operations.md
     _dramatiq_middleware.append("runs.middleware.DuplicateDelivery")
 if REDIS_URL:
@@ -344,6 +347,8 @@ WARDEN = {
     # commands a stdio MCP server may run ({"name": ["argv", ...]}): the deployment's word, not a project's.
     "HTTP_TOOL_HOSTS": [h.strip() for h in os.environ.get("WARDEN_HTTP_TOOL_HOSTS", "").split(",") if h.strip()],
     "MCP_COMMANDS": json.loads(os.environ.get("WARDEN_MCP_COMMANDS", "{}") or "{}"),
+    # A process closes an MCP session (a stdio server stops) idle this long (tools/mcp_sessions.py).
+    "MCP_SESSION_IDLE_SECONDS": _env_float("WARDEN_MCP_SESSION_IDLE_SECONDS", 300),
     # Where the broker reads the secrets tools name: a callable name -> value (default: the environment).
     "SECRET_SOURCE": os.environ.get("WARDEN_SECRET_SOURCE", "tools.secrets.environment_secret"),
     # Which projects may name each secret (tools/secrets.py); none: no project's HTTP tool or MCP server

@@ -5,6 +5,7 @@ from django.http import Http404
 
 from core.errors import Forbidden, NotFound
 from runs.models import Run
+from runs.selectors.run_page import run_for_page
 from tenancy.access import authorize
 
 
@@ -23,5 +24,4 @@ def authorized(request, obj, action: str, *, what: str):
 
 
 def run_for_view(request, run_id: int, action: str = "view") -> Run:
-    run = Run.objects.select_related("workflow", "project", "started_by").filter(id=run_id).first()
-    return authorized(request, run, action, what=f"run {run_id}")
+    return authorized(request, run_for_page(run_id), action, what=f"run {run_id}")

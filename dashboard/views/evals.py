@@ -13,11 +13,12 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from agents.models import ModelVersion
 from core.errors import InvalidInput, WardenError
 from dashboard import charts
-from dashboard.insight import fmt_duration, fmt_usd
 from dashboard.trace import TASKS_DRAWN
-from runs.evals import annotation_create, comparison, eval_case_from_run, eval_start, eval_suite_create, history
-from runs.evals.compare import FIGURES
-from runs.models import Artifact, EvalSuite, Task
+from evals.compare import FIGURES, comparison, history
+from evals.models import EvalSuite
+from evals.suites import annotation_create, eval_case_from_run, eval_start, eval_suite_create
+from runs.models import Artifact, Task
+from runs.selectors.insight import fmt_duration, fmt_usd
 from tenancy.access import role_of, visible_rows
 from tenancy.audit import audit
 from tenancy.models import Project

@@ -1,5 +1,5 @@
-"""The "needs you" inbox (dashboard/inbox.py): one page of everything waiting for this person, the counts
-in the nav, and closing a breaker. Reading changes nothing; closing is a CSRF-checked POST."""
+"""The "needs you" inbox (approvals/selectors/inbox.py): one page of everything waiting for this person,
+the counts in the nav, and closing a breaker. Reading changes nothing; closing is a CSRF-checked POST."""
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
@@ -8,17 +8,17 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
+from approvals.selectors.inbox import KINDS, inbox_counts, inbox_items
 from core.errors import Forbidden, NotFound
 from tenancy.access import project_ids
 from tenancy.models import Project
+from tenancy.selectors import projects_visible
 
-from ..inbox import KINDS, breaker_close, inbox_counts, inbox_items
+from ..inbox import breaker_close
 
 
 def _visible_projects(user) -> list[Project]:
-    ids = project_ids(user, "view")
-    rows = Project.objects.order_by("slug")
-    return list(rows if ids is None else rows.filter(id__in=ids))
+    return projects_visible(visible=project_ids(user, "view"))
 
 
 @login_required

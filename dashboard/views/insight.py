@@ -8,7 +8,15 @@ from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
 from dashboard import charts
-from dashboard.insight import DEFAULT_DAYS, PERIODS, Insight, fmt_duration, fmt_usd, insight_choices, insight_compute
+from runs.selectors.insight import (
+    DEFAULT_DAYS,
+    PERIODS,
+    Insight,
+    fmt_duration,
+    fmt_usd,
+    insight_choices,
+    insight_compute,
+)
 from tenancy.access import project_ids
 
 

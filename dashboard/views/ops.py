@@ -11,9 +11,10 @@ from django.views.decorators.http import require_GET
 from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4
 
 from core.errors import Forbidden
+from runs.selectors.breakers import breakers_visible
+from runs.selectors.workers import workers_visible
 
-from ..inbox import breakers_visible
-from ..ops import metrics_allowed, metrics_text, readiness, workers_visible
+from ..ops import metrics_allowed, metrics_text, readiness
 
 
 @require_GET

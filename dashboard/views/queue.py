@@ -13,29 +13,31 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET
 
 from approvals.governance import change_request_decide, change_request_refusal, change_requests_pending
-from approvals.links import link_decide, link_open
-from approvals.models import ApprovalRequest
+from approvals.links import link_open
 from approvals.plans import plan_outline
-from approvals.services import approval_decide, decider_refusal
+from approvals.selectors.queue import (
+    approval_asked,
+    approval_get,
+    approval_operations,
+    approvals_pending,
+    change_request_get,
+    change_request_project,
+)
+from approvals.services import approval_decide, decider_refusal, link_decide
 from core.errors import Forbidden, InvalidInput, NotFound, WardenError
-from runs.models import Span
+from policy.models import ApprovalRequest
 from runs.services.plans import workers_started
 from tenancy.access import authorize, project_ids, role_of
 from tenancy.governance import change_request_withdraw
 from tenancy.models import ChangeRequest
 from tools.gate import Verdict, strictest
-from tools.models import ToolOperation
 
 POLL_SECONDS = 3
 LIMIT = 200  # change requests on one page: more than this is an incident
 
 
 def _pending(user, after: int = 0):
-    rows = ApprovalRequest.objects.filter(status="pending", parent=None, id__gt=after)
-    visible = project_ids(user, "view")
-    if visible is not None:
-        rows = rows.filter(run__project_id__in=visible)
-    return rows.select_related("run__project", "run__workflow", "task", "policy").order_by("requested_at", "id")
+    return approvals_pending(visible=project_ids(user, "view"), after=after)
 
 
 def _deciding(user):
@@ -45,20 +47,9 @@ def _deciding(user):
 
 def _card(request: ApprovalRequest, deciding, user) -> dict:
     """What a reviewer needs to decide: the action, why the agent asked, what it touches."""
-    ops = list(ToolOperation.objects.filter(approval=request)) or list(
-        ToolOperation.objects.filter(approval__parent=request).order_by("order", "id")
-    )
-    reason, trace = "", []
+    ops = approval_operations(request)
     first = ops[0] if ops else None
-    if first is not None and first.task_id and first.step:
-        # The model step that asked for the call holds the agent's stated reason.
-        asked = Span.objects.filter(task_id=first.task_id, step=first.step - 1).values_list("body", flat=True).first()
-        reason = (asked or {}).get("text", "")
-        trace = list(
-            Span.objects.filter(task_id=first.task_id, step__isnull=False, step__lte=first.step)
-            .order_by("-step")
-            .values_list("step", "kind", "name")[:5]
-        )[::-1]
+    reason, trace = approval_asked(first) if first is not None else ("", [])
     blast = {}
     for op in ops:
         key = (op.tool, op.reversibility or "read")
@@ -67,7 +58,8 @@ def _card(request: ApprovalRequest, deciding, user) -> dict:
     # Why this user may not decide it, shown instead of the buttons: their role, or a rule that holds
     # although their role could (they started the run, admins only).
     if may_decide:
-        refusal = decider_refusal(request, run=request.run, user=user)
+        refused = decider_refusal(request, run=request.run, user=user)
+        refusal = str(refused) if refused is not None else ""
     else:
         refusal = f"your role in project {request.run.project.slug} does not decide approvals (reviewers and admins do)"
     verdict = strictest(Verdict.from_json(op.verdict) for op in ops) if ops else None
@@ -123,7 +115,8 @@ def _change_card(change: ChangeRequest, user) -> dict:
     rows = [
         (name, _pretty(change.before.get(name, "")), _pretty(change.after.get(name, "(removed)"))) for name in names
     ]
-    refusal = change_request_refusal(change, user)
+    refused = change_request_refusal(change, user)
+    refusal = str(refused) if refused is not None else ""
     own = change.requested_by_id == user.pk
     return {"change": change, "rows": rows, "may_decide": not refusal, "own": own, "refusal": "" if own else refusal}
 
@@ -135,7 +128,7 @@ def change_decide(request, change_id: int):
     if request.method != "POST":
         return HttpResponseNotAllowed(["POST"])
     error, decision = "", request.POST.get("decision", "")
-    project_id = ChangeRequest.objects.filter(id=change_id).values_list("project_id", flat=True).first()
+    project_id = change_request_project(change_id)
     if project_id is None or role_of(request.user, project_id) is None:  # a stranger learns nothing of it
         return render(request, "approvals/_gone.html", {"error": "this change request does not exist"}, status=404)
     try:
@@ -151,7 +144,7 @@ def change_decide(request, change_id: int):
         return render(request, "approvals/_gone.html", {"error": str(exc)}, status=404)
     except WardenError as exc:
         error = str(exc) + "".join(f" — {e['field']}: {e['message']}" for e in getattr(exc, "errors", []) or [])
-    change = ChangeRequest.objects.select_related("project", "requested_by", "decided_by").get(id=change_id)
+    change = change_request_get(change_id)
     if not request.htmx:
         if error:
             messages.error(request, error)
@@ -179,7 +172,7 @@ def queue_new(request):
 def decide(request, request_id: int):
     if request.method != "POST":
         return HttpResponseNotAllowed(["POST"])
-    approval = ApprovalRequest.objects.select_related("run__project").filter(id=request_id).first()
+    approval = approval_get(request_id)
     error = ""
     try:
         if approval is None:

@@ -17,12 +17,13 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_http_methods
 
-from approvals.models import ApprovalRequest
 from core.errors import Forbidden, InvalidInput, NotFound, WardenError
-from runs import blackboard, saga, services
+from policy.models import ApprovalRequest
+from runs import blackboard, services
 from runs.models import Artifact, BlackboardEntry, Run, Span, Task
 from runs.refusals import run_cancel_refusal, run_resume_refusal
 from runs.transitions import TransitionNotAllowed
+from saga import compensation as saga
 from tools.catalog import tool_spec
 from tools.models import ToolOperation
 

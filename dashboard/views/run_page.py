@@ -1,17 +1,14 @@
 """The run page: header and budgets, live trace tree, timeline, ledger, attribution and artifacts.
 
-Reads are a fixed handful of queries whatever the run's size (spans as light rows, payloads on demand).
+The view checks access, asks runs.selectors.run_page for the rows (a fixed handful of queries whatever the
+run's size: spans as light rows, payloads on demand) and draws them (dashboard/trace.py).
 ``run_push`` renders what changed since the last push, for dashboard.live to send to the run's viewers.
 """
 
 import json
-from collections.abc import Iterable
-from types import SimpleNamespace
 
 from django.contrib.auth.decorators import login_required
 from django.core.cache import cache
-from django.db import connection
-from django.db.models import Q
 from django.http import Http404, HttpResponse, HttpResponseBadRequest, JsonResponse
 from django.shortcuts import render
 from django.template.loader import render_to_string
@@ -23,10 +20,8 @@ from django.views.decorators.http import require_GET
 
 from dashboard import presence
 from dashboard.trace import (
-    CONTAINERS,
     FULL_TREE_MAX,
     ONLY_CHOICES,
-    SPAN_FIELDS,
     TASKS_DRAWN,
     critical_path,
     esc,
@@ -35,20 +30,17 @@ from dashboard.trace import (
     node_html,
     node_row,
     operation_flags,
-    orphan_ids,
-    span_rows,
-    task_totals,
     timeline_svg,
     totals_apply,
     tree_build,
     tree_filter,
     tree_html,
 )
-from runs.models import Artifact, BlackboardEntry, Run, Span, Task
+from runs.models import Run, Span
 from runs.refusals import run_cancel_refusal, run_fork_state_refusal, run_resume_refusal
-from runs.retention import stored_bytes_sql
-from runs.saga import COMPENSABLE_FROM, compensation_unresolved, run_compensate_refusal
-from runs.services import sql
+from runs.selectors import run_page as selectors
+from runs.selectors.trace import CONTAINERS, orphan_ids, span_rows, task_totals
+from saga.compensation import COMPENSABLE_FROM, compensation_unresolved, run_compensate_refusal
 from tools.gate import Verdict
 from tools.models import ToolOperation
 
@@ -62,87 +54,31 @@ TEMPLATE = "runs/run.html"
 
 
 # --- what the page shows -----------------------------------------------------------------------------------
-TASK_FIELDS = ("id", "run_id", "key", "status", "depends_on", "agent__name", "tokens_used", "cost_micros")
-
-
-def _tasks(run_id: int) -> Iterable[Task]:
-    """What the header, timeline and attribution read of each task, and nothing more (a run may have
-    a thousand)."""
-    rows = Task.objects.filter(run_id=run_id).select_related("agent").order_by("id")
-    return rows.only(*TASK_FIELDS, "started_at", "finished_at")
-
-
-OP_FIELDS = (
-    "id",
-    "run_id",
-    "gate",
-    "verdict",
-    "task_id",
-    "task__key",
-    "step",
-    "kind",
-    "compensates_id",
-    "tool",
-    "idempotency_key",
-    "status",
-    "status_reason",
-    "tool_class",
-    "reversibility",
-    "compensation",
-    "approval_id",
-    "approval__status",
-)
-
-
-def _operations(run_id: int, ids=None) -> list[ToolOperation]:
-    """Ledger rows with what the page shows of them: never arguments or results (payloads)."""
-    rows = ToolOperation.objects.filter(run_id=run_id).select_related("approval", "task").only(*OP_FIELDS)
-    if ids is not None:
-        rows = rows.filter(id__in=ids)
-    return list(rows.order_by("id"))
-
-
-def _ledger(run_id: int) -> tuple[list[ToolOperation], int]:
-    """The ledger rows the page lists (all, or the newest OPS_SHOWN of a large run) and how many there are."""
-    total = ToolOperation.objects.filter(run_id=run_id).count()
-    if total <= OPS_SHOWN:
-        return _operations(run_id), total
-    newest = ToolOperation.objects.filter(run_id=run_id).order_by("-id").values_list("id", flat=True)[:OPS_SHOWN]
-    return _operations(run_id, ids=list(newest)), total
-
-
-def _task_ids_page(run_id: int, after: int = 0) -> list[int]:
-    """A large run's next TASKS_DRAWN tasks, in the order they were planned."""
-    rows = Task.objects.filter(run_id=run_id, id__gt=after).order_by("id").values_list("id", flat=True)
-    return list(rows[:TASKS_DRAWN])
-
-
-_EPOCH = {
-    "postgresql": "EXTRACT(EPOCH FROM {})::float8",
-    "sqlite": "(julianday({}) - 2440587.5) * 86400.0",
-}
-
-
 def _timeline_tasks(run_id: int, now) -> tuple[list, list[int], list[int]]:
     """The tasks the timeline draws, the critical path, and the ids of every task in plan order. A
     large run draws its first TASKS_DRAWN tasks and those of the critical path, which is found over
     light rows of every task (the same two queries for 10 tasks or 10,000)."""
-    # Times as epoch seconds: 10,000 rows parse in a tenth of the time datetimes take.
-    epoch = _EPOCH[connection.vendor]
-    light = [
-        SimpleNamespace(id=i, key=key, depends_on=sql.loads(deps) if isinstance(deps, str) else deps,
-                        started_at=started, finished_at=finished)
-        for i, key, deps, started, finished in sql.fetchall(
-            f"SELECT id, key, depends_on, {epoch.format('started_at')}, {epoch.format('finished_at')} "
-            "FROM runs_task WHERE run_id = %s ORDER BY id",
-            [run_id],
-        )
-    ]  # fmt: skip
+    light = selectors.run_task_times(run_id)
     critical = critical_path(light, now.timestamp())
     drawn = {t.id for t in light[:TASKS_DRAWN]} | set(critical)
-    return list(_tasks(run_id).filter(id__in=drawn)), critical, [t.id for t in light]
+    return list(selectors.run_tasks(run_id, ids=drawn)), critical, [t.id for t in light]
 
 
+def _attribution(run: Run) -> list[dict]:
+    total = max(run.cost_micros, 1)
+    return [
+        {
+            "agent": agent,
+            "tasks": tasks,
+            "tokens": tokens,
+            "share": round(100 * cost / total),
+            "cost_label": money(cost),
+        }
+        for agent, tasks, tokens, cost in selectors.run_attribution(run.id)
+    ]
+
+
+# --- what the page shows -----------------------------------------------------------------------------------
 def _undo(op: ToolOperation) -> str:
     plan = op.compensation or {}
     if op.tool_class == "read_only":
@@ -211,92 +147,15 @@ def _budgets(run: Run) -> list[dict]:
     ]
 
 
-def _attribution(run: Run) -> list[dict]:
-    rows = sql.fetchall(
-        "SELECT a.name, COUNT(t.id), SUM(t.tokens_used), SUM(t.cost_micros) FROM runs_task t "
-        "JOIN agents_agent a ON a.id = t.agent_id WHERE t.run_id = %s GROUP BY a.name ORDER BY 4 DESC, 1",
-        [run.id],
-    )
-    total = max(run.cost_micros, 1)
-    return [
-        {
-            "agent": agent,
-            "tasks": tasks,
-            "tokens": tokens or 0,
-            "share": round(100 * (cost or 0) / total),
-            "cost_label": money(cost or 0),
-        }
-        for agent, tasks, tokens, cost in rows
-    ]
-
-
-def _span_row(values) -> dict:
-    row = dict(zip(SPAN_FIELDS, values, strict=True))
-    row["started_at"], row["ended_at"] = sql.parse_ts(row["started_at"]), sql.parse_ts(row["ended_at"])
-    return row
-
-
-# One pass over each table: a run of 10,000 spans is read once per page or push, not once per figure.
-_SUMMARY = """
-SELECT t.tasks, t.done, t.busy, o.ambiguous, a.pending, s.out_tokens, s.biggest_in, s.cost, s.in_tokens,
-       s.spans, s.last_span, ar.last_artifact, s.errors,
-       COALESCE(s.body_bytes, 0) + COALESCE(s.payload_bytes, 0) + COALESCE(ar.artifact_bytes, 0) AS stored
-FROM
-  (SELECT SUM(CASE WHEN status = 'superseded' OR (status = 'failed' AND plan_version < (
-                SELECT plan_version FROM runs_run WHERE id = %(run)s)) THEN 0 ELSE 1 END) AS tasks,
-          SUM(CASE WHEN status = 'completed' THEN 1 ELSE 0 END) AS done,
-          SUM(CASE WHEN started_at IS NOT NULL THEN {busy} END) AS busy
-     FROM runs_task WHERE run_id = %(run)s) t,
-  (SELECT COUNT(*) AS ambiguous FROM tools_tooloperation WHERE run_id = %(run)s AND status = 'ambiguous') o,
-  (SELECT COUNT(*) AS pending FROM approvals_approvalrequest
-     WHERE run_id = %(run)s AND status = 'pending' AND parent_id IS NULL) a,
-  (SELECT COUNT(*) AS spans, MAX(id) AS last_span, SUM(CASE WHEN status = 'error' THEN 1 ELSE 0 END) AS errors,
-          SUM(CASE WHEN kind = 'model_call' THEN tokens_out ELSE 0 END) AS out_tokens,
-          MAX(CASE WHEN kind = 'model_call' THEN tokens_in END) AS biggest_in,
-          SUM(CASE WHEN kind = 'model_call' THEN cost_micros ELSE 0 END) AS cost,
-          SUM(CASE WHEN kind = 'model_call' THEN tokens_in ELSE 0 END) AS in_tokens,
-          SUM({body_size}) AS body_bytes,
-          SUM(CASE WHEN payload_id IS NOT NULL THEN (
-                SELECT {payload_size} FROM runs_payload p WHERE p.id = runs_span.payload_id) END) AS payload_bytes
-     FROM runs_span WHERE run_id = %(run)s) s,
-  (SELECT MAX(id) AS last_artifact, SUM({artifact_size}) AS artifact_bytes
-     FROM runs_artifact WHERE run_id = %(run)s) ar
-"""
-_BUSY = {  # seconds a task has been at work, in each database's own date arithmetic
-    "postgresql": "EXTRACT(EPOCH FROM (COALESCE(finished_at, %(now)s) - started_at))",
-    "sqlite": "(julianday(COALESCE(finished_at, %(now)s)) - julianday(started_at)) * 86400.0",
-}
-
-
-def run_summary(run_id: int, now) -> dict:
-    """The header's figures in one statement (pages and pushes call it; a push must stay cheap)."""
-    statement = _SUMMARY.format(
-        busy=_BUSY[connection.vendor],
-        body_size=stored_bytes_sql("body"),
-        payload_size=stored_bytes_sql("p.body"),
-        artifact_size=stored_bytes_sql("content"),
-    )
-    row = sql.fetchone(statement, {"run": run_id, "now": now if connection.vendor == "postgresql" else sql.ts(now)})
-    keys = ("tasks", "done", "busy", "ambiguous", "pending", "out", "biggest_in", "cost", "tokens_in", "spans")
-    keys += ("last_span", "last_artifact", "errors", "stored")  # in the order of _SUMMARY's columns
-    return dict(zip(keys, row, strict=True))
-
-
 def header_context(run: Run, now, summary: dict | None = None) -> dict:
     """The header's figures, summed by the database: the same few queries for 5 tasks or 1,000."""
-    summary = summary or run_summary(run.id, now)
+    summary = summary or selectors.run_summary(run.id, now)
     multiple, estimate = cost_multiple(run, summary)
     end = run.finished_at or now
     wall = (end - run.started_at).total_seconds() if run.started_at else 0
     busy = float(summary["busy"] or 0)
     speedup = busy / wall if busy and wall > 0 else None
-    failed = [
-        {"id": i, "key": key}
-        for i, key in sql.fetchall(
-            "SELECT id, key FROM runs_task WHERE run_id = %s AND status = 'failed' AND plan_version = %s ORDER BY id",
-            [run.id, run.plan_version],
-        )
-    ]
+    failed = selectors.run_failed_tasks(run)
     names = getattr(run, "names", None) or (
         run.workflow.name,
         run.project.slug,
@@ -320,7 +179,7 @@ def header_context(run: Run, now, summary: dict | None = None) -> dict:
         "multiple": f"{multiple:.2f}×" if multiple else "—",
         "estimate": money(estimate) if estimate else "—",
         "stored": int(summary["stored"] or 0),  # bytes of span bodies, payloads and artifacts
-        # The buttons offered are the services' own rules (runs/refusals.py, runs/saga.py).
+        # The buttons offered are the services' own rules (runs/refusals.py, saga/compensation.py).
         "can_cancel": run_cancel_refusal(run) is None,
         "can_resume": run_resume_refusal(run) is None,
         # By the run's status alone (no query per push): the fork page gives the whole refusal, if any.
@@ -334,25 +193,17 @@ def _compensate_offer(run: Run) -> dict:
     if run.status not in COMPENSABLE_FROM:  # most runs: no query
         refused = run_compensate_refusal(run, running=[], unresolved=[])
         return {"can_compensate": refused is None, "compensate_refusal": ""}
-    running = list(run.tasks.filter(status=Task.Status.RUNNING).values_list("key", flat=True))
+    running = selectors.run_running_task_keys(run.id)
     refused = run_compensate_refusal(run, running=running, unresolved=compensation_unresolved(run.id))
     return {"can_compensate": refused is None, "compensate_refusal": str(refused or "")}
-
-
-def _page_spans(run: Run, total: int, first: list[int] | None, *, filtered: bool) -> list[dict]:
-    """The spans the page draws: all of a small (or filtered) run; of a large one its run, task and
-    attempt spans (of its first tasks only, when it has many), each task's totals summed by the database."""
-    if total <= FULL_TREE_MAX or filtered:
-        return span_rows(run.id)
-    containers = Q(kind__in=CONTAINERS) if first is None else Q(kind__in=CONTAINERS, task_id__in=first)
-    spans = Span.objects.filter(run=run).filter(containers | Q(task_id__isnull=True))
-    return list(spans.order_by("id").values(*SPAN_FIELDS))
 
 
 def _page_tree(run: Run, rows, summary: dict, ops, ops_total: int, first, tasks_total: int):
     """The tree's roots and nodes with their totals, and the item that loads a large run's next tasks."""
     if ops_total > len(ops):  # the tree's marks come from every operation of the steps it draws
-        flags = _step_flags(run.id, sorted({r["task_id"] for r in rows if r["kind"] == "tool_call" and r["task_id"]}))
+        flags = selectors.run_step_flags(
+            run.id, sorted({r["task_id"] for r in rows if r["kind"] == "tool_call" and r["task_id"]})
+        )
     else:
         flags = operation_flags(ops)
     roots, nodes = tree_build(rows, flags, orphan_ids(run))
@@ -370,21 +221,19 @@ def run_context(run: Run, *, q: str = "", only: str = "") -> dict:
     seq = presence.seq_current(presence.run_seq_name(run.id))
     now = timezone.now()
     only = only if only in ONLY_CHOICES else ""
-    summary = run_summary(run.id, now)
+    summary = selectors.run_summary(run.id, now)
     total = summary["spans"]
     tasks, critical, task_ids = _timeline_tasks(run.id, now)
     tasks_total = len(task_ids)
     # A run of many tasks draws the first TASKS_DRAWN; the tree loads the next ones when asked.
     first = task_ids[:TASKS_DRAWN] if not (q.strip() or only) else None
-    rows = _page_spans(run, total, first, filtered=bool(q.strip() or only))
-    ops, ops_total = _ledger(run.id)
+    rows = selectors.run_page_spans(run, first=first, whole=total <= FULL_TREE_MAX or bool(q.strip() or only))
+    ops, ops_total = selectors.run_ledger(run.id, shown=OPS_SHOWN)
     roots, nodes = _page_tree(run, rows, summary, ops, ops_total, first, tasks_total)
     keep = tree_filter(nodes, q=q, only=only)
     by_id = {t.id: t for t in tasks}
-    artifacts_total = Artifact.objects.filter(run=run).count()
-    artifacts = list(Artifact.objects.filter(run=run).select_related("task").order_by("-id")[:ARTIFACTS_SHOWN])
-    entries = BlackboardEntry.objects.filter(run=run)
-    blackboard = list(entries.select_related("author_task").order_by("-id")[:ARTIFACTS_SHOWN])
+    artifacts, artifacts_total = selectors.run_artifacts(run.id, shown=ARTIFACTS_SHOWN)
+    blackboard, blackboard_total = selectors.run_blackboard(run.id, shown=ARTIFACTS_SHOWN)
     return {
         **header_context(run, now, summary),
         "tree": tree_html(roots, run.id, total=total, keep=keep),
@@ -402,10 +251,10 @@ def run_context(run: Run, *, q: str = "", only: str = "") -> dict:
         "timeline_total": tasks_total,
         "timeline_drawn": len(tasks),
         "attribution": _attribution(run),
-        "artifacts": artifacts[::-1],
+        "artifacts": artifacts,
         "artifacts_total": artifacts_total,
-        "blackboard": blackboard[::-1],
-        "blackboard_total": len(blackboard) if len(blackboard) < ARTIFACTS_SHOWN else entries.count(),
+        "blackboard": blackboard,
+        "blackboard_total": blackboard_total,
         "seq": seq,
     }
 
@@ -460,13 +309,13 @@ def run_timeline(request, run_id: int):
 def span_children(request, run_id: int, span_id: int):
     """The spans below one node, for a subtree opened on demand (a whole page without htmx)."""
     run = run_for_view(request, run_id)
-    root = Span.objects.filter(run=run, id=span_id).values(*SPAN_FIELDS).first()
+    root = selectors.span_row(run.id, span_id)
     if root is None:
         raise Http404("no such span in this run")
     if "after" in request.GET and root["kind"] == Span.Kind.RUN:
         return _more_tasks(request, run, root)
     rows = span_rows(run.id, task_id=root["task_id"]) if root["task_id"] else span_rows(run.id)
-    _, nodes = tree_build(rows, operation_flags(_operations(run.id)), orphan_ids(run))
+    _, nodes = tree_build(rows, operation_flags(selectors.run_operations(run.id)), orphan_ids(run))
     node = nodes[span_id]
     now = timezone.now()
     kids = format_html_join("", "{}", ((node_html(c, run.id, now, mode="lazy"),) for c in node.children))
@@ -481,13 +330,13 @@ def _more_tasks(request, run: Run, root: dict):
         after = int(request.GET["after"])
     except ValueError:
         return HttpResponseBadRequest("after: a task id")
-    ids = _task_ids_page(run.id, after=after)
-    rows = Span.objects.filter(run=run, kind__in=CONTAINERS, task_id__in=ids).order_by("id").values(*SPAN_FIELDS)
-    roots, nodes = tree_build(list(rows), _step_flags(run.id, ids))
+    ids = selectors.run_task_ids_page(run.id, after=after, count=TASKS_DRAWN)
+    rows = selectors.run_container_spans(run.id, ids)
+    roots, nodes = tree_build(rows, selectors.run_step_flags(run.id, ids))
     totals_apply(nodes, task_totals(run.id, ids))
     now = timezone.now()
     html = "".join(node_html(n, run.id, now, mode="closed") for n in roots if n.kind == Span.Kind.TASK)
-    remaining = Task.objects.filter(run=run, id__gt=ids[-1]).count() if ids else 0
+    remaining = selectors.run_tasks_after(run.id, ids[-1]) if ids else 0
     if remaining:
         html += more_tasks_html(run.id, root["id"], after=ids[-1], remaining=remaining)
     if request.htmx:
@@ -500,7 +349,7 @@ def _more_tasks(request, run: Run, root: dict):
 def span_payload(request, run_id: int, span_id: int):
     """A span's journaled body: a truncated preview (htmx), or the whole of it as a JSON download."""
     run = run_for_view(request, run_id)
-    span = Span.objects.filter(run=run, id=span_id).select_related("payload").first()
+    span = selectors.span_with_payload(run.id, span_id)
     if span is None:
         raise Http404("no such span in this run")
     body = span.payload.body if span.payload_id else span.body
@@ -527,7 +376,7 @@ def span_payload(request, run_id: int, span_id: int):
 @require_GET
 def artifact_download(request, run_id: int, artifact_id: int):
     run = run_for_view(request, run_id)
-    artifact = Artifact.objects.filter(run=run, id=artifact_id).first()
+    artifact = selectors.artifact_of_run(run.id, artifact_id)
     if artifact is None:
         raise Http404("no such artifact in this run")
     document = {
@@ -562,17 +411,9 @@ def _subtree_totals(run: Run, nodes: dict, summary: dict) -> None:
     attempts = [n.id for n in nodes.values() if n.kind == Span.Kind.ATTEMPT]
     tasks = sorted({n.task_id for n in nodes.values() if n.kind in CONTAINERS and n.task_id})
     if tasks:
-        in_tasks, params = sql.in_list("task_id", tasks)
         groups = [("task_id", tasks)] + ([("parent_id", attempts)] if attempts else [])
         for column, ids in groups:
-            in_ids, id_params = sql.in_list(column, ids)
-            found = sql.fetchall(
-                f"SELECT {column}, SUM(tokens_in) + SUM(tokens_out), SUM(cost_micros), COUNT(*), "
-                f"SUM(CASE WHEN status = 'error' THEN 1 ELSE 0 END) FROM runs_span "
-                f"WHERE run_id = %s AND {in_tasks} AND {in_ids} GROUP BY {column}",
-                [run.id, *params, *id_params],
-            )
-            totals = {key: (tokens or 0, cost or 0, count, errors or 0) for key, tokens, cost, count, errors in found}
+            totals = selectors.span_sums(run.id, column=column, task_ids=tasks, ids=ids)
             for node in nodes.values():
                 key = node.task_id if column == "task_id" else node.id
                 if (node.kind == Span.Kind.TASK) == (column == "task_id") and node.kind in CONTAINERS and key in totals:
@@ -592,19 +433,9 @@ def _inner_totals(run_id: int, nodes: dict) -> None:
     inner = [n.id for n in nodes.values() if n.kind not in CONTAINERS and n.children]
     if not inner:
         return
-    in_ids, params = sql.in_list("id", inner)
-    found = sql.fetchall(
-        "WITH RECURSIVE below(root, id) AS ("
-        f"SELECT id, id FROM runs_span WHERE run_id = %s AND {in_ids} "
-        "UNION ALL SELECT below.root, s.id FROM runs_span s JOIN below ON s.parent_id = below.id WHERE s.run_id = %s) "
-        "SELECT below.root, SUM(s.tokens_in) + SUM(s.tokens_out), SUM(s.cost_micros), COUNT(*), "
-        "SUM(CASE WHEN s.status = 'error' THEN 1 ELSE 0 END) FROM below JOIN runs_span s ON s.id = below.id "
-        "GROUP BY below.root",
-        [run_id, *params, run_id],
-    )
-    for root, tokens, cost, count, errors in found:
+    for root, (tokens, cost, count, errors) in selectors.span_subtree_sums(run_id, inner).items():
         node = nodes[root]
-        node.sub_tokens, node.sub_cost, node.sub_count, node.sub_errors = tokens or 0, cost or 0, count, errors or 0
+        node.sub_tokens, node.sub_cost, node.sub_count, node.sub_errors = tokens, cost, count, errors
 
 
 def root_totals(run: Run, nodes: dict, summary: dict) -> None:
@@ -628,63 +459,6 @@ def _versions_line(versions) -> str:
     policies = versions.get("policies") or []
     parts.append(f"{len(policies)} approval {'policy' if len(policies) == 1 else 'policies'} in force")
     return " · ".join(parts)
-
-
-def _run_for_push(run_id: int) -> Run | None:
-    """The run and the names its header shows, in one raw statement (no ORM compilation per push)."""
-    found = list(
-        Run.objects.raw(
-            "SELECT r.*, w.name AS workflow_name, p.slug AS project_slug, u.username AS starter_name "
-            "FROM runs_run r JOIN agents_workflow w ON w.id = r.workflow_id "
-            "JOIN approvals_project p ON p.id = r.project_id "
-            "LEFT JOIN auth_user u ON u.id = r.started_by_id WHERE r.id = %s",
-            [run_id],
-        )
-    )
-    if not found:
-        return None
-    run = found[0]
-    run.names = (run.workflow_name, run.project_slug, run.starter_name or "")
-    return run
-
-
-def _spans_with_ancestors(run_id: int, ids: list[int]) -> dict[int, dict]:
-    """The changed spans and their ancestors only (the database sums their subtrees later): a push costs
-    the same for a task of ten steps or of a thousand."""
-    rows: dict[int, dict] = {}
-    wanted = set(ids)
-    while wanted - rows.keys():
-        in_ids, id_params = sql.in_list("id", sorted(wanted - rows.keys()))
-        fetched = sql.fetchall(
-            f"SELECT {', '.join(SPAN_FIELDS)} FROM runs_span WHERE run_id = %s AND {in_ids}", [run_id, *id_params]
-        )
-        if not fetched:
-            break
-        for values in fetched:
-            row = _span_row(values)
-            rows[row["id"]] = row
-            if row["parent_id"]:
-                wanted.add(row["parent_id"])
-    return rows
-
-
-def _step_flags(run_id: int, task_ids: list[int]) -> dict[tuple[int, int], set]:
-    """(task, step) → {"irreversible", "approval", "refused"}: what the tree marks on a step's row."""
-    flags: dict[tuple[int, int], set] = {}
-    if task_ids:
-        in_tasks, task_params = sql.in_list("task_id", task_ids)
-        for task_id, step, reversibility, status in sql.fetchall(
-            f"SELECT task_id, step, reversibility, status FROM tools_tooloperation WHERE run_id = %s AND {in_tasks}",
-            [run_id, *task_params],
-        ):
-            mine = flags.setdefault((task_id, step), set())
-            if reversibility == "irreversible":
-                mine.add("irreversible")
-            if status in ("awaiting_approval", "proposed"):
-                mine.add("approval")
-            if status == "refused":  # the system said no; the model was told
-                mine.add("refused")
-    return flags
 
 
 def _changed_rows(changed: list[dict], nodes: dict, run_id: int, now, *, new_after: int) -> list:
@@ -715,50 +489,37 @@ def run_push(run_id: int) -> dict | None:
     The watermark (last span id, spans still open, operation statuses, last artifact) lives in the
     shared cache. Without one — the first push to a new viewer, an evicted key — the browsers are told
     to re-render from the database instead."""
-    run = _run_for_push(run_id)
+    run = selectors.run_for_push(run_id)
     if run is None:
         return None
     now = timezone.now()
     mark = cache.get(_mark_key(run_id))
-    summary = run_summary(run_id, now)
-    # Hand-written statements from here on: a push runs for every change of a watched run, and the
-    # ORM's compilation cost more than the queries themselves.
-    statuses = dict(sql.fetchall("SELECT id, status FROM tools_tooloperation WHERE run_id = %s", [run_id]))
+    summary = selectors.run_summary(run_id, now)
+    statuses = selectors.run_operation_statuses(run_id)
     # Open spans, and spans attached to a parent that arrived after them (OTLP ingest): a push only adds
     # and updates nodes, so a span that moved under a new parent sends the browsers to the database.
-    moving = sql.fetchall(
-        "SELECT id, ended_at IS NULL FROM runs_span WHERE run_id = %s AND (ended_at IS NULL OR parent_id > id)",
-        [run_id],
-    )
-    open_now = [r[0] for r in moving if r[1]]
-    moved = len(moving) - len(open_now)
+    moving = selectors.run_spans_moving(run_id)
+    open_now, moved = moving.open, moving.moved
     last_span, last_artifact = summary["last_span"] or 0, summary["last_artifact"] or 0
     new_mark = {"span": last_span, "open": open_now, "ops": statuses, "art": last_artifact, "moved": moved}
     cache.set(_mark_key(run_id), new_mark, timeout=MARK_SECONDS)
     if mark is None or moved != mark.get("moved", moved):
         return {"refetch": True}
 
-    was_open, was_open_params = sql.in_list("id", mark["open"] or [0])
-    changed = [
-        {"id": r[0], "task_id": r[1], "kind": r[2]}
-        for r in sql.fetchall(
-            f"SELECT id, task_id, kind FROM runs_span WHERE run_id = %s AND id <= %s AND (id > %s OR {was_open})",
-            [run_id, last_span, mark["span"], *was_open_params],
-        )
-    ]
+    changed = selectors.run_spans_changed(run_id, last=last_span, since=mark["span"], was_open=mark["open"])
     task_ids = sorted({s["task_id"] for s in changed if s["task_id"]})
     changed_ops = [i for i, status in statuses.items() if mark["ops"].get(i) != status]
-    rows = _spans_with_ancestors(run_id, [s["id"] for s in changed])
-    flags = _step_flags(run_id, task_ids)
+    rows = selectors.spans_with_ancestors(run_id, [s["id"] for s in changed])
+    flags = selectors.run_step_flags(run_id, task_ids)
     _, nodes = tree_build([rows[i] for i in sorted(rows)], flags)
     _subtree_totals(run, nodes, summary)
     parts = [render_to_string(TEMPLATE + "#run-header", header_context(run, now, summary))]
     parts += _changed_rows(changed, nodes, run_id, now, new_after=mark["span"])
     if changed_ops:
-        parts += [ledger_row_html(op, run_id) for op in _operations(run_id, ids=changed_ops)]
+        parts += [ledger_row_html(op, run_id) for op in selectors.run_operations(run_id, ids=changed_ops)]
     parts.append(render_to_string(TEMPLATE + "#attribution", {"attribution": _attribution(run)}))
     if last_artifact > mark["art"]:
-        for artifact in Artifact.objects.filter(run_id=run_id, id__gt=mark["art"]).select_related("task"):
+        for artifact in selectors.run_artifacts_after(run_id, mark["art"]):
             parts.append(render_to_string(TEMPLATE + "#artifact", {"artifact": artifact, "run": run}))
     timeline = any(s["kind"] in (Span.Kind.TASK, Span.Kind.ATTEMPT) for s in changed)
     return {"html": "".join(parts), "timeline": timeline}

@@ -8,8 +8,10 @@ from django.shortcuts import render
 from django.views.decorators.http import require_GET, require_POST
 from django.views.decorators.vary import vary_on_headers
 
+from approvals.selectors.queue import approvals_pending_counted
 from dashboard import bulk, listing, presence
 from runs.models import Run
+from runs.selectors import runs_list
 from tenancy import access
 
 
@@ -19,15 +21,17 @@ from tenancy import access
 def run_list(request):
     # Announce the viewer, then read the numbers, then the data (dashboard/live.py says why).
     presence.watching(presence.LIST_PRESENCE)
-    seqs_json = json.dumps(presence.list_seqs(access.project_ids(request.user, "view")))
-    choices = listing.filter_choices(request.user)
+    visible = access.project_ids(request.user, "view")
+    seqs_json = json.dumps(presence.list_seqs(visible))
+    choices = runs_list.filter_choices(visible=visible)
     filters = listing.filters_parse(request.GET, **choices)
-    rows = list(listing.runs_for_list(user=request.user, filters=filters))
-    runs = listing.rows_prepare(rows[: listing.PAGE_SIZE])
+    page = runs_list.runs_for_list(visible=visible, filters=filters, pending_approvals=approvals_pending_counted())
+    rows = list(page)
+    runs = listing.rows_prepare(rows[: runs_list.PAGE_SIZE])
     context = {
         "runs": runs,
         "filters": filters,
-        "next_query": filters.querystring(after=runs[-1].id) if len(rows) > listing.PAGE_SIZE else "",
+        "next_query": filters.querystring(after=runs[-1].id) if len(rows) > runs_list.PAGE_SIZE else "",
         "statuses": Run.Status.choices,
         "bulk_actions": bulk.ACTIONS.items(),
         **choices,
@@ -59,18 +63,19 @@ def _ids(values: list[str]) -> list[int]:
 def _selection(request) -> tuple[list[int], str]:
     """The runs a preview is about: the ticked ones, or every run matching the list's filter (never only
     the page shown). Raises bulk.Refused when the selection cannot be used."""
-    user = request.user
+    visible = access.project_ids(request.user, "view")
     if request.POST.get("scope") == "ticked":
         ids = _ids(request.POST.getlist("ids"))
         if len(ids) > bulk.MAX_RUNS:
             raise bulk.Refused(f"{len(ids)} runs are ticked; a bulk action acts on at most {bulk.MAX_RUNS}")
-        visible = listing.runs_filtered(user=user, filters=listing.RunFilters()).filter(id__in=ids)
-        return list(visible.values_list("id", flat=True)), "the ticked runs"
-    filters = listing.filters_parse(request.POST, **listing.filter_choices(user))
+        ticked = runs_list.runs_filtered(visible=visible, filters=runs_list.RunFilters()).filter(id__in=ids)
+        return list(ticked.values_list("id", flat=True)), "the ticked runs"
+    filters = listing.filters_parse(request.POST, **runs_list.filter_choices(visible=visible))
     filters.after = None
     if filters.errors:  # ignoring a bad filter, as the list does, would widen what the action touches
         raise bulk.Refused(" ".join(filters.errors))
-    ids = list(listing.runs_filtered(user=user, filters=filters).values_list("id", flat=True)[: bulk.MAX_RUNS + 1])
+    matching = runs_list.runs_filtered(visible=visible, filters=filters)
+    ids = list(matching.values_list("id", flat=True)[: bulk.MAX_RUNS + 1])
     if len(ids) > bulk.MAX_RUNS:
         raise bulk.Refused(
             f"more than {bulk.MAX_RUNS} runs match this filter; narrow it (by status, workflow or dates) and try again"

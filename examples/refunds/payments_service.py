@@ -35,7 +35,9 @@ class PaymentsService:
         self.url = f"http://127.0.0.1:{self.port}"
 
     def start(self) -> "PaymentsService":
-        threading.Thread(target=self.server.serve_forever, name="payments", daemon=True).start()
+        threading.Thread(
+            target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, name="payments", daemon=True
+        ).start()
         return self
 
     def stop(self) -> None:

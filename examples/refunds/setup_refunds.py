@@ -81,7 +81,7 @@ def _mcp_server(project, command: str):
 def refunds_setup(*, payments_url: str, mcp_command: str = "refunds-tickets", project=None) -> dict:
     """Declare everything; returns the names of what it declared."""
     from agents.models import Agent, Workflow
-    from approvals.models import ApprovalPolicy
+    from policy.models import ApprovalPolicy
     from tenancy.access import default_project
     from tools.models import ToolClassification
 

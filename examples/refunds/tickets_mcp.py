@@ -5,9 +5,10 @@
 
 Its tools carry MCP annotations as a real server's would: search_tickets is read-only, add_comment is
 idempotent, create_ticket says nothing (Warden treats it as a non-idempotent irreversible write). Every
-effect is appended to $TICKETS_EFFECTS (a JSON line with the idempotency key Warden sent in _meta, and
-whether the server was given its credential, $TICKETS_TOKEN). With $TICKETS_CALLS set, every call that
-reaches it (reads too) is appended there, with its tool and key: what a test counts as having left Warden."""
+effect is appended to $TICKETS_EFFECTS (a JSON line with the idempotency key Warden sent in _meta,
+whether the server was given its credential, $TICKETS_TOKEN, and the server's process id). With
+$TICKETS_CALLS set, every call that reaches it (reads too) is appended there, with its tool and key: what a
+test counts as having left Warden."""
 
 import argparse
 import json
@@ -45,7 +46,7 @@ def _record(kind: str, ctx: Context, **fields) -> None:
     path = _effects_path()
     if path:
         with _lock, open(path, "a") as out:
-            out.write(json.dumps({"effect": kind, "key": _key(ctx), **fields}) + "\n")
+            out.write(json.dumps({"effect": kind, "key": _key(ctx), "pid": os.getpid(), **fields}) + "\n")
 
 
 def _called(tool: str, ctx: Context) -> None:

@@ -8,20 +8,22 @@ import random
 
 import jsonschema
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 from django.utils import timezone
 
-from core import bus, hooks, metrics
+from core import bus, metrics
 from core.errors import BudgetExceeded, LeaseLost, StepFailure, TransientFailure
 from core.faults import faults
 
 from ..models import QuarantinedResult, Run, Span, Task
 from ..transitions import RUN, TASK
 from . import hot, sql
+from .failure import fail_task
 from .leases import CRASH, Lease, claim, claim_candidate
 from .outbox import outbox_add
 from .plans import plan_held
-from .runs import EXECUTE, run_finish_cancel_if_idle, run_transition
+from .proposals import PROPOSED, operation_awaits_decision, proposals_bundle_if_any, proposals_drop, proposals_probe
+from .runs import EXECUTE, run_finish_cancel_if_idle, run_transition, tasks_create
 
 log = logging.getLogger("warden.engine")
 
@@ -87,8 +89,7 @@ def task_finish(lease: Lease, run: Run, task: Task, *, step: int, response, star
     }
     try:
         with transaction.atomic():
-            finish = hot.finish_pg if connection.vendor == "postgresql" else hot.finish_portable
-            done = finish(
+            done = hot.finish(
                 lease, run, task, step=step, response=response, started=started, now=now, body=body,
                 provenance=provenance,
             )  # fmt: skip
@@ -98,8 +99,6 @@ def task_finish(lease: Lease, run: Run, task: Task, *, step: int, response, star
             RUN.seen(run, run_usage.status)  # as the statement above read it
             run.plan_version = plan_version
             if planned is not None and not plan_held(run, task, response.final, now):
-                from .runs import tasks_create
-
                 created = tasks_create(run=run, planned=planned[0], agents=planned[1], depth=task.depth + 1, now=now)
                 ready += [t for t in created if t.status == Task.Status.READY]
             try:
@@ -147,21 +146,25 @@ def _run_settle(run: Run, now, stop_reason: str = "") -> bool:
     """Nothing of the run became ready: complete it (or first ask for one approval of its proposals)
     when every task is done, or mark it waiting when all that is left waits for a reviewer.
     True when the run is finished with. Call with the run locked."""
+    probe, probed = proposals_probe(run.id)  # asked in the same statement: most runs propose nothing
     statuses = {
         row[0]
         for row in sql.fetchall(
             "SELECT DISTINCT status FROM runs_task WHERE run_id = %s AND status NOT IN (%s, %s) "
-            "AND NOT (status = %s AND plan_version < (SELECT plan_version FROM runs_run WHERE id = %s))",
-            [run.id, Task.Status.COMPLETED, Task.Status.SUPERSEDED, Task.Status.FAILED, run.id],
+            "AND NOT (status = %s AND plan_version < (SELECT plan_version FROM runs_run WHERE id = %s)) "
+            f"UNION ALL {probe}",
+            [run.id, Task.Status.COMPLETED, Task.Status.SUPERSEDED, Task.Status.FAILED, run.id, *probed],
         )
     }
+    proposed = PROPOSED in statuses
+    statuses.discard(PROPOSED)
     if not statuses:
         if run.status == Run.Status.RUNNING and not stop_reason:
-            if hooks.call(hooks.PROPOSALS_BUNDLE_IF_ANY, run, now):
+            if proposals_bundle_if_any(run, now, proposed=proposed):
                 return True
         if run.status in (Run.Status.RUNNING, Run.Status.NEEDS_ATTENTION):
             why = stop_reason or run.status_reason or "the run needed attention"
-            dropped = hooks.call(hooks.PROPOSALS_DROP, run, reason=why)
+            dropped = proposals_drop(run, reason=why, proposed=proposed)
             note = f"; {dropped} proposals not executed" if dropped else ""
             run_transition(run=run, to=Run.Status.COMPLETED, reason=f"all tasks completed{note}", now=now)
         return True
@@ -177,7 +180,7 @@ def task_park(lease: Lease, *, operation_id: int, reason: str) -> bool:
     now = timezone.now()
     with transaction.atomic():
         run, task = _lock_own_task(lease)
-        if not hooks.call(hooks.OPERATION_AWAITS_DECISION, operation_id):
+        if not operation_awaits_decision(operation_id):
             return False
         TASK.move(
             task,
@@ -189,33 +192,6 @@ def task_park(lease: Lease, *, operation_id: int, reason: str) -> bool:
         )
         _run_settle(run, now)
     return True
-
-
-def fail_task(*, task: Task, run: Run, failure_class: str, reason: str, now) -> None:
-    """Fail a task for good and hand its run to a human. Call with the run (and task) locked."""
-    TASK.move(
-        task,
-        Task.Status.FAILED,
-        failure_class=failure_class,
-        status_reason=reason[:4000],
-        finished_at=now,
-        lease_owner="",
-        lease_expires_at=None,
-    )
-    bus.run_changed(run.id)
-    Span.objects.filter(task=task, kind=Span.Kind.TASK, ended_at__isnull=True).update(
-        ended_at=now, status=Span.Status.ERROR, attributes={"error": reason[:2000]}
-    )
-    if run.status in (Run.Status.RUNNING, Run.Status.WAITING_FOR_APPROVAL):
-        from .replan import NO_REPLANNING, replan
-
-        why_not = replan(run=run, task=task, failure_class=failure_class, reason=reason, now=now)
-        if not why_not:
-            return
-        what = reason if failure_class == "budget" else f"task {task.key} failed ({failure_class}): {reason}"
-        if why_not != NO_REPLANNING:
-            what += f" (not re-planned: {why_not})"
-        run_transition(run=run, to=Run.Status.NEEDS_ATTENTION, reason=what, now=now)
 
 
 def retry_delay_seconds(attempt: int) -> float:

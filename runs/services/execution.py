@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from functools import cache
 
 from django.conf import settings
-from django.db import DatabaseError, connection
+from django.db import DatabaseError
 from django.utils import timezone
 from dramatiq.middleware import TimeLimitExceeded
 
@@ -603,10 +603,7 @@ def _journal(
     )
     body_json = json.dumps(body, default=str)
     try:
-        if connection.vendor == "postgresql" and len(body_json) <= hot.INLINE_BODY_LIMIT:
-            run_usage, task_usage = hot.journal_step_pg(params, body_json)
-        else:
-            run_usage, task_usage = hot.journal_step_portable(params, body, body_json)
+        run_usage, task_usage = hot.journal_step(params, body, body_json)
     except LeaseLost:
         quarantine(lease, task, step=step, body=body, response=response)
         raise

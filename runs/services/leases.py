@@ -7,12 +7,10 @@ taken over can change nothing. Lock order is always the run row, then task rows.
 import os
 import socket
 import threading
-import time
-from dataclasses import dataclass, field
 from functools import cache
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from core import bus, metrics
@@ -22,7 +20,8 @@ from core.faults import faults
 from ..models import Run, Span, Task
 from ..transitions import TASK
 from . import hot, sql
-from .hot import Usage
+from .failure import fail_task
+from .hot import Lease, Usage
 from .runs import run_transition
 
 CRASH = "crash"
@@ -30,19 +29,6 @@ CRASH = "crash"
 
 def worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}"
-
-
-@dataclass
-class Lease:
-    task_id: int
-    run_id: int
-    token: int
-    attempt: int
-    span_id: int
-    owner: str
-    task_span_id: int | None = None
-    fresh: bool = False  # a first attempt: nothing journaled yet
-    claimed_at: float = field(default_factory=time.monotonic)
 
 
 def claim_candidate(run_id: int, row) -> Task:
@@ -71,8 +57,7 @@ def claim(task: Task, *, owner: str, now) -> Lease | None:
     attempt = task.attempts if continuing else task.attempts + 1
     token = task.fencing_token + 1
     if attempt == 1 and not continuing:  # a first claim: one statement on PostgreSQL (runs/services/hot.py)
-        first = hot.claim_fresh_pg if connection.vendor == "postgresql" else hot.claim_fresh_portable
-        claimed = first(task, owner=owner, now=now, token=token, expires=lease_expiry(now))
+        claimed = hot.claim_fresh(task, owner=owner, now=now, token=token, expires=lease_expiry(now))
         if claimed is None:
             return None
         return Lease(
@@ -177,8 +162,6 @@ def _held_back(run_id: int, task_id: int, max_concurrent: int | None, now) -> bo
 
 def _fail(run_id: int, task_id: int, *, failure_class: str | None, reason: str, now) -> None:
     """The task fails before an attempt starts (no budget or no attempts left); None: nothing to run."""
-    from .completion import fail_task  # completion imports this module
-
     task = Task.objects.get(id=task_id)
     failure_class = failure_class or task.failure_class or "permanent"
     fail_task(task=task, run=Run.objects.get(id=run_id), failure_class=failure_class, reason=reason, now=now)

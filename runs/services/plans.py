@@ -14,6 +14,7 @@ from ..schemas import PLAN_OUTPUT_SCHEMA, PlannedTaskIn
 from ..selectors import run_workflow_settings
 from .outbox import outbox_add
 from .replan import DEAD, replan_key
+from .runs import run_transition, tasks_create
 
 
 def plan_check(run: Run, plan) -> tuple[list[PlannedTaskIn], dict[str, Agent]]:
@@ -34,8 +35,6 @@ def plan_held(run: Run, task: Task, plan, now) -> bool:
     """True when the workflow holds plans: the plan now waits for a reviewer and the run with it."""
     if not run_workflow_settings(run.id).approve_plans:  # ``run`` may be a partial row
         return False
-    from .runs import run_transition
-
     hooks.call(hooks.PLAN_HOLD, run=run, task=task, plan=plan, now=now)
     if run.status == Run.Status.RUNNING:
         run_transition(
@@ -51,8 +50,6 @@ def workers_started(run: Run) -> bool:
 
 def plan_release(*, run: Run, task: Task, plan, reason: str, now) -> list[Task]:
     """The approved plan becomes tasks; the ready ones are sent and the run goes on."""
-    from .runs import run_transition, tasks_create
-
     if run.status not in (Run.Status.WAITING_FOR_APPROVAL, Run.Status.RUNNING):
         raise Conflict(f"run {run.id} is {run.status}: its plan can no longer start")
     planned, agents = plan_check(run, plan)
@@ -68,8 +65,6 @@ def plan_release(*, run: Run, task: Task, plan, reason: str, now) -> list[Task]:
 
 def plan_rejected(*, run: Run, task: Task, note: str, now) -> Task:
     """The planner plans again: a new planner task whose objective carries the reviewer's comment."""
-    from .runs import run_transition, tasks_create
-
     planner = Agent.objects.get(id=task.agent_id)
     run.plan_version += 1
     Run.objects.filter(id=run.id).update(plan_version=run.plan_version)

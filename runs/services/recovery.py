@@ -16,14 +16,16 @@ from django.conf import settings
 from django.db import close_old_connections, connection, transaction
 from django.db.models import F
 from django.utils import timezone
+from dramatiq.middleware import Middleware
 
 from core import bus, hooks, metrics
 
 from ..models import Outbox, Run, Span, Task
+from ..retention import retention_sweep
 from ..transitions import TASK
 from ..workers import registration
 from .breakers import breakers_sweep
-from .completion import fail_task
+from .failure import fail_task
 from .leases import record_lease_expiry
 from .outbox import outbox_add, outbox_deliver
 from .runs import EXECUTE, run_finish_cancel_if_idle, run_transition
@@ -198,17 +200,12 @@ def sweep_once() -> dict:
 
 
 def _ledger_sweep(now) -> dict:
-    from runs.idempotency import idempotency_keys_prune
-    from runs.retention import retention_sweep
-    from runs.webhooks import webhooks_redrive
-
     counts = {}
-    for sweep in hooks.sweeps():  # the ledger's and the approvals' passes (tools/apps.py, approvals/apps.py)
+    # The passes the layers above own: the ledger's, the approvals' and the integrations' (their apps.py).
+    for sweep in hooks.sweeps():
         counts.update(sweep(now))
     return {
         **counts,
-        "idempotency_keys_pruned": idempotency_keys_prune(now),
-        "webhooks_redriven": webhooks_redrive(now),
         "runs_pruned": retention_sweep(now),  # once an hour at most while there is no backlog
     }
 
@@ -263,3 +260,28 @@ class RecoverySweeper:
 
 
 sweeper = RecoverySweeper()
+
+
+class RecoverySweeperMiddleware(Middleware):
+    """Every worker process runs the sweeper, registers itself (runs/workers.py) and counts its messages:
+    the hop (enqueued until picked up) and the outcome, by actor (core/metrics.py). Added to the broker by
+    runs/apps.py: the broker the settings describe is built before the models load."""
+
+    def after_worker_boot(self, broker, worker):
+        sweeper.start(threads=worker.worker_threads)
+
+    def before_worker_shutdown(self, broker, worker):
+        sweeper.stop()
+        metrics.process_exited()
+
+    def before_process_message(self, broker, message):
+        # From when it was due: a delayed message (a retry's backoff) waits on purpose until its eta.
+        due = max(message.message_timestamp, message.options.get("eta") or 0) / 1000
+        waited = time.time() - due
+        metrics.HOP_SECONDS.labels(metrics.bounded(message.actor_name)).observe(max(0.0, waited))
+
+    def after_process_message(self, broker, message, *, result=None, exception=None):
+        outcome = "ok" if exception is None else "error"
+        metrics.MESSAGES.labels(metrics.bounded(message.actor_name), outcome).inc()
+
+    after_skip_message = after_process_message

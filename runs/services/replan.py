@@ -26,6 +26,7 @@ from ..schemas import PLAN_OUTPUT_SCHEMA, PlannedTaskIn
 from ..selectors import run_workflow_settings
 from ..transitions import TASK
 from .outbox import outbox_add
+from .runs import run_transition, tasks_create
 
 REPLANNABLE = frozenset({Task.FailureClass.VALIDATION, Task.FailureClass.LOOP, Task.FailureClass.PERMANENT})
 NOT_STARTED = (Task.Status.PENDING, Task.Status.READY)
@@ -80,8 +81,6 @@ def replan(*, run: Run, task: Task, failure_class: str, reason: str, now) -> str
     why_not = _refusal(run, task, failure_class, wf)
     if why_not:
         return why_not
-    from .runs import run_transition, tasks_create  # runs.py imports this module
-
     planner = Agent.objects.get(slug=wf.planner_agent)
     run.plan_version += 1  # the run is locked: its row is current
     Run.objects.filter(id=run.id).update(plan_version=run.plan_version)

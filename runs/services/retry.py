@@ -12,8 +12,8 @@ by step), and each repeat waits for a reviewer's approval before it is made — 
 
 from django.utils import timezone
 
-from core import hooks
 from core.errors import NotFound
+from policy.services import approvals_withdraw_ids
 from tenancy.audit import audited
 from tools.broker import idempotency_key
 from tools.catalog import tool_spec
@@ -87,7 +87,7 @@ def _supersede_steps(task: Task, journal: list, ops, *, step: int, now) -> list:
     why = f"not done: superseded by a retry from step {step}"
     pending = ops.filter(status__in=NOT_DONE_YET)
     approvals = [a for a in pending.values_list("approval_id", flat=True) if a]
-    hooks.call(hooks.APPROVALS_WITHDRAW_IDS, ids=approvals, reason=why, now=now)
+    approvals_withdraw_ids(ids=approvals, reason=why, now=now)
     OPERATION.move_where(pending, ToolOperation.Status.REJECTED, status_reason=why, ended_at=now)
     return superseded
 

@@ -9,11 +9,13 @@ from pydantic import ValidationError
 
 from agents.models import Agent, AgentVersion, ModelVersion, Workflow, WorkflowVersion
 from agents.planning import plan_validate, pydantic_errors
-from agents.versions import agent_version, version_ref, workflow_version
+from agents.versions import agent_version, version_ref, with_latest_version, workflow_version
 from core import bus, hooks, metrics
 from core.errors import InvalidInput
+from policy.services import approvals_withdraw, policies_in_force
 from tenancy.access import default_project
 from tenancy.audit import audit, audited
+from tools.broker import operations_withdrawn
 
 from ..models import Run, Span, Task
 from ..refusals import run_cancel_refusal, run_resume_refusal, task_retry_refusal
@@ -35,34 +37,20 @@ def run_transition(*, run: Run, to: str, reason: str = "", now=None) -> Run:
     changes = {"status": to, "status_reason": reason}
     if to in Run.TERMINAL:
         run.finished_at = changes["finished_at"] = now
-        transaction.on_commit(metrics.RUNS_FINISHED.labels(to).inc)
-        sql.execute(
-            "UPDATE runs_span SET ended_at = %s, status = %s WHERE run_id = %s AND kind = %s AND ended_at IS NULL",
-            [sql.ts(now), Span.Status.OK if to == Run.Status.COMPLETED else Span.Status.ERROR, run.id, Span.Kind.RUN],
-        )
     if to == Run.Status.CANCELLING:
         run.cancel_requested_at = changes["cancel_requested_at"] = now
-    if to in Run.TERMINAL or to == Run.Status.NEEDS_ATTENTION:
-        from runs.webhooks import webhook_emit
-
-        event = "run.needs_attention" if to == Run.Status.NEEDS_ATTENTION else "run.finished"
-        data = {"run": run.id, "status": to, "reason": reason, "url": _run_url(run.id)}
-        # A worker's run object is built from the columns it needs and may not carry its project.
-        webhook_emit(event=event, project_id=run.project_id, run_id=run.id, data=data)
     # Hand-written: a transition ends every run, and the ORM's save costs more than the rest of it.
-    sql.execute(
-        f"UPDATE runs_run SET {', '.join(f'{column} = %s' for column in changes)} WHERE id = %s",
-        [sql.ts(v) if column.endswith("_at") else v for column, v in changes.items()] + [run.id],
-    )
+    statement = f"UPDATE runs_run SET {', '.join(f'{column} = %s' for column in changes)} WHERE id = %s"
+    params = [sql.ts(v) if column.endswith("_at") else v for column, v in changes.items()] + [run.id]
+    if to in Run.TERMINAL:
+        transaction.on_commit(metrics.RUNS_FINISHED.labels(to).inc)
+        statement, params = sql.with_root_span_end(
+            statement, params, run_id=run.id, now=now, ok=to == Run.Status.COMPLETED
+        )
+    sql.execute(statement, params)
     if to in Run.TERMINAL or to == Run.Status.NEEDS_ATTENTION:
-        from runs.evals import eval_judge_run  # evaluations build on runs
-
-        eval_judge_run(run.id)
+        bus.announce(bus.RunSettled(run_id=run.id, project_id=run.project_id, status=to, reason=reason))
     return run
-
-
-def _run_url(run_id: int) -> str:
-    return f"{settings.WARDEN['BASE_URL'].rstrip('/')}/runs/{run_id}/"
 
 
 def task_set_ready(*, task: Task, now) -> None:
@@ -104,11 +92,13 @@ def _pinned_agents(run: Run, agents: dict[str, Agent], started: dict | None) -> 
     return pinned
 
 
-def tasks_create(*, run: Run, planned, agents: dict[str, Agent], depth: int, now, pinned=None) -> list[Task]:
+def tasks_create(
+    *, run: Run, planned, agents: dict[str, Agent], depth: int, now, pinned=None, first: bool = False
+) -> list[Task]:
     """Create planned tasks of a run, on the versions of their agents the run started with; those with
     nothing to wait for are created ready (the caller sends them). Call inside transaction.atomic() with
-    the run locked."""
-    existing = {t.key: t for t in run.tasks.all()} if run.pk else {}
+    the run locked. ``first``: the run's first tasks (it has none yet: nothing to read)."""
+    existing = {t.key: t for t in run.tasks.all()} if run.pk and not first else {}
     done = {k for k, t in existing.items() if t.status == Task.Status.COMPLETED}
     pinned = _pinned_agents(run, agents, pinned)
     tasks = []
@@ -179,7 +169,7 @@ def _first_plan(wf: Workflow, *, goal: str, max_tasks: int) -> tuple[list, dict]
     if wf.planner == Workflow.Planner.STATIC:
         return plan_validate(wf.tasks, max_tasks=max_tasks)
     if wf.planner == Workflow.Planner.EXTERNAL:
-        return [], {}  # an agent running elsewhere opens its tasks and reports (runs/external.py)
+        return [], {}  # an agent running elsewhere opens its tasks and reports (integrations/external.py)
     if wf.planner_agent is None:
         raise InvalidInput(f"workflow {wf.slug!r} has no planner agent")
     return plan_validate(
@@ -200,13 +190,13 @@ def _versions_at_start(
         may_use.setdefault(wf.planner_agent.slug, wf.planner_agent)
     others = [slug for slug in wf.agents or [] if isinstance(slug, str) and slug not in may_use]
     if others:
-        may_use.update({a.slug: a for a in Agent.objects.filter(slug__in=others)})
+        may_use.update({a.slug: a for a in with_latest_version(Agent.objects.filter(slug__in=others))})
     pinned = {slug: agent_version(agent) for slug, agent in may_use.items()}
     wf_version = workflow_version(wf)
     versions = {
         "workflow": version_ref(wf_version),
         "agents": {slug: version_ref(version) for slug, version in pinned.items()},
-        "policies": hooks.call(hooks.POLICIES_IN_FORCE, project_id=project_id, workflow_id=wf.id),
+        "policies": policies_in_force(project_id=project_id, workflow_id=wf.id),
     }
     return versions, wf_version, {slug: pinned[slug] for slug in agents}
 
@@ -228,17 +218,29 @@ def run_start(
     request=None,
 ) -> Run:
     """``project``: a Project; by default the workflow's, or the default project for a shared workflow.
-    Audited as started by ``started_by`` through ``via`` (not when the engine starts a run itself)."""
-    wf = Workflow.objects.select_related("planner_agent", "project").filter(slug=workflow).first()
-    if wf is None:
-        raise workflow_unknown(workflow)
-    if project is None:
-        project = wf.project or default_project()
-    elif wf.project_id and wf.project_id != project.id:
-        raise InvalidInput(
-            f"workflow {workflow!r} belongs to another project",
-            [{"field": "workflow", "message": "not available in this project"}],
-        )
+    Audited as started by ``started_by`` through ``via`` (not when the engine starts a run itself).
+    One transaction: what it reads (the workflow, the versions it pins, the policies in
+    force, each version read with its owner) and what it writes (the run, its root span, its first
+    tasks, their outbox rows)."""
+    with audited("run_start", actor=started_by, via=via, request=request, target="") as act:
+        wf = with_latest_version(Workflow.objects.select_related("planner_agent", "project")).filter(slug=workflow)
+        wf = wf.first()
+        if wf is None:
+            raise workflow_unknown(workflow)
+        if project is None:
+            project = wf.project or default_project()
+        elif wf.project_id and wf.project_id != project.id:
+            raise InvalidInput(
+                f"workflow {workflow!r} belongs to another project",
+                [{"field": "workflow", "message": "not available in this project"}],
+            )
+        act.update(project_id=project.id)
+        run = _run_create(wf, project=project, input=input, budget=budget, goal=goal, started_by=started_by)
+        act.update(run_id=run.id, target=f"run {run.id}")
+    return run
+
+
+def _run_create(wf: Workflow, *, project, input, budget, goal: str, started_by) -> Run:
     run_input = _run_input(input)
     try:
         limits = BudgetIn.model_validate({**wf.default_budget, **(budget or {})})
@@ -246,34 +248,29 @@ def run_start(
         raise InvalidInput("the budget is invalid", pydantic_errors(exc, "budget")) from exc
     max_tasks = wf.max_tasks or settings.WARDEN["MAX_TASKS_PER_RUN"]
     planned, agents = _first_plan(wf, goal=goal, max_tasks=max_tasks)
-
     now = timezone.now()
     versions, wf_version, started = _versions_at_start(wf, agents, project_id=project.id)
-    with audited("run_start", actor=started_by, via=via, request=request, target="", project_id=project.id) as act:
-        run = Run.objects.create(
-            versions=versions,
-            workflow_version=wf_version,
-            workflow=wf,
-            project=project,
-            goal=goal or wf.default_goal,
-            input=run_input.model_dump(mode="json"),
-            status=Run.Status.RUNNING,
-            started_at=now,
-            started_by=started_by,
-            code_version=settings.WARDEN["CODE_VERSION"],
-            **_budget_fields(limits, now),
-        )
-        Span.objects.create(
-            run=run, kind=Span.Kind.RUN, name=f"run {wf.slug}", status=Span.Status.RUNNING, started_at=now
-        )
-        tasks = tasks_create(run=run, planned=planned, agents=agents, depth=0, now=now, pinned=started)
-        if wf.planner == Workflow.Planner.AGENT:
-            tasks[0].output_schema = PLAN_OUTPUT_SCHEMA
-            tasks[0].save(update_fields=["output_schema"])
-        for task in tasks:
-            if task.status == Task.Status.READY:
-                outbox_add(actor=EXECUTE, kwargs={"run_id": run.id, "task_id": task.id})
-        act.update(run_id=run.id, target=f"run {run.id}")
+    run = Run.objects.create(
+        versions=versions,
+        workflow_version=wf_version,
+        workflow=wf,
+        project=project,
+        goal=goal or wf.default_goal,
+        input=run_input.model_dump(mode="json"),
+        status=Run.Status.RUNNING,
+        started_at=now,
+        started_by=started_by,
+        code_version=settings.WARDEN["CODE_VERSION"],
+        **_budget_fields(limits, now),
+    )
+    Span.objects.create(run=run, kind=Span.Kind.RUN, name=f"run {wf.slug}", status=Span.Status.RUNNING, started_at=now)
+    tasks = tasks_create(run=run, planned=planned, agents=agents, depth=0, now=now, pinned=started, first=True)
+    if wf.planner == Workflow.Planner.AGENT:
+        tasks[0].output_schema = PLAN_OUTPUT_SCHEMA
+        tasks[0].save(update_fields=["output_schema"])
+    for task in tasks:
+        if task.status == Task.Status.READY:
+            outbox_add(actor=EXECUTE, kwargs={"run_id": run.id, "task_id": task.id})
     return run
 
 
@@ -296,9 +293,21 @@ def run_cancel(
         # Running attempts stop between steps (cooperatively); the rest is cancelled now.
         queued = TASK.sources(Task.Status.CANCELLED) - {Task.Status.RUNNING}
         TASK.move_where(run.tasks.all(), Task.Status.CANCELLED, sources=queued, status_reason=reason, finished_at=now)
-        hooks.call(hooks.APPROVALS_WITHDRAW, run=run, reason=f"the run was cancelled: {reason}")
+        run_approvals_withdraw(run=run, reason=f"the run was cancelled: {reason}")
         run_finish_cancel_if_idle(run=run, now=now)
     return run
+
+
+def run_approvals_withdraw(*, run: Run, reason: str) -> int:
+    """The run moved on (cancelled, compensated): nobody needs to decide its pending requests or answer
+    its questions any more, and nothing it still meant to do will be done. Returns how many requests
+    were withdrawn. Run locked."""
+    bus.run_changed(run.id)
+    now = timezone.now()
+    ids = approvals_withdraw(run_id=run.id, reason=reason, now=now)
+    hooks.call(hooks.QUESTIONS_WITHDRAW, run=run, reason=reason, now=now)
+    operations_withdrawn(run_id=run.id, approval_ids=ids, reason=reason, now=now)
+    return len(ids)
 
 
 def run_finish_cancel_if_idle(*, run: Run, now) -> bool:

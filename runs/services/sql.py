@@ -1,7 +1,10 @@
 """The engine's own SQL pieces (spans, usage); the generic helpers are core/sql.py's, re-exported here."""
 
+from django.db import connection
+
 from core import bus
 from core.sql import (  # noqa: F401  (the engine's modules read the generic helpers from here: sql.fetchone, ...)
+    any_of_ids,
     dumps,
     execute,
     fetchall,
@@ -12,6 +15,7 @@ from core.sql import (  # noqa: F401  (the engine's modules read the generic hel
     loads,
     parse_ts,
     pinned,
+    play,
     ts,
 )
 
@@ -29,6 +33,17 @@ USAGE_COLUMNS = (
     "status, steps_used, tokens_used, tool_calls_used, cost_micros, "
     "max_steps, max_tokens, max_tool_calls, max_cost_micros"
 )
+
+
+def with_root_span_end(statement: str, params: list, *, run_id: int, now, ok: bool) -> tuple[str, list]:
+    """A run's final update (``statement``) and its root span's end: one statement where the database
+    takes a data-modifying CTE (PostgreSQL); elsewhere the span's end runs now and the update is returned."""
+    span = "UPDATE runs_span SET ended_at = %s, status = %s WHERE run_id = %s AND kind = 'run' AND ended_at IS NULL"
+    span_params = [ts(now), "ok" if ok else "error", run_id]
+    if connection.vendor == "postgresql":
+        return f"WITH ended AS ({span}) {statement}", span_params + params
+    execute(span, span_params)
+    return statement, params
 
 
 RUN_ROOT = object()

@@ -79,7 +79,7 @@ class FakeOpenAI:
 
         self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
 
     def answer(self, status=200, body=None, headers=None, raw: bytes | None = None):
         self.queue.append((status, headers or {}, raw if raw is not None else json.dumps(body).encode()))

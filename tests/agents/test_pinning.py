@@ -7,14 +7,14 @@ from django.db import transaction
 from django.utils import timezone
 
 from agents.models import Agent, Workflow
-from approvals.models import ApprovalPolicy, ApprovalRequest
+from policy.models import ApprovalPolicy, ApprovalRequest
 from runs.models import Run, Task
-from runs.saga import compensate_by_policy
 from runs.schemas import PlannedTaskIn
 from runs.services import run_start
 from runs.services.plans import plan_held
 from runs.services.replan import NO_REPLANNING, replan
 from runs.services.runs import tasks_create
+from saga.sweeps import compensate_by_policy
 from tenancy.access import default_project, membership_grant
 from tenancy.tokens import api_token_create
 from tests.conftest import decide, wait_for

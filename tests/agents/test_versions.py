@@ -4,7 +4,7 @@ makes a new version, used by the runs started after it; the run page and the API
 
 from agents.models import Agent, AgentVersion, Workflow, WorkflowVersion
 from agents.versions import agent_version
-from approvals.models import ApprovalPolicy, ApprovalRequest
+from policy.models import ApprovalPolicy, ApprovalRequest
 from runs.models import Run, Task
 from runs.services import run_start
 from runs.services.execution import _apply_pinned
@@ -98,7 +98,9 @@ def test_editing_a_workflow_makes_a_version(db):
 
 
 def test_an_evaluation_names_the_agent_versions_it_ran_on(demo_tx, worker, operator, client):
-    from runs.evals import comparison, demo_suite_load, eval_start
+    from evals.compare import comparison
+    from evals.demo import demo_suite_load
+    from evals.suites import eval_start
 
     suite = demo_suite_load()
     eval_start(suite=suite, user=operator)

@@ -1,14 +1,18 @@
 """Projects, roles, token scopes, separation of duties and the audit log, checked from outside: through
 the API, the admin and the database, as a user (or an intruder) would meet them."""
 
+from contextlib import contextmanager
+
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.urls import reverse
 
-from approvals.models import ApprovalRequest, Question
+from approvals.models import Question
 from config.api import api as ninja_api
-from runs.evals import demo_suite_load
-from runs.models import Annotation, Artifact, BlackboardEntry, EvalCase, EvalRun, EvalSuite, Run
+from evals.demo import demo_suite_load
+from evals.models import Annotation, EvalCase, EvalRun, EvalSuite
+from policy.models import ApprovalRequest
+from runs.models import Artifact, BlackboardEntry, Run
 from runs.services import run_start
 from tenancy.access import default_project, membership_grant
 from tenancy.models import AuditEvent, ChangeRequest, Membership, Project
@@ -153,7 +157,7 @@ def scene(demo, django_user_model):
     approval = ApprovalRequest.objects.create(
         run=run, kind="operation", summary="email.send(...)", arguments_hash="a" * 64
     )
-    from approvals.models import AllowRule
+    from policy.models import AllowRule
 
     rule = AllowRule.objects.create(project=home, tool="tickets.create", created_by=people["admin"])
     question = Question.objects.create(
@@ -206,7 +210,7 @@ def _call(client, token, method, path, ids):
 
 
 def _state(scene):
-    from approvals.models import AllowRule
+    from policy.models import AllowRule
 
     run, op, approval = scene["run"], scene["op"], scene["approval"]
     run.refresh_from_db()
@@ -233,17 +237,38 @@ def _state(scene):
     )
 
 
+WHO = ["anonymous", "viewer", "operator", "reviewer", "admin", "outsider"]
+SCOPES = ["read", "run", "operate", "approve", "admin"]
+
+
+@contextmanager
+def undone():
+    """Each caller meets the scene as it was built (a refusal must change nothing, an allowed call may
+    change anything): the call runs in a savepoint that is rolled back, so that one scene serves every
+    caller of an operation instead of a scene built per caller."""
+    with transaction.atomic():
+        yield
+        transaction.set_rollback(True)
+
+
+# Which role and scope may call what is decided by the same code whichever database answers (every
+# operation is also called on PostgreSQL by tests/runs/test_api_schema.py): checked in one half.
+@pytest.mark.anymode
 @pytest.mark.parametrize("method,path", sorted(POLICY))
-@pytest.mark.parametrize("who", ["anonymous", "viewer", "operator", "reviewer", "admin", "outsider"])
-def test_the_authorization_matrix(scene, client, method, path, who):
+def test_the_authorization_matrix(scene, client, method, path):
     """Each role against each operation: allowed, 401, 403 or 404, and a refusal changes nothing."""
+    for who in WHO:
+        with undone():
+            _one_role(scene, client, method, path, who)
+
+
+def _one_role(scene, client, method, path, who):
     action, scope = POLICY[(method, path)]
     any_project = action.endswith(", in any project")  # the outsider operates their own project
     action = action.split(",")[0]
     token = None
     if who != "anonymous":
-        scopes = ["read", "run", "operate", "approve", "admin"]
-        token = api_token_create(user=scene["people"][who], scopes=scopes)[1]
+        token = api_token_create(user=scene["people"][who], scopes=SCOPES)[1]
     before = _state(scene)
     response = _call(client, token, method, path, scene["ids"])
     # the default project's: starting a run there, or creating an allow rule for it
@@ -270,25 +295,32 @@ def test_the_authorization_matrix(scene, client, method, path, who):
     else:
         assert response.status_code == expected, (who, method, path, response.json())
         assert set(response.json()) == {"code", "message", "errors"}
-        assert _state(scene) == before
+        assert _state(scene) == before, who
         if expected in (403, 404):
-            assert AuditEvent.objects.filter(actor=scene["people"][who], outcome="denied").exists()
+            assert AuditEvent.objects.filter(actor=scene["people"][who], outcome="denied").exists(), who
 
 
+# Which role and scope may call what is decided by the same code whichever database answers (every
+# operation is also called on PostgreSQL by tests/runs/test_api_schema.py): checked in one half.
+@pytest.mark.anymode
 @pytest.mark.parametrize("method,path", sorted(POLICY))
-@pytest.mark.parametrize("scope", ["read", "run", "operate", "approve", "admin"])
-def test_each_token_scope_against_each_operation(scene, client, method, path, scope):
+def test_each_token_scope_against_each_operation(scene, client, method, path):
     """An admin's token with one scope: it may do exactly what that scope covers, and a refusal changes nothing."""
     needed = POLICY[(method, path)][1].split(" or ")  # any one of them
-    token = api_token_create(user=scene["people"]["admin"], scopes=[scope])[1]
-    before = _state(scene)
-    response = _call(client, token, method, path, scene["ids"])
-    if scope in needed:
-        assert response.status_code not in (401, 403, 404), (scope, method, path, response.json())
-    else:
-        named = " or ".join(f"'{one}'" for one in needed)
-        assert response.status_code == 403 and f"{named} scope" in response.json()["message"], response.json()
-        assert _state(scene) == before
+    for scope in SCOPES:
+        with undone():
+            token = api_token_create(user=scene["people"]["admin"], scopes=[scope])[1]
+            before = _state(scene)
+            response = _call(client, token, method, path, scene["ids"])
+            if scope in needed:
+                assert response.status_code not in (401, 403, 404), (scope, method, path, response.json())
+            else:
+                named = " or ".join(f"'{one}'" for one in needed)
+                assert response.status_code == 403 and f"{named} scope" in response.json()["message"], (
+                    scope,
+                    response.json(),
+                )
+                assert _state(scene) == before, scope
 
 
 def test_a_token_without_the_scope_is_refused_even_for_an_admin(scene, client):
@@ -432,11 +464,11 @@ ADMIN_ACTIONS = {
     ("runs", "blackboardentry", "reject_entries"): "operate",
     ("tools", "tooloperation", "resolve_committed"): "operate",
     ("tools", "tooloperation", "resolve_not_committed"): "operate",
-    ("approvals", "approvalrequest", "approve"): "decide",
-    ("approvals", "approvalrequest", "reject"): "decide",
-    ("approvals", "allowrule", "revoke"): "decide",
+    ("policy", "approvalrequest", "approve"): "decide",
+    ("policy", "approvalrequest", "reject"): "decide",
+    ("policy", "allowrule", "revoke"): "decide",
     ("tenancy", "apitoken", "revoke"): None,
-    ("runs", "webhookdelivery", "redeliver"): None,  # superusers only (the model admin refuses others)
+    ("integrations", "webhookdelivery", "redeliver"): None,  # superusers only (the model admin refuses others)
     ("agents", "workflow", "start_runs"): "start",
     ("tools", "mcptool", "confirm_suggested_class"): "administer",
 }
@@ -468,7 +500,7 @@ def test_an_admin_action_beyond_the_role_changes_nothing_and_is_audited(scene, c
     from django.apps import apps
     from django.contrib.auth.models import Permission
 
-    from approvals.models import AllowRule
+    from policy.models import AllowRule
 
     viewer = scene["people"][who]
     viewer.is_staff = True
@@ -547,7 +579,7 @@ def _pages(patterns=None, prefix=""):
     for pattern in get_resolver().url_patterns if patterns is None else patterns:
         route = prefix + str(pattern.pattern)
         # The admin and the API have their own tables; the OTLP ingest (v1/traces) takes API tokens only
-        # (tests/security/test_sweeps.py, tests/runs/test_otlp_ingest.py).
+        # (tests/security/test_sweeps.py, tests/integrations/test_otlp_ingest.py).
         if route.lstrip("^").startswith(("admin/", "api/", "v1/")):
             continue
         if isinstance(pattern, URLResolver):

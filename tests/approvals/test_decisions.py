@@ -6,9 +6,9 @@ import threading
 import pytest
 from django.db import connection
 
-from approvals.models import ApprovalRequest, Decision
 from approvals.services import approval_decide
 from core.errors import Conflict, Forbidden, InvalidInput
+from policy.models import ApprovalRequest, Decision
 from runs.models import Run, Task
 from runs.services import run_start
 from tenancy.access import default_project, membership_grant

@@ -18,7 +18,7 @@ from agents.models import Agent, Workflow
 from approvals.declarations.apply import declarations_items
 from approvals.declarations.kinds import ORDER
 from approvals.governance import change_request_decide
-from approvals.models import ApprovalPolicy
+from policy.models import ApprovalPolicy
 from tenancy.access import default_project, membership_grant
 from tenancy.models import AuditEvent, ChangeRequest, Project
 from tenancy.tokens import api_token_create

@@ -10,7 +10,7 @@ from django.contrib.auth.models import Permission
 from django.forms.models import model_to_dict
 from django.urls import reverse
 
-from approvals.models import ApprovalPolicy
+from policy.models import ApprovalPolicy
 from tenancy.access import default_project, membership_grant
 from tenancy.models import AuditEvent, ChangeRequest, Project
 from tools.models import HttpTool, McpServer, McpTool, ToolClassification
@@ -158,7 +158,7 @@ def test_policies_loosen_only_with_a_second_admin_and_tighten_at_once(admins, cl
     ada, abe = admins("ada"), admins("abe")
     project = default_project()
     as_user(client, ada)
-    add = reverse("admin:approvals_approvalpolicy_add")
+    add = reverse("admin:policy_approvalpolicy_add")
     base = {"name": "refunds", "effect": "require", "project": project.id, "tool": "payments.refund",
             "condition": "{}", "quorum": "2", "decided_by_role": "admin", "on_expiry": "reject",
             "on_reject": "tell_agent", "enabled": "on"}  # fmt: skip
@@ -205,7 +205,7 @@ def test_a_bad_policy_is_a_form_error_and_writes_nothing(admins, client, django_
     data = {"name": "p", "effect": "require", "project": default_project().id, "tool": "", "condition": "{}",
             "quorum": "1", "decided_by_role": "reviewer", "on_expiry": "reject", "on_reject": "tell_agent",
             "enabled": "on", **fields}  # fmt: skip
-    response = as_user(client, root).post(reverse("admin:approvals_approvalpolicy_add"), data)
+    response = as_user(client, root).post(reverse("admin:policy_approvalpolicy_add"), data)
     assert response.status_code == 200 and error in response.content.decode(), response.content.decode()[:2000]
     assert not ApprovalPolicy.objects.exists() and not ChangeRequest.objects.exists()
 

@@ -11,7 +11,7 @@ import pytest
 from django.core.management import call_command
 
 from agents.models import Workflow
-from approvals.models import ApprovalRequest
+from policy.models import ApprovalRequest
 from runs.models import Run, Task
 from tests.conftest import wait_for
 from tests.runs.test_dashboard_browser import SCREENSHOTS, Warden, browser  # noqa: F401  (the fixture)

@@ -6,10 +6,10 @@ audited (a project's own tool's breakers: tests/security/test_breaker_findings.p
 import pytest
 from django.test import Client
 
-from approvals.models import ApprovalRequest
-from dashboard.inbox import breakers_visible
+from policy.models import ApprovalRequest
 from runs.heartbeat import lease_keeper
 from runs.models import Run, Task
+from runs.selectors.breakers import breakers_visible
 from runs.services import run_start
 from tenancy.access import default_project, membership_grant
 from tenancy.models import AuditEvent, Project

@@ -6,8 +6,9 @@ import inspect
 from django.core import mail
 
 from approvals.actors import send_notifications
-from approvals.models import ApprovalRequest, Notification
+from approvals.models import Notification
 from approvals.notify import notifications_add
+from policy.models import ApprovalRequest
 from runs.services import run_start
 from runs.services.recovery import sweep_once
 

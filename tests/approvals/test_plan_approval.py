@@ -6,9 +6,9 @@ import pytest
 from django.test import Client
 
 from agents.models import Workflow
-from approvals.models import ApprovalRequest
 from approvals.services import approval_decide
 from core.errors import Conflict
+from policy.models import ApprovalRequest
 from runs.models import Run, Task
 from runs.services import run_start
 from tenancy.access import default_project, membership_grant

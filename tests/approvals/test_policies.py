@@ -9,8 +9,9 @@ import pytest
 from django.core import mail
 from standardwebhooks import Webhook
 
-from approvals.models import ApprovalPolicy, ApprovalRequest, Notification
+from approvals.models import Notification
 from approvals.notify import signature
+from policy.models import ApprovalPolicy, ApprovalRequest
 from runs.models import Artifact, Run, Task
 from runs.services import run_start
 from runs.services.recovery import sweep_once
@@ -140,7 +141,7 @@ def test_each_request_is_announced_once_by_email_and_by_a_signed_webhook(demo_tx
     port = free_port()
     server = ThreadingHTTPServer(("127.0.0.1", port), Receiver)
     Receiver.received = []
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     settings.WARDEN = {
         **settings.WARDEN,
         "APPROVAL_WEBHOOK_URL": f"http://127.0.0.1:{port}/hook",

@@ -5,8 +5,9 @@ the workflow's on_timeout; a lost wake-up is recovered by the sweeper."""
 import pytest
 from django.utils import timezone
 
-from approvals.models import ApprovalRequest, Question
+from approvals.models import Question
 from approvals.questions import questions_sweep
+from policy.models import ApprovalRequest
 from runs.models import Artifact, Run, Span, Task
 from runs.services import run_start
 from tenancy.access import default_project, membership_grant
@@ -162,7 +163,7 @@ def test_an_outsider_gets_404_a_viewer_or_operator_403_and_nothing_changes(demo_
 
 
 def test_the_card_shows_a_reason_instead_of_the_form_to_someone_who_may_not_answer(demo_tx, worker, people):
-    from dashboard.views.questions import question_card
+    from approvals.selectors.questions import question_card
 
     run = run_start(workflow=asking_workflow().slug)
     question = Question.objects.select_related("run__project", "run__workflow", "task").get(id=asked(run).id)
@@ -229,7 +230,7 @@ def test_the_listing_costs_the_same_queries_for_one_question_or_many(demo, clien
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from dashboard.views.questions import pending_questions
+    from approvals.selectors.questions import pending_questions
 
     run = run_start(workflow="deploy-review")
     reviewer = token(people["rita"])

@@ -5,7 +5,7 @@ import re
 import pytest
 from django.urls import reverse
 
-from approvals.models import ApprovalPolicy, ApprovalRequest
+from policy.models import ApprovalPolicy, ApprovalRequest
 from runs.models import Run
 from runs.services import run_start
 from tenancy.access import default_project, membership_grant

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import expect
 
-from approvals.models import ApprovalPolicy, ApprovalRequest
+from policy.models import ApprovalPolicy, ApprovalRequest
 from runs.models import Run
 from runs.services import run_start
 from tenancy.access import default_project, membership_grant

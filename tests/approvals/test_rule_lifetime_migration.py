@@ -5,32 +5,19 @@ gate reads as "never applies"."""
 from datetime import timedelta
 
 import pytest
-from django.db import connection
-from django.db.migrations.executor import MigrationExecutor
 from django.utils import timezone
 
+from tests.migrating import as_it_was, migrated_back
 
-def _before():
-    """Every app as it is now, approvals just before the lifetime step (so the other apps' models match
-    their tables)."""
-    leaves = MigrationExecutor(connection).loader.graph.leaf_nodes()
-    return [node for node in leaves if node[0] != "approvals"] + [("approvals", "0018_breaker_notification")]
-
-
-def _migrate(targets):
-    executor = MigrationExecutor(connection)
-    executor.loader.build_graph()
-    executor.migrate(targets)
-    return executor.loader.project_state(targets).apps
+# Every app as it is now, approvals just before the lifetime step (and what builds on it goes back too).
+BEFORE = ("approvals", "0018_breaker_notification")
 
 
 @pytest.mark.django_db(transaction=True)
 def test_rules_made_before_the_lifetime_get_it_from_their_creation(settings):
     settings.WARDEN = {**settings.WARDEN, "ALLOW_RULE_MAX_DAYS": 30}
-    latest = MigrationExecutor(connection).loader.graph.leaf_nodes()
     now = timezone.now()
-    try:
-        old = _migrate(_before())
+    with migrated_back(as_it_was(BEFORE)) as old:
         AllowRule = old.get_model("approvals", "AllowRule")
         user = old.get_model("auth", "User").objects.create(username="rita")
         project = old.get_model("tenancy", "Project").objects.create(slug="payments", name="Payments")
@@ -44,10 +31,8 @@ def test_rules_made_before_the_lifetime_get_it_from_their_creation(settings):
         old_rule = rule("tickets.create", created_days_ago=40)
         young_rule = rule("crm.update", created_days_ago=5)
         dated_rule = rule("email.send", created_days_ago=2, expires_at=now + timedelta(days=3))
-    finally:
-        _migrate(latest)
 
-    from approvals.models import AllowRule as NowRule
+    from policy.models import AllowRule as NowRule
 
     rules = {rule.id: rule for rule in NowRule.objects.all()}
     assert rules[old_rule].expires_at == rules[old_rule].created_at + timedelta(days=30)
@@ -60,8 +45,5 @@ def test_rules_made_before_the_lifetime_get_it_from_their_creation(settings):
 
 @pytest.mark.django_db(transaction=True)
 def test_the_lifetime_step_reverses_as_a_no_op():
-    latest = MigrationExecutor(connection).loader.graph.leaf_nodes()
-    try:
-        _migrate(_before())  # unapplying 0019 must not fail (nor clear the lifetimes)
-    finally:
-        _migrate(latest)
+    with migrated_back(as_it_was(BEFORE)):
+        pass  # unapplying 0019 must not fail (nor clear the lifetimes), nor must applying it again

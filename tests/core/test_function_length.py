@@ -9,7 +9,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 # Reads the source only: the same in both modes, so it runs in the embedded half only (tests/conftest.py).
 pytestmark = pytest.mark.anymode
-PACKAGES = ("core", "tenancy", "tools", "agents", "runs", "approvals", "dashboard", "api")
+PACKAGES = ("core", "tenancy", "tools", "agents", "runs", "approvals", "saga", "evals", "dashboard", "api")
 LIMIT = 60
 REASON = "# long:"  # a comment line right above the def: "# long: why it reads better whole"
 

@@ -1,6 +1,6 @@
 """The layering is a contract (docs/architecture.md, "Layers"): import-linter's contracts hold, no module
-imports another app's private names, no app imports another inside a function (a hidden cycle), and
-every module loads first after start-up."""
+imports another app's private names, no module imports its own app or another inside a function (a hidden
+cycle), and every module loads first after start-up."""
 
 import ast
 import os
@@ -16,7 +16,21 @@ from config.api import api
 ROOT = Path(__file__).resolve().parents[2]
 # Reads the source only: the same in both modes, so it runs in the embedded half only (tests/conftest.py).
 pytestmark = pytest.mark.anymode
-APPS = ("core", "tenancy", "runs", "agents", "tools", "approvals", "dashboard", "api", "config")
+APPS = (
+    "core",
+    "tenancy",
+    "policy",
+    "runs",
+    "agents",
+    "tools",
+    "approvals",
+    "saga",
+    "evals",
+    "integrations",
+    "dashboard",
+    "api",
+    "config",
+)
 
 
 def _modules():
@@ -50,6 +64,40 @@ def _cross_app_imports():
                 yield str(path.relative_to(ROOT)), module, bool(inside), names
 
 
+# Function-level imports inside an app that stay, each by (file, function) with its reason. AppConfig.ready
+# is where Django wants start-up imports and is not counted; neither is an optional third-party SDK (not
+# an app's module). Everything else is a cycle dodged: put the code where both sides can import it.
+LAZY_INSIDE_AN_APP: dict[tuple[str, str], str] = {}  # (file, function) → why it must stay lazy: none does
+
+
+def _lazy_imports_inside_apps():
+    """(file, function, line, module) for every import of a module of the file's own app inside a function
+    (relative, or absolute and naming the app), but for AppConfig.ready."""
+    for app, path in _modules():
+        rel = path.relative_to(ROOT)
+        package = rel.parent.parts  # the module's package, which a relative import starts from
+        tree = ast.parse(path.read_text())
+        parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                base = package[: len(package) - node.level + 1]
+                modules = [".".join((*base, node.module) if node.module else base)]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                modules = [node.module]
+            elif isinstance(node, ast.Import):
+                modules = [a.name for a in node.names]
+            else:
+                continue
+            scope = node
+            while scope in parents and not isinstance(scope, ast.FunctionDef | ast.AsyncFunctionDef):
+                scope = parents[scope]
+            if not isinstance(scope, ast.FunctionDef | ast.AsyncFunctionDef) or scope.name == "ready":
+                continue
+            for module in modules:
+                if module.split(".")[0] == app:
+                    yield str(rel), scope.name, node.lineno, module
+
+
 def test_the_import_linter_contracts_hold():
     done = subprocess.run(
         [str(Path(sys.executable).with_name("lint-imports")), "--no-cache"],
@@ -60,14 +108,34 @@ def test_the_import_linter_contracts_hold():
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
 
 
-def test_every_app_has_its_layer_and_the_exceptions_stay_one():
-    """The order of docs/architecture.md; an exception to it is a decision written in pyproject.toml with its
-    reason, never a way round: the list may not grow unnoticed."""
+def test_every_app_has_its_layer_and_there_is_no_exception():
+    """The order of docs/architecture.md, with no exception: the gate reads the rules of a decision from the
+    policy app below it, so no layer reaches above itself (an exception would have to be argued here)."""
     contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
     (layers,) = [c for c in contracts if c["type"] == "layers"]
-    assert layers["layers"] == ["api", "dashboard", "approvals", "runs", "agents", "tools", "tenancy", "core"]
-    assert set(APPS) - {"config"} == set(layers["layers"])
-    assert layers.get("ignore_imports", []) == ["tools.gate -> approvals.models"]
+    order = [
+        "api | dashboard",
+        "approvals",
+        "saga | evals | integrations",
+        "runs",
+        "agents",
+        "tools",
+        "policy",
+        "tenancy",
+        "core",
+    ]
+    assert layers["layers"] == order  # "a | b": siblings in one layer, neither importing the other
+    assert set(APPS) - {"config"} == {app.strip() for layer in order for app in layer.split("|")}
+    assert layers.get("ignore_imports", []) == []
+
+
+def test_the_api_and_the_pages_are_peers():
+    """api and dashboard sit side by side above the apps: neither imports the other (siblings in the top
+    layer, "api | dashboard"), so both read through the apps' selectors and a page's change never breaks
+    the API."""
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    (layers,) = [c for c in contracts if c["type"] == "layers"]
+    assert layers["layers"][0] == "api | dashboard"
 
 
 def test_no_function_level_import_between_apps():
@@ -76,6 +144,18 @@ def test_no_function_level_import_between_apps():
     registered; AppConfig.ready is where start-up imports belong and is not counted.)"""
     found = sorted(f"{path} -> {module}" for path, module, inside, _ in _cross_app_imports() if inside)
     assert found == [], f"{len(found)} lazy imports between apps: put the code in the right layer instead"
+
+
+def test_no_function_level_import_inside_an_app():
+    """An import of a module of the same app inside a function hides a cycle too: both sides import a
+    small module that holds what they share, or the function moves to where its callers are. The few
+    that stay are named in LAZY_INSIDE_AN_APP with their reason (and may only shrink)."""
+    found = list(_lazy_imports_inside_apps())
+    offenders = sorted(f"{path}:{line} {function}() imports {module}" for path, function, line, module in found
+                       if (path, function) not in LAZY_INSIDE_AN_APP)  # fmt: skip
+    assert offenders == [], f"{len(offenders)} lazy imports inside an app:\n" + "\n".join(offenders)
+    stale = sorted(set(LAZY_INSIDE_AN_APP) - {(path, function) for path, function, _, _ in found})
+    assert stale == [], f"no longer lazy, take them off LAZY_INSIDE_AN_APP: {stale}"
 
 
 LOAD_EACH_FIRST = """
@@ -137,3 +217,14 @@ def test_operation_ids_keep_the_names_clients_were_generated_with():
         i.startswith(("runs_api_", "runs_api_reads_", "runs_api_external_", "tools_api_", "approvals_api_"))
         for i in ids
     )
+
+
+def test_the_readme_layout_names_every_folder_of_the_tree():
+    """README's "Layout" is the map a newcomer reads first: every top-level folder in the repository is on
+    it, and it names none that is gone."""
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("## Layout\n\n```\n", 1)[1].split("```", 1)[0]
+    named = {line.split("/", 1)[0] for line in block.splitlines() if line[:1].isalpha() and "/" in line.split()[0]}
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    folders = {path.split("/", 1)[0] for path in tracked.splitlines() if "/" in path and not path.startswith(".")}
+    assert named == folders, f"missing from the layout: {folders - named}; gone from the tree: {named - folders}"

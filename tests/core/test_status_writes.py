@@ -9,16 +9,29 @@ from pathlib import Path
 
 import pytest
 
-from approvals.models import ApprovalRequest
 from approvals.transitions import APPROVAL_REQUEST
 from core.machine import StateMachine, TransitionNotAllowed
+from policy.models import ApprovalRequest
 from runs.models import Run, Task
 from runs.transitions import RUN, TASK
 from tools.models import ToolOperation
 from tools.transitions import OPERATION
 
 ROOT = Path(__file__).resolve().parents[2]
-APPS = ["core", "tenancy", "runs", "agents", "tools", "approvals", "dashboard", "api", "config"]
+APPS = [
+    "core",
+    "tenancy",
+    "runs",
+    "agents",
+    "tools",
+    "approvals",
+    "saga",
+    "evals",
+    "integrations",
+    "dashboard",
+    "api",
+    "config",
+]
 MACHINE = "core/machine.py"
 TABLES = "runs_run|runs_task|tools_tooloperation|approvals_approvalrequest"
 # A statement that sets a machine's status: "UPDATE <table> ... SET ... status = ..." before any WHERE.
@@ -32,16 +45,16 @@ NAMES_ITS_MOVES = {"edge", "check", "assign", "sql_in", "sources"}
 SPANS = r"^Span\.objects\."
 OTHER_MACHINES = {
     # spans: a trace's record (running, then ok or error), not a state anyone moves
-    ("runs/services/completion.py", "fail_task"): SPANS,
+    ("runs/services/failure.py", "fail_task"): SPANS,
     ("runs/services/completion.py", "_cancel_own"): SPANS,
     ("runs/services/leases.py", "record_lease_expiry"): SPANS,
     ("runs/services/recovery.py", "expire_leases"): SPANS,
     ("runs/services/recovery.py", "reap_cancelled"): SPANS,
-    ("runs/external.py", "external_run_finish"): SPANS,
+    ("integrations/external.py", "external_run_finish"): SPANS,
     # webhook deliveries and idempotency keys: each its own small lifecycle, written by its one module
-    ("runs/webhooks.py", "webhook_deliver"): r"^(WebhookDelivery\.objects\.|claimed|delivery)",
-    ("runs/webhooks.py", "webhook_redeliver"): r"^(WebhookDelivery\.objects\.|delivery)",
-    ("runs/idempotency.py", "__call__"): r"^IdempotencyKey\.objects\.",
+    ("integrations/webhooks.py", "webhook_deliver"): r"^(WebhookDelivery\.objects\.|claimed|delivery)",
+    ("integrations/webhooks.py", "webhook_redeliver"): r"^(WebhookDelivery\.objects\.|delivery)",
+    ("integrations/idempotency.py", "__call__"): r"^IdempotencyKey\.objects\.",
     # the sandbox's tickets are the outside world that tools act on
     ("tools/sandbox.py", "tickets_close"): r"^ticket$",
     # a budget change: run_budget_set refuses every field but the budget's before this line

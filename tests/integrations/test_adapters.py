@@ -22,15 +22,15 @@ import uuid
 import httpx
 import pytest
 
-from approvals.models import ApprovalRequest
+from policy.models import ApprovalRequest
 from runs.models import Run, Span
 from tests.conftest import ROOT, wait_for
+from tests.integrations.test_external_agent import call
 from tests.local_http import answer_json, serve
-from tests.runs.test_external_agent import call
 from tools.models import ToolOperation
 
 # The adapters are the client's and the frameworks' code; Warden's side of them (the external agent's API)
-# is the same in both modes and tested in both (tests/runs/test_external_agent.py). Run once, beside the
+# is the same in both modes and tested in both (tests/integrations/test_external_agent.py). Run once, beside the
 # scaled half of ./warden test, so the two halves end together.
 pytestmark = [pytest.mark.embedded, pytest.mark.processes]
 

@@ -5,8 +5,9 @@ import time
 import dramatiq
 from django.forms.models import model_to_dict
 
-from approvals.models import ApprovalRequest
-from runs.models import Artifact, Outbox, Run, Span, Task, WebhookDelivery, WebhookEndpoint
+from integrations.models import WebhookDelivery, WebhookEndpoint
+from policy.models import ApprovalRequest
+from runs.models import Artifact, Outbox, Run, Span, Task
 from runs.services import run_start
 from tests.conftest import decide
 from tools.models import SandboxCall, ToolOperation
@@ -67,7 +68,7 @@ def test_every_actor_fed_each_message_twice_changes_nothing_the_second_time(
 
     assert [Run.objects.get(id=i).status for i in run_ids] == ["completed", "completed", "completed"]
     # Fed each message twice where what they act on is set up: the judges' actor in
-    # tests/runs/test_eval_checks.py::test_a_judge_grades_an_artifact_through_the_gateway_and_its_grade_is_recorded,
+    # tests/evals/test_eval_checks.py::test_a_judge_grades_an_artifact_through_the_gateway_and_its_grade_is_recorded,
     # the breakers' in tests/runs/test_breakers.py and tests/approvals/test_breaker_pages.py ("fed … twice").
     elsewhere = {"grade_eval_result", "resume_parked_tasks", "send_breaker_notifications"}
     assert covered | elsewhere == set(broker.get_declared_actors()), "an actor was not exercised"

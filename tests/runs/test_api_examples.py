@@ -10,8 +10,9 @@ from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
 from api.runs import RunIn
+from api.schemas import BodyIn
 from config.api import api
-from runs.schemas import BodyIn, RunInputIn
+from runs.schemas import RunInputIn
 
 # As served (JSON), so that response codes are strings a JSON pointer can reach.
 DOCUMENT = json.loads(json.dumps(api.get_openapi_schema()))

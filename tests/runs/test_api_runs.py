@@ -10,8 +10,9 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from runs.idempotency import idempotency_keys_prune
-from runs.models import IdempotencyKey, Run, Span, Task
+from integrations.idempotency import idempotency_keys_prune
+from integrations.models import IdempotencyKey
+from runs.models import Run, Span, Task
 from runs.services import run_start
 from tenancy.access import default_project, membership_grant
 from tenancy.models import AuditEvent, Project

@@ -11,6 +11,7 @@ from schemathesis.specs.openapi.checks import negative_data_rejection, positive_
 from config.api import SCHEMA_REJECTED
 from tenancy.access import default_project, membership_grant
 from tenancy.tokens import api_token_create
+from tests.conftest import SCALED
 
 
 def _load(*phases: str):
@@ -29,6 +30,10 @@ def _load(*phases: str):
 schema = _load("examples", "fuzzing")
 coverage_schema = _load("coverage")
 SCOPES = ["read", "run", "operate", "approve"]
+# Which scope may do what is the same on either database; what PostgreSQL can refuse that SQLite takes
+# (a NUL in a string, an integer past 64 bits) needs the requests that reach it. The scaled half sends
+# every case with a token of all the scopes, the embedded half once per scope.
+CONFORMS_AS = ["all"] if SCALED else SCOPES
 CHECKS_SETTINGS = settings(
     max_examples=6, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck), database=None
 )
@@ -67,7 +72,7 @@ def _negated_into_a_whole_number(case) -> bool:
 
 @schema.parametrize()
 @CHECKS_SETTINGS
-@pytest.mark.parametrize("scope", SCOPES)
+@pytest.mark.parametrize("scope", CONFORMS_AS)
 def test_every_operation_conforms_for_every_scope(case, scope, tokens):
     _conforms(case, tokens[scope])
 
@@ -98,6 +103,7 @@ def _conforms(case, token: str) -> None:
 
 @schema.parametrize()
 @CHECKS_SETTINGS
+@pytest.mark.anymode  # refused before any query of the database or the broker
 def test_every_operation_refuses_a_caller_without_a_token(case, db):
     response = case.call()
     if case.method.upper() != case.operation.method.upper():

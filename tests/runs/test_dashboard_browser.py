@@ -10,7 +10,9 @@ import urllib.request
 
 import pytest
 
-from approvals.models import ApprovalRequest, Decision
+from evals.demo import demo_suite_load
+from evals.models import EvalSuite
+from policy.models import ApprovalRequest, Decision
 from runs.models import Run, Span
 from tenancy.access import default_project, membership_grant
 from tenancy.tokens import api_token_create
@@ -25,6 +27,9 @@ SCREENSHOTS = ROOT / os.environ.get("WARDEN_SCREENSHOTS", "var/screenshots")
 # Each worker's first three calls take half a second (the sandbox's `slow` fault), so the run is still
 # going when the page opens and when the server is killed.
 SLOW_WORKERS = [{"task": f"worker-{n}", "call": c, "mode": "slow"} for n in range(1, 6) for c in (1, 2, 3)]
+# Each worker also stops 3 s after its first intent, so the run cannot get far before the page opens on
+# a loaded machine (CI runs both halves of the suite at once on two cores).
+HELD_WORKERS = SLOW_WORKERS + [{"task": f"worker-{n}", "call": 1, "mode": "freeze"} for n in range(1, 6)]
 # A server killed mid-task leaves a lease behind: keep it short so the next server takes the task over.
 SHORT_LEASE = {"WARDEN_LEASE_SECONDS": 2, "WARDEN_HEARTBEAT_SECONDS": 0.5}
 LIVE = '#live-status[data-state="live"]'
@@ -157,7 +162,7 @@ def test_an_operator_sees_the_run_grow_and_a_double_clicked_approval_decides_onc
 ):
     warden = Warden(processes)
     page = warden.login(browser, "olivia", "operator-pass-123")
-    run = warden.run_start(operator, "incident-fanout", {"propose_tools": ["email.send"], "faults": SLOW_WORKERS})
+    run = warden.run_start(operator, "incident-fanout", {"propose_tools": ["email.send"], "faults": HELD_WORKERS})
     navigations = watch(page, f"{warden.url}/runs/{run.id}/")
 
     # Tasks and tool calls appear without a reload.
@@ -233,8 +238,28 @@ def test_the_page_reconnects_after_the_server_is_killed_and_catches_up(demo_tx, 
     assert_not_reloaded(page, navigations)
 
 
-def test_screenshots_of_the_dashboard(demo_tx, operator, reviewer, processes, browser):
-    """The pages the README and docs/dashboard.md show (docs/screenshots/, refreshed with WARDEN_SCREENSHOTS)."""
+# axe-core's WCAG 2.0/2.1 level A and AA rules: what the dashboard holds itself to on every page.
+WCAG = {
+    "runOnly": {"type": "tag", "values": ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa"]},
+    "resultTypes": ["violations"],
+}
+
+
+def accessibility_violations(page) -> list[str]:
+    """axe-core's violations on the page as shown, one line per rule and element."""
+    from axe_playwright_python.sync_playwright import Axe
+
+    found = Axe().run(page, options=WCAG).response["violations"]
+    return [f"{v['id']} ({v['impact']}): {n['target']} {n['failureSummary'][:160]}" for v in found for n in v["nodes"]]
+
+
+# The pages' markup is the same whichever database and broker serve them: checked once, in the embedded half.
+@pytest.mark.anymode
+def test_every_page_is_accessible_and_captured(demo_tx, operator, reviewer, processes, browser):
+    """Each page a person opens has no WCAG 2 A/AA violation axe-core finds, with real content on it
+    (runs in every state, a waiting approval); the pages the README and docs/dashboard.md show are captured
+    (docs/screenshots/, refreshed with WARDEN_SCREENSHOTS)."""
+    demo_suite_load()
     warden = Warden(processes)
     done = warden.run_start(operator, "incident-fanout")
     waiting = warden.run_start(operator, "incident-fanout", {"propose_tools": ["email.send"]})
@@ -269,3 +294,21 @@ def test_screenshots_of_the_dashboard(demo_tx, operator, reviewer, processes, br
         page.screenshot(path=SCREENSHOTS / name, full_page=True)
     for name in ("runs-list.png", "run-page.png", "approvals-queue.png", "insight.png"):
         assert (SCREENSHOTS / name).stat().st_size > 10_000, name
+
+    suite = EvalSuite.objects.get()
+    pages = {"operator": [f"/runs/{r.id}/" for r in (done, waiting, stopped)], "reviewer": ["/approvals/", "/inbox/"]}
+    pages["operator"] += ["/runs/", "/runs/start", "/insight/", "/evals/", "/evals/new", f"/evals/{suite.id}/"]
+    pages["operator"] += ["/workers/", "/inbox/", "/approvals/", "/runs/?status=needs_attention"]
+    violations = {}
+    for who, paths in pages.items():
+        viewer = page if who == "operator" else reviewer_page
+        for path in paths:
+            response = viewer.goto(warden.url + path)
+            assert response.status == 200, f"{path} answered {response.status}"
+            viewer.wait_for_load_state("networkidle")
+            violations.update({f"{who} {path}": found for found in [accessibility_violations(viewer)] if found})
+    anonymous = browser.new_context().new_page()
+    anonymous.goto(f"{warden.url}/login/")
+    if found := accessibility_violations(anonymous):
+        violations["anonymous /login/"] = found
+    assert violations == {}, json.dumps(violations, indent=1)

@@ -8,7 +8,7 @@ from django.contrib.staticfiles import finders
 from django.core.management import call_command
 from django.test import Client
 
-from approvals.models import ApprovalRequest
+from policy.models import ApprovalRequest
 from runs.models import Run
 from tests.conftest import wait_for
 from tools.models import SandboxCall

@@ -9,10 +9,17 @@ from django.urls import reverse
 from django.utils import timezone
 
 from agents.models import Workflow
-from approvals.models import ApprovalRequest
 from dashboard import charts
-from dashboard.insight import insight_choices, insight_compute, percentile, period_start, step_bins, step_width
+from policy.models import ApprovalRequest
 from runs.models import Run, Task
+from runs.selectors.insight import (
+    insight_choices,
+    insight_compute,
+    percentile,
+    period_start,
+    step_bins,
+    step_width,
+)
 from runs.services import run_start
 from tenancy.access import membership_grant, project_ids
 from tenancy.models import Project

@@ -7,11 +7,11 @@ import datetime as dt
 import pytest
 from django.db.models import Sum
 
-from dashboard.insight import insight_choices, insight_compute, period_start
 from runs.models import Run, Span
+from runs.selectors.insight import insight_choices, insight_compute, period_start
 from runs.services import run_start
 from tenancy.tokens import api_token_create
-from tests.runs.test_eval_checks import confident  # noqa: F401  (the fixture)
+from tests.evals.test_eval_checks import confident  # noqa: F401  (the fixture)
 from tests.runs.test_run_actions import drive
 
 

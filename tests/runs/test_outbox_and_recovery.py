@@ -10,6 +10,7 @@ from django.utils import timezone
 from runs.models import Outbox, Run, Span, Task
 from runs.services import run_start, sweep_once
 from runs.services.leases import task_reserve
+from runs.services.outbox import forgetter
 from runs.services.recovery import expire_leases, resend_outbox
 
 
@@ -144,4 +145,15 @@ def test_concurrent_sweepers_resend_each_outbox_row_once(demo_tx, monkeypatch):
     monkeypatch.setattr("dramatiq.Actor.send_with_options", record)
     run_at_once(4, lambda: resend_outbox(timezone.now()))
     assert sorted(sent) == sorted(Task.objects.filter(status="ready").values_list("id", flat=True))
+    forgetter.flush()
     assert len(sent) == 10 and not Outbox.objects.exists()
+
+
+def test_a_sent_row_is_forgotten_by_the_processs_thread_not_by_its_sender(demo_tx, sent):
+    """The start's one transaction sends its messages after commit; the rows are deleted in a batch by
+    the outbox thread, and a row it never got to (the process died) is the sweeper's to send again."""
+    runs = [run_start(workflow="deploy-review") for _ in range(3)]
+    assert len(sent) == 6
+    forgetter.flush()
+    assert not Outbox.objects.exists()
+    assert {m["run_id"] for m in sent} == {r.id for r in runs}

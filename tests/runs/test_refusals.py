@@ -15,9 +15,9 @@ from dashboard.bulk import bulk_apply, bulk_preview
 from dashboard.views.run_actions import _cancel_preview, _compensate_preview, _resume_preview
 from dashboard.views.run_page import header_context
 from runs.models import Run, Task
-from runs.saga import operation_resolve, operation_resolve_refusal, run_compensate
 from runs.services import run_cancel, run_resume, run_start, task_retry, task_retry_from, task_retry_preview
 from runs.transitions import TransitionNotAllowed
+from saga.compensation import operation_resolve, operation_resolve_refusal, run_compensate
 from tools.installation import run_key_prefix
 from tools.models import ToolOperation
 

@@ -196,7 +196,7 @@ def test_a_budget_failure_is_not_re_planned(demo_tx, worker):
 
 
 def test_a_re_planned_run_in_propose_mode_completes_after_its_one_approval(demo_tx, worker, operator):
-    from approvals.models import ApprovalRequest
+    from policy.models import ApprovalRequest
     from tests.conftest import decide, wait_for
 
     _workflow(replan_turns=[RECOVERY_PLAN])

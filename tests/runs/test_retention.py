@@ -16,13 +16,14 @@ from django.urls import reverse
 from django.utils import timezone
 
 from agents.models import Agent, Workflow
-from approvals.models import ApprovalRequest, Decision
+from policy.models import ApprovalRequest, Decision
 from runs import retention
 from runs.models import Artifact, BlackboardEntry, Payload, QuarantinedResult, Run, Span
 from runs.retention import runs_prune
-from runs.saga import run_compensate, run_operations
 from runs.services import run_cancel, run_start
 from runs.services.recovery import sweep_once
+from saga.compensation import run_compensate
+from saga.executor import run_operations
 from tenancy.models import AuditEvent
 from tenancy.tokens import api_token_create
 from tests.conftest import ROOT, decide, process_env

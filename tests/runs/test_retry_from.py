@@ -6,11 +6,11 @@ import json
 
 import pytest
 
-from approvals.models import ApprovalRequest
 from core.errors import Conflict, InvalidInput
+from policy.models import ApprovalRequest
 from runs.models import Run, Span, Task
-from runs.saga import operation_resolve
 from runs.services import run_start, task_retry, task_retry_from, task_retry_from_preview, task_retry_preview
+from saga.compensation import operation_resolve
 from tenancy.access import default_project, membership_grant
 from tenancy.models import AuditEvent
 from tenancy.tokens import api_token_create

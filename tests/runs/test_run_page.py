@@ -18,8 +18,8 @@ from django.utils import timezone
 
 from agents.demo import load_demo_workflows
 from agents.models import Agent, Workflow
-from approvals.models import ApprovalRequest
 from dashboard.views.run_page import PREVIEW_CHARS, run_push
+from policy.models import ApprovalRequest
 from runs.models import Artifact, Payload, Run, Span, Task
 from tenancy.access import default_project, membership_grant
 from tenancy.models import Project

@@ -1,5 +1,6 @@
-"""Each hand-written PostgreSQL statement of the hot path (runs/services/hot.py) does what its portable
-twin does: both are run here, on PostgreSQL, on two runs built alike, and what they wrote is compared."""
+"""Each hand-written PostgreSQL statement of the hot path (runs/services/hot_sql.py) does what the portable
+dialect's statements do: the one hot path (runs/services/hot.py) plays both here, on PostgreSQL, on two
+runs built alike, and what they wrote is compared."""
 
 import json
 
@@ -15,10 +16,7 @@ from runs.services.leases import Lease, lease_expiry
 
 pytestmark = pytest.mark.services
 
-TWINS = {
-    "pg": (hot.journal_step_pg, hot.finish_pg, hot.claim_fresh_pg),
-    "portable": (hot.journal_step_portable, hot.finish_portable, hot.claim_fresh_portable),
-}
+TWINS = {"pg": "postgresql", "portable": "portable"}  # the dialects of runs/services/hot_sql.py
 
 
 def _claimed(twin: str, run=None, key="inventory"):
@@ -26,34 +24,33 @@ def _claimed(twin: str, run=None, key="inventory"):
     them), by the twin's statement."""
     run = run or run_start(workflow="deploy-review")
     task = run.tasks.get(key=key)
-    _, _, claim = TWINS[twin]
     now = timezone.now()
     with transaction.atomic():
         Run.objects.select_for_update().get(id=run.id)
-        claimed = claim(task, owner="parity", now=now, token=task.fencing_token + 1, expires=lease_expiry(now))
+        claimed = hot.claim_fresh(
+            task, owner="parity", now=now, token=task.fencing_token + 1, expires=lease_expiry(now), dialect=TWINS[twin]
+        )
     task.refresh_from_db()
     lease = Lease(task.id, run.id, task.fencing_token, 1, claimed.span_id, "parity", claimed.task_span_id, True)
     return run, task, lease
 
 
 def _journal(lease, twin: str, *, step: int, body: dict):
-    journal, _, _ = TWINS[twin]
     response = ModelResponse(text="looking", tokens_in=11, tokens_out=7, cost_micros=42, model="m")
     started = timezone.now()
     p = hot.step_params(lease, step=step, kind=Span.Kind.MODEL_CALL, name="m", started=started, response=response)
     body_json = json.dumps(body)
     with transaction.atomic():
-        return journal(p, body_json) if twin == "pg" else journal(p, body, body_json)
+        return hot.journal_step(p, body, body_json, dialect=TWINS[twin])
 
 
 def _finish(run, task, lease, twin: str):
-    _, finish, _ = TWINS[twin]
     response = ModelResponse(final={"verdict": "APPROVE"}, tokens_in=20, tokens_out=5, cost_micros=100, model="m")
     with transaction.atomic():
         locked = Run.objects.select_for_update().get(id=run.id)
-        return finish(
+        return hot.finish(
             lease, locked, task, step=2, response=response, started=timezone.now(), now=timezone.now(),
-            body=response.as_journal(), provenance={"task": task.key},
+            body=response.as_journal(), provenance={"task": task.key}, dialect=TWINS[twin],
         )  # fmt: skip
 
 
@@ -108,3 +105,13 @@ def test_both_twins_refuse_a_lease_that_was_lost_and_write_nothing(demo):
         with pytest.raises(LeaseLost):
             _finish(run, task, lease, twin)
         assert _world(run) == before, twin
+
+
+def test_a_body_too_large_for_the_span_goes_to_a_payload_on_both_dialects(demo):
+    for twin in TWINS:
+        run, task, lease = _claimed(twin)
+        body = {"text": "x" * (hot.INLINE_BODY_LIMIT + 1)}
+        counted = _journal(lease, twin, step=1, body=body)
+        span = Span.objects.select_related("payload").get(task=task, step=1)
+        assert span.body is None and span.payload.body == body, twin
+        assert (counted.task.steps, counted.run.steps) == (1, 1), twin

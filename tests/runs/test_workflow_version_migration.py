@@ -2,24 +2,15 @@
 start, else the workflow's version as it is at the upgrade (docs/agents.md, "Versions")."""
 
 import pytest
-from django.db import connection
-from django.db.migrations.executor import MigrationExecutor
+
+from tests.migrating import as_it_was, migrated_back
 
 BEFORE = ("runs", "0023_worker_process")
 
 
-def _migrate(targets):
-    executor = MigrationExecutor(connection)
-    executor.loader.build_graph()
-    executor.migrate(targets)
-    return executor.loader.project_state([node for node in targets if node[1]]).apps
-
-
 @pytest.mark.django_db(transaction=True)
 def test_runs_made_before_the_upgrade_get_the_version_they_started_with_or_the_current_one():
-    latest = MigrationExecutor(connection).loader.graph.leaf_nodes()
-    try:
-        old = _migrate([node for node in latest if node[0] != "runs"] + [BEFORE])  # the other apps as they are
+    with migrated_back(as_it_was(BEFORE)) as old:
         project = old.get_model("tenancy", "Project").objects.create(slug="ops", name="Ops")
         Workflow = old.get_model("agents", "Workflow")
         wf = Workflow.objects.create(slug="w", name="W", max_replans=1)
@@ -32,8 +23,6 @@ def test_runs_made_before_the_upgrade_get_the_version_they_started_with_or_the_c
         )
         Workflow.objects.filter(id=wf.id).update(max_replans=2)  # edited since, around save()
         unrecorded = Run.objects.create(workflow=wf, project=project, goal="g", code_version="c", versions={})
-    finally:
-        _migrate(latest)
 
     from runs.models import Run as NowRun
     from runs.selectors import run_workflow_settings

@@ -16,11 +16,14 @@ from django.contrib.contenttypes.models import ContentType
 from django.urls import URLResolver, get_resolver
 
 from agents.models import Agent, ModelPrice, Workflow
-from approvals.models import AllowRule, ApprovalRequest, Question
+from approvals.models import Question
 from config.api import api as ninja_api
-from runs.evals import demo_suite_load
+from evals.demo import demo_suite_load
+from evals.models import Annotation, EvalCase, EvalResult, EvalRun, EvalSuite
+from integrations.models import WebhookEndpoint
+from policy.models import AllowRule, ApprovalRequest
 from runs.heartbeat import lease_keeper
-from runs.models import Annotation, EvalCase, EvalResult, EvalRun, EvalSuite, Run, WebhookEndpoint
+from runs.models import Run
 from runs.services import run_start
 from tenancy.access import default_project, membership_grant
 from tenancy.models import ChangeRequest
@@ -182,6 +185,12 @@ def run_ids(run: Run) -> dict[str, list]:
     }
 
 
+def _moved_models(route: str) -> list[str]:
+    """The model names of an old admin link's pattern, ``admin/runs/(?P<model>a|b)/…`` (config/urls.py)."""
+    match = re.search(r"\(\?P<model>([^)]*)\)", route)
+    return match.group(1).split("|") if match else []
+
+
 def fill(route: str, scene, *, every: bool, admin_rows: int = 1) -> list[str]:
     """The URLs of ``route`` with the scene's ids: one (``every=False``), or one per object it can show.
     A parameter the scene has no ids for fails: a new kind of URL needs its ids here."""
@@ -211,8 +220,8 @@ def fill(route: str, scene, *, every: bool, admin_rows: int = 1) -> list[str]:
                 # the admin's "view on site" of a row
                 "content_type_id": [ContentType.objects.get_for_model(Run).id],
                 "object_id": [run.id],
-                # old admin links of the models that moved to tenancy (config/urls.py)
-                "model": ["project", "membership", "apitoken", "auditevent"],
+                # old admin links of the models that moved to another app (config/urls.py): those it names
+                "model": _moved_models(route),
                 "rest": [""],
                 # a breaker (dashboard/inbox.py): the sweeps see how its close answers each caller
                 "what": ["tool"],

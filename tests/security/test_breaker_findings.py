@@ -9,12 +9,10 @@ project's own tool (payments.get_charge) and points it at a service that fails.
    itself resumes the tasks it parked, and they stay in the inbox (closable) until then.
 """
 
-import json
 import re
-import threading
 import time
 import types
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 from django.test import Client
@@ -27,6 +25,7 @@ from tenancy.access import membership_grant
 from tenancy.models import AuditEvent, Project
 from tenancy.tokens import api_token_create
 from tests.conftest import wait_for
+from tests.local_http import answer_json, serve
 from tests.runs.test_engine import scripted_workflow
 from tests.runs.test_run_actions import drive
 from tools.broker import tool_call
@@ -53,19 +52,12 @@ class ChargeService:
             def do_GET(self):
                 service.calls += 1
                 code, body = (503, {"error": "down"}) if service.failing else (200, {"charge_id": self.path[-7:]})
-                data = json.dumps(body).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                answer_json(self, body, code)
 
             def log_message(self, *args):
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.server, self.url = serve(Handler)
 
     def stop(self):
         self.server.shutdown()

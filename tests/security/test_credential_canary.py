@@ -11,7 +11,8 @@ import pytest
 from django.apps import apps
 
 from examples.refunds.payments_service import PaymentsService
-from runs.models import Run, WebhookEndpoint
+from integrations.models import WebhookEndpoint
+from runs.models import Run
 from runs.services import run_start
 from tenancy.access import default_project
 from tenancy.tokens import api_token_create

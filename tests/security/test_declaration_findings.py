@@ -11,8 +11,8 @@ API and runs against a real HTTP service on 127.0.0.1. Each must now fail, and c
 
 import pytest
 
-from approvals.models import ApprovalPolicy, ApprovalRequest
 from examples.refunds.payments_service import PaymentsService
+from policy.models import ApprovalPolicy, ApprovalRequest
 from runs.models import Run
 from runs.services import run_start
 from tenancy.access import default_project, membership_grant

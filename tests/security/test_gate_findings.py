@@ -14,12 +14,13 @@ from django.contrib.auth.models import Permission
 from django.urls import reverse
 
 from agents.models import Agent, Workflow
-from approvals.models import AllowRule, ApprovalPolicy, ApprovalRequest
+from integrations.models import WebhookDelivery, WebhookEndpoint
+from integrations.webhooks import webhook_deliver
+from policy.models import AllowRule, ApprovalPolicy, ApprovalRequest
 from runs.heartbeat import lease_keeper
-from runs.models import Run, Task, WebhookDelivery, WebhookEndpoint
-from runs.saga import run_operations
+from runs.models import Run, Task
 from runs.services import run_start
-from runs.webhooks import webhook_deliver
+from saga.executor import run_operations
 from tenancy.access import default_project
 from tenancy.models import ApiToken, AuditEvent, Membership, Project
 from tenancy.tokens import api_token_create
@@ -301,7 +302,7 @@ def test_an_admin_decision_is_bound_to_the_arguments_it_showed(team, client):
     request = ToolOperation.objects.get(run=run).approval
     rita = _staff_with_every_permission(team["reviewer"].user)
     client.force_login(rita)
-    changelist = reverse("admin:approvals_approvalrequest_changelist")
+    changelist = reverse("admin:policy_approvalrequest_changelist")
     shown = client.post(changelist, {"action": "approve", "_selected_action": [request.id]})
     assert shown.status_code == 200 and request.arguments_hash in shown.content.decode()  # a confirmation first
     assert ApprovalRequest.objects.get(id=request.id).status == "pending"
@@ -328,11 +329,11 @@ def test_webhook_urls_to_private_addresses_are_refused_at_registration(
     root = django_user_model.objects.create_superuser(username="root", password="root-pass-123", email="r@x.y")
     client.force_login(root)
     form = {"secret": "s" * 20, "events": "[]", "deliveries-TOTAL_FORMS": "0", "deliveries-INITIAL_FORMS": "0"}
-    page = client.post(reverse("admin:runs_webhookendpoint_add"), {**form, "url": url})
+    page = client.post(reverse("admin:integrations_webhookendpoint_add"), {**form, "url": url})
     assert page.status_code == 200 and "loopback, private, link-local or metadata" in page.content.decode()
     assert not WebhookEndpoint.objects.exists()
     # the same form with a public address is saved (a name that does not resolve yet is checked at each send)
-    client.post(reverse("admin:runs_webhookendpoint_add"), {**form, "url": "https://hooks.example.com/warden"})
+    client.post(reverse("admin:integrations_webhookendpoint_add"), {**form, "url": "https://hooks.example.com/warden"})
     assert list(WebhookEndpoint.objects.values_list("url", flat=True)) == ["https://hooks.example.com/warden"]
 
 
@@ -346,7 +347,7 @@ def test_a_name_that_resolves_to_a_private_address_at_send_time_is_refused(
     loopback = [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", port))]
     answers = iter([public, loopback])
     monkeypatch.setattr(socket, "getaddrinfo", lambda *a, **k: next(answers))
-    from runs.webhooks import webhook_endpoint_save
+    from integrations.webhooks import webhook_endpoint_save
 
     endpoint = webhook_endpoint_save(
         endpoint=WebhookEndpoint(url=f"http://hooks.example.com:{port}/hook", secret="s" * 20),

@@ -18,7 +18,7 @@ from django.apps import apps
 from django.conf import settings
 from django.test import Client
 
-from runs.models import WebhookEndpoint
+from integrations.models import WebhookEndpoint
 from tests.runs.test_xss_corpus import CORPUS
 from tests.security.conftest import CANARIES, api_get_paths, fill, routes
 from tools.models import SealedArguments

@@ -17,7 +17,7 @@ from django.forms.models import model_to_dict
 from django.test import Client
 
 from approvals.links import decision_link
-from approvals.models import ApprovalPolicy, ApprovalRequest
+from policy.models import ApprovalPolicy, ApprovalRequest
 from runs.heartbeat import lease_keeper
 from runs.models import Run
 from runs.services import run_start
@@ -167,7 +167,7 @@ def test_a_hostile_project_admin_changes_nothing_of_another_project_and_nothing_
     waiver = {"name": "mine", "effect": "waive", "project": world["team_a"].id, "tool": "exfil.send", "condition": "{}",
               "quorum": "1", "decided_by_role": "reviewer", "on_expiry": "reject", "on_reject": "tell_agent",
               "enabled": "on"}  # fmt: skip
-    browser.post("/admin/approvals/approvalpolicy/add/", waiver)
+    browser.post("/admin/policy/approvalpolicy/add/", waiver)
     changes = list(ChangeRequest.objects.filter(project=world["team_a"]).order_by("id"))
     assert [c.status for c in changes] == ["pending", "pending"]
     for change in changes:

@@ -62,7 +62,9 @@ class HostileEcho:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
 
     def start(self) -> "HostileEcho":
-        threading.Thread(target=self.server.serve_forever, name="hostile echo", daemon=True).start()
+        threading.Thread(
+            target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, name="hostile echo", daemon=True
+        ).start()
         return self
 
     def stop(self) -> None:

@@ -6,10 +6,10 @@ from collections import Counter
 import pytest
 
 from agents.models import Agent, Workflow
-from approvals.models import ApprovalRequest
+from policy.models import ApprovalRequest
 from runs.models import Artifact, Run, Task
-from runs.saga import run_compensate
 from runs.services import run_start
+from saga.compensation import run_compensate
 from tenancy.tokens import api_token_create
 from tests.conftest import decide, wait_for
 from tools.installation import run_key_prefix

@@ -13,7 +13,7 @@ from collections import Counter
 
 import pytest
 
-from approvals.models import ApprovalRequest
+from policy.models import ApprovalRequest
 from runs.models import Run
 from runs.services import run_start
 from tenancy.access import default_project, membership_grant

@@ -9,7 +9,7 @@ from django.db import IntegrityError, transaction
 
 from agents.models import Workflow
 from api.tools import TOOL_CLASS
-from approvals.models import ApprovalPolicy
+from policy.models import ApprovalPolicy
 from runs.services import run_start
 from tenancy.access import default_project
 from tenancy.models import Project

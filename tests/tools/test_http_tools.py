@@ -4,6 +4,7 @@ credential by name (never shown), sent with the run's idempotency key, reconcile
 the answer is lost or late, undone by the tool they name, and nobody else's project's."""
 
 import html
+import http.server
 import json
 import logging
 import uuid
@@ -13,18 +14,19 @@ from django.apps import apps
 from django.test import override_settings
 
 from agents.providers import tool_functions
-from approvals.models import ApprovalPolicy, ApprovalRequest
 from examples.refunds import payments_service
 from examples.refunds.payments_service import PaymentsService
+from policy.models import ApprovalPolicy, ApprovalRequest
 from runs.models import Run
-from runs.saga import run_compensate
 from runs.services import run_start
+from saga.compensation import run_compensate
 from tenancy.access import default_project, membership_grant
 from tenancy.models import Project
 from tests.conftest import decide, wait_for
+from tests.local_http import serve
 from tests.runs.test_engine import finished, scripted_workflow
 from tools.catalog import tool_spec
-from tools.http_tools import http_tool_problems
+from tools.http_tools import http_tool_problems, http_tool_spec
 from tools.models import HttpTool, ToolOperation
 
 OS = ToolOperation.Status
@@ -322,3 +324,33 @@ def test_a_tool_without_a_description_is_described_to_the_model_by_its_name_only
     [function] = tool_functions([row.name], row.project_id)
     assert function["function"]["description"] == "payments.refund"
     assert payments.url not in json.dumps(function) and "POST" not in json.dumps(function)
+
+
+def test_a_cookie_one_call_was_given_is_never_sent_with_another():
+    """HTTP tools share one client per process (tools/http_tools.py): a cookie a service sets must not ride
+    along with the next call, which may be another project's tool calling the same host."""
+    seen = []
+
+    class Service(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            seen.append(self.headers.get("Cookie"))
+            self.send_response(200)
+            self.send_header("Set-Cookie", "session=project-a-secret; Path=/")
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, *args):
+            pass
+
+    httpd, url = serve(Service)
+    try:
+        for project_id in (1, 2):
+            row = HttpTool(name="crm.note", method="POST", url=f"{url}/note", project_id=project_id,
+                           tool_class="idempotent_write", reversibility="irreversible", headers={})  # fmt: skip
+            http_tool_spec(row).execute({"text": "hi"}, key=f"k{project_id}", deadline=5, secrets={})
+    finally:
+        httpd.shutdown()
+    assert seen == [None, None]

@@ -14,10 +14,10 @@ import pytest
 from django.apps import apps
 from django.core.exceptions import ImproperlyConfigured
 
-from approvals.models import ApprovalPolicy
+from policy.models import ApprovalPolicy
 from runs.models import Run
-from runs.saga import run_compensate
 from runs.services import run_start
+from saga.compensation import run_compensate
 from tenancy.access import default_project
 from tests.conftest import wait_for
 from tests.runs.test_engine import finished, scripted_workflow

@@ -3,11 +3,11 @@ exactly this way; the scaled suite runs it again on PostgreSQL and Redis)."""
 
 import pytest
 
-from approvals.models import ApprovalRequest
 from core.errors import Conflict
+from policy.models import ApprovalRequest
 from runs.models import Run, Task
-from runs.saga import compensation_plan, run_compensate
 from runs.services import run_cancel, run_start
+from saga.compensation import compensation_plan, run_compensate
 from tests.conftest import decide
 from tests.runs.test_engine import finished, scripted_workflow
 from tools.installation import run_key_prefix
@@ -265,8 +265,8 @@ def test_cancelling_a_run_that_waits_for_approval_withdraws_the_request_and_send
 def test_an_ambiguous_write_resolved_by_an_operator_lets_the_retried_task_finish(demo_tx, worker, monkeypatch):
     import dataclasses
 
-    from runs.saga import operation_resolve
     from runs.services import task_retry
+    from saga.compensation import operation_resolve
     from tools import registry
 
     spec = registry.TOOLS["email.send"]
@@ -333,7 +333,7 @@ def test_proposals_of_a_run_that_ends_over_budget_are_recorded_as_not_executed(d
 
 
 def test_a_compensated_run_says_which_effects_still_stand(demo_tx, worker):
-    from runs.saga import operation_resolve
+    from saga.compensation import operation_resolve
 
     script = [
         {"tool": "tickets.create", "arguments": {"customer_id": "c1", "title": "t"}},
@@ -361,12 +361,12 @@ def test_an_ambiguous_write_and_its_webhook_commit_together(demo_tx, worker, mon
 
     from django.db import connection
 
-    from core import hooks
+    from integrations import webhooks
     from tools import registry
 
     spec = registry.TOOLS["email.send"]
     monkeypatch.setitem(registry.TOOLS, "email.send", dataclasses.replace(spec, lookup=None))
-    emit, seen = hooks._providers[hooks.WEBHOOK_EMIT], []
+    emit, seen = webhooks.webhook_emit, []
 
     def watched(**kwargs):
         if kwargs["event"] == "operation.ambiguous":
@@ -374,7 +374,7 @@ def test_an_ambiguous_write_and_its_webhook_commit_together(demo_tx, worker, mon
             seen.append((connection.in_atomic_block, status))
         return emit(**kwargs)
 
-    monkeypatch.setitem(hooks._providers, hooks.WEBHOOK_EMIT, watched)
+    monkeypatch.setattr(webhooks, "webhook_emit", watched)
     run = finished(run_start(workflow="incident-fanout", input=fault("timeout_after_commit")))
     assert run.status == Run.Status.NEEDS_ATTENTION
     assert ops(run, status=OS.AMBIGUOUS).exists()
@@ -399,3 +399,25 @@ def test_a_run_whose_executor_died_before_settling_it_is_settled_by_the_sweeper(
     Run.objects.filter(id=run.id).update(status=Run.Status.RUNNING, ops_lease_owner="w:1", ops_lease_expires_at=lapsed)
     wait_for(lambda: Run.objects.get(id=run.id).status == Run.Status.COMPLETED, message="the sweeper to settle it")
     assert effects("email", key_contains=run_key_prefix(run.id)).count() == 5  # settling sent nothing again
+
+
+@pytest.mark.services
+def test_the_sagas_sweep_reads_the_owed_operations_through_their_partial_index(demo):
+    """The sweep runs several times a second over a ledger of millions of finished calls: the few an
+    executor may still owe are read from the partial index tooloperation_owed, and found."""
+    from django.db import connection, transaction
+    from django.utils import timezone
+
+    from saga.sweeps import runs_owed_work
+
+    run = run_start(workflow="deploy-review")
+    done = dict(gate="allow", run=run, tool="email.send", arguments_hash="h", proposed=True, tool_class="read_only")
+    ToolOperation.objects.create(**done, idempotency_key=f"{run_key_prefix(run.id)}x:1", status="committed")
+    ToolOperation.objects.create(**done, idempotency_key=f"{run_key_prefix(run.id)}x:2", status="approved")
+    owed = runs_owed_work(timezone.now())
+
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_seqscan = off")  # a test's ledger is too small to need an index
+        plan = owed.explain()
+    assert "tooloperation_owed" in plan, plan
+    assert list(owed) == [run.id]

@@ -11,8 +11,8 @@ from django.db import transaction
 from django.test import override_settings
 from django.utils import timezone
 
-from approvals.models import ApprovalRequest, Decision
-from approvals.services import approval_request_for_operations
+from policy.models import ApprovalRequest, Decision
+from policy.services import approval_request_for_operations
 from runs.models import Outbox, Run
 from runs.services import run_start
 from runs.services.runs import run_transition

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from django.core.management import call_command
 
-from approvals.models import ApprovalRequest
 from examples.refunds.payments_service import PaymentsService
 from examples.refunds.setup_refunds import SetupFailed, refunds_setup
+from policy.models import ApprovalRequest
 from runs.models import Run
 from runs.services import run_start
 from tenancy.access import default_project, membership_grant

@@ -13,7 +13,7 @@ import pytest
 from django.apps import apps
 from django.urls import reverse
 
-from approvals.models import ApprovalRequest
+from policy.models import ApprovalRequest
 from runs.models import Payload, Run, Span, Task
 from runs.services import run_start
 from tenancy.tokens import api_token_create

@@ -4,7 +4,7 @@ nothing written."""
 import pytest
 from django.utils import timezone
 
-from approvals.models import AllowRule
+from policy.models import AllowRule
 from tenancy.access import default_project
 from tenancy.models import AuditEvent, ChangeRequest, Project
 from tests.tools.test_ledger_api import member

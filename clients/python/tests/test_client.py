@@ -1,5 +1,5 @@
 """The client's own tests: what goes over the wire and how it retries, against httpx's mock transport
-(the server side is Warden's own suite: tests/runs/test_external_agent.py drives it against Warden)."""
+(the server side is Warden's own suite: tests/integrations/test_external_agent.py drives it against Warden)."""
 
 import asyncio
 import json

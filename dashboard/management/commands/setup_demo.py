@@ -6,7 +6,7 @@ from django.core.management.base import BaseCommand
 
 from agents.demo import load_demo_workflows
 from approvals.policies import demo_waivers_load
-from runs.evals import demo_suite_load
+from evals.demo import demo_suite_load
 from tenancy.access import default_project, membership_grant
 
 
