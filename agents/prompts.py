@@ -41,10 +41,40 @@ def build_prompt(
     this task's own recent steps: at most RECENT_STEPS_IN_PROMPT of them, newest kept, within the
     context budget (CONTEXT_CHARS), the oldest records dropped first. The prompt's size stays bounded
     however many steps the task has taken."""
-    if budget_chars is None:
-        from django.conf import settings
+    budget_chars = _budget(budget_chars)
+    head = prompt_head(
+        objective=objective,
+        output_schema=output_schema,
+        dependencies=dependencies,
+        budget_chars=budget_chars,
+        knowledge=knowledge,
+        world=world,
+        value_chars=value_chars,
+    )
+    return prompt_with_steps(head, journal, budget_chars)
 
-        budget_chars = settings.WARDEN["CONTEXT_CHARS"]
+
+def _budget(budget_chars: int | None) -> int:
+    if budget_chars is not None:
+        return budget_chars
+    from django.conf import settings
+
+    return settings.WARDEN["CONTEXT_CHARS"]
+
+
+def prompt_head(
+    *,
+    objective: str,
+    output_schema: dict,
+    dependencies: dict,
+    budget_chars: int | None = None,
+    knowledge: list[dict] | None = None,
+    world: list[str] | None = None,
+    value_chars: int | None = None,
+) -> list[str]:
+    """The prompt's parts that an attempt does not change (its task, inputs, knowledge and world): an
+    attempt builds them once, not at every turn (build_prompt's first half)."""
+    budget_chars = _budget(budget_chars)
     parts = [f"Objective: {objective}", f"Output schema: {json.dumps(output_schema, sort_keys=True)}"]
     for key, content in sorted(dependencies.items()):
         parts.append(f"Input from {key}: {_preview(content, value_chars)}")
@@ -66,7 +96,14 @@ def build_prompt(
         if dropped:
             parts.append(f"- ({dropped} lines of the world state omitted for the context budget)")
         parts.extend(reversed(kept_world))
-    room = budget_chars - sum(len(p) + 1 for p in parts)
+    return parts
+
+
+def prompt_with_steps(head: list[str], journal: list[dict], budget_chars: int | None = None) -> str:
+    """``head`` (prompt_head) and the task's recent steps, newest kept, within the budget (build_prompt's
+    second half)."""
+    parts = list(head)
+    room = _budget(budget_chars) - sum(len(p) + 1 for p in parts)
     kept: list[str] = []
     for entry in reversed(journal[-RECENT_STEPS_IN_PROMPT:]):
         record = _step_record(entry)

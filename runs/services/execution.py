@@ -9,7 +9,6 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field
-from functools import cache
 
 from django.conf import settings
 from django.db import DatabaseError
@@ -19,7 +18,7 @@ from dramatiq.middleware import TimeLimitExceeded
 from agents.conversation import fit, turns
 from agents.gateway import ModelRequest, ModelResponse, model_complete, worst_case
 from agents.models import Agent, ModelVersion
-from agents.prompts import build_prompt
+from agents.prompts import prompt_head, prompt_with_steps
 from agents.versions import pinned_endpoint
 from core import bus, metrics
 from core.errors import BudgetExceeded, InvalidInput, LeaseLost, StepFailure, TransientFailure
@@ -45,6 +44,7 @@ from .completion import (
     task_stop_cancelled,
     task_yield,
 )
+from .hot_sql import context_sql
 from .leases import CRASH, Lease, Usage, task_reserve, worker_id
 from .plans import plan_check
 from .replan import world_lines, world_state
@@ -88,6 +88,7 @@ class _LoopState:
     refusals_in_a_row: int = 0
     refused_turn: int | None = None
     last_refusal: str = ""
+    prompt_head: list[str] | None = None  # agents.prompts.prompt_head, built at the attempt's first turn
 
     @classmethod
     def replay(cls, journal: list[dict]) -> "_LoopState":
@@ -133,34 +134,11 @@ class _LoopState:
         return len(self.journal) + 1
 
 
-_CONTEXT_SQL = (
-    "SELECT t.key, t.objective, t.depends_on, t.dependents, t.output_schema, t.allowed_tools, t.plan_version, "
-    "t.depth, t.agent_id, t.steps_used, t.tokens_used, t.tool_calls_used, t.cost_micros, t.max_steps, t.max_tokens, "
-    "t.max_tool_calls, t.max_cost_micros, t.max_seconds, t.started_at, "
-    "a.slug, a.instructions, a.provider, a.model, a.script, a.is_planner, a.cache_seconds, a.fallback_provider, "
-    "a.fallback_model, a.routing, a.base_url, a.api_key_secret, a.send_max_tokens, a.project_id, "
-    "r.input, r.status, r.steps_used, r.tokens_used, r.tool_calls_used, r.cost_micros, r.max_steps, r.max_tokens, "
-    "r.max_tool_calls, r.max_cost_micros, r.plan_version, w.max_tasks, t.journal_epoch, r.project_id, p.slug, "
-    "v.config, "
-    # Whether the blackboard has anything a prompt may carry: most runs have none, and skip the query.
-    "EXISTS (SELECT 1 FROM runs_blackboardentry b WHERE b.run_id = r.id AND b.verification = 'verified') "
-    "FROM runs_task t JOIN agents_agent a ON a.id = t.agent_id JOIN runs_run r ON r.id = t.run_id "
-    "JOIN agents_workflow w ON w.id = r.workflow_id JOIN approvals_project p ON p.id = r.project_id "
-    "LEFT JOIN agents_agentversion v ON v.id = t.agent_version_id "
-    "LEFT JOIN agents_workflowversion wv ON wv.id = r.workflow_version_id "
-    "WHERE t.id = %s"
-)
-
-
-@cache
-def _context_sql() -> str:
-    """The workflow's task limit as the version the run started with says (runs/selectors.py)."""
-    return _CONTEXT_SQL.replace("w.max_tasks", sql.pinned("wv.config", "max_tasks", "w.max_tasks", as_int=True))
-
-
 def _load_context(lease: Lease) -> tuple[Run, Task, Agent, dict]:
-    """The task, its agent and run, and its dependencies' artifacts, in two queries."""
-    row = sql.fetchone(_context_sql(), [lease.task_id])
+    """The task, its agent and run (the claim's statement returned them on PostgreSQL, else one query), and
+    its dependencies' artifacts (one query)."""
+    row = lease.context or sql.fetchone(context_sql(), {"task": lease.task_id, "now": sql.ts(timezone.now())})
+    lease.context = None  # read once: a later attempt reads its own
     (key, objective, depends_on, dependents, output_schema, allowed_tools, plan_version, depth, agent_id, *rest) = row
     t_usage, (max_seconds, started_at), rest = rest[:8], rest[8:10], rest[10:]
     (slug, instructions, provider, model, script, is_planner, cache_seconds, fallback, fallback_model) = rest[:9]
@@ -211,17 +189,18 @@ def _load_context(lease: Lease) -> tuple[Run, Task, Agent, dict]:
     )
     task.agent, task.run = agent, run
     task.max_seconds, task.started_at = max_seconds, sql.parse_ts(started_at)
-    deps, task.join_problems = _dependencies(lease.run_id, task.depends_on)
+    deps, task.join_problems, lease.verify = _dependencies(lease.run_id, task.depends_on)
     task.knowledge = knowledge(lease.run_id) if knows else []  # as of this attempt's start
     # A re-planner sees the world as it is now, not as it was when the run began (seed 000).
     task.world = world_state(run.id, exclude_task=task.id) if agent.is_planner and plan_version > 1 else None
     return run, task, agent, deps
 
 
-def _dependencies(run_id: int, depends_on: list[str]) -> tuple[dict, list[str]]:
-    """The latest artifact of each dependency (by key), and what is wrong with joining them."""
+def _dependencies(run_id: int, depends_on: list[str]) -> tuple[dict, list[str], list[int]]:
+    """The latest artifact of each dependency (by key), what is wrong with joining them, and the ones
+    to mark verified."""
     if not depends_on:
-        return {}, []
+        return {}, [], []
     where, keys = sql.in_list("t.key", depends_on)
     latest = {}
     for dep_key, artifact_id, content, schema, verification in sql.fetchall(
@@ -230,13 +209,14 @@ def _dependencies(run_id: int, depends_on: list[str]) -> tuple[dict, list[str]]:
         [run_id, *keys],
     ):
         latest[dep_key] = (artifact_id, sql.loads(content), sql.loads(schema), verification)
-    return {key: content for key, (_, content, _, _) in latest.items()}, _join_check(latest)
+    return {key: content for key, (_, content, _, _) in latest.items()}, *_join_check(latest)
 
 
-def _join_check(latest: dict) -> list[str]:
+def _join_check(latest: dict) -> tuple[list[str], list[int]]:
     """Each input is checked where it is joined, before this task's model sees it (seed 003's cascading
     errors): one a person or a verifier rejected, or that no longer matches the schema it was written
-    with (a data fix gone wrong), stops the task. Inputs that pass are marked verified, once."""
+    with (a data fix gone wrong), stops the task. Inputs that pass are marked verified, once, by the
+    attempt's first journal statement (returned here: the ids to mark)."""
     problems, passed = [], []
     for key, (artifact_id, content, schema, verification) in sorted(latest.items()):
         if verification == Artifact.Verification.REJECTED:
@@ -249,13 +229,7 @@ def _join_check(latest: dict) -> list[str]:
             continue
         if verification == Artifact.Verification.UNVERIFIED:
             passed.append(artifact_id)
-    if passed and not problems:  # hand-written: it runs at every hop of a DAG
-        where, ids = sql.in_list("id", passed)
-        sql.execute(
-            f"UPDATE runs_artifact SET verification = %s WHERE {where} AND verification = %s",
-            [Artifact.Verification.VERIFIED, *ids, Artifact.Verification.UNVERIFIED],
-        )
-    return problems
+    return problems, [] if problems else passed
 
 
 _PINNED_FIELDS = ("instructions", "provider", "model", "script", "is_planner", "cache_seconds", "fallback_provider",
@@ -442,15 +416,17 @@ def _prompt_and_history(task: Task, agent: Agent, state: _LoopState, deps: dict)
     same bytes."""
     native = model_driven(agent)
     budget = settings.WARDEN["CONTEXT_CHARS"]
-    prompt = build_prompt(
-        objective=task.objective,
-        output_schema=task.output_schema,
-        dependencies=deps,
-        journal=[] if native else state.journal,
-        knowledge=task.knowledge,
-        world=world_lines(task.world) if task.world else None,
-        value_chars=budget // 4 if native else None,
-    )
+    if state.prompt_head is None:  # the attempt's task, inputs, knowledge and world: the same at every turn
+        state.prompt_head = prompt_head(
+            objective=task.objective,
+            output_schema=task.output_schema,
+            dependencies=deps,
+            budget_chars=budget,
+            knowledge=task.knowledge,
+            world=world_lines(task.world) if task.world else None,
+            value_chars=budget // 4 if native else None,
+        )
+    prompt = prompt_with_steps(state.prompt_head, [] if native else state.journal, budget)
     if not native:
         return prompt, []
     history, dropped = fit(turns(state.journal), max(1000, budget - len(prompt)))

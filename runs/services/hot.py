@@ -46,6 +46,9 @@ class Lease:
     task_span_id: int | None = None
     fresh: bool = False  # a first attempt: nothing journaled yet
     claimed_at: float = field(default_factory=time.monotonic)
+    context: tuple | None = None  # the task's context row, when the claim's statement returned it
+    # The inputs the attempt checked, marked verified by its first journal statement (then emptied).
+    verify: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -98,6 +101,7 @@ class Usage:
 class Claimed(NamedTuple):
     task_span_id: int
     span_id: int  # the attempt's
+    context: tuple | None  # the task's context row (PostgreSQL: in the claim's statement), else None
 
 
 class ReadyRow(NamedTuple):
@@ -149,7 +153,14 @@ def claim_fresh(task: Task, *, owner: str, now, token: int, expires, dialect: st
     if not sql.play(hot_sql(dialect).claim_fresh, p):
         return None
     bus.run_changed(task.run_id)
-    return Claimed(p["task_span"], p["span"])
+    context = p.get("context")
+    return Claimed(p["task_span"], p["span"], context if context and context[0] is not None else None)
+
+
+def _verify_params(lease: Lease) -> dict:
+    """The attempt's checked inputs, for its first journal statement to mark verified (once)."""
+    ids, lease.verify = lease.verify, []
+    return {"verify": sql.any_of_ids(ids), "verifying": bool(ids)}
 
 
 def step_params(lease: Lease, *, step: int, kind: str, name: str, started, response=None, tool_call=False) -> dict:
@@ -170,6 +181,7 @@ def step_params(lease: Lease, *, step: int, kind: str, name: str, started, respo
         "tokens_in": response.tokens_in if response else 0,
         "tokens_out": response.tokens_out if response else 0,
         "cost": response.cost_micros if response else 0,
+        **_verify_params(lease),
     }
 
 
@@ -217,6 +229,7 @@ def finish(
         "task_span": lease.task_span_id,
         "counted": sql.any_of_ids(known),
         "has_dependents": bool(known),
+        **_verify_params(lease),
     }
     if not sql.play(hot_sql(dialect).finish, p) or not p["completed"]:
         run_usage = Usage(*p["run_usage"])

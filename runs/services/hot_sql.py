@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 from django.db import connection
 
-from core.sql import Statement, any_of, jsonb
+from core.sql import Statement, any_of, jsonb, pinned
 
 from ..models import Task
 from ..transitions import TASK
@@ -37,8 +37,49 @@ _ROOT_SPAN = "(SELECT id FROM runs_span WHERE run_id = %(run)s AND kind = 'run' 
 _READY_COLUMNS = "id, status, key, fencing_token, attempts, continuing, agent_id"
 
 
+# A task's context as an attempt reads it (runs/services/execution.py parses the row): the task, its agent,
+# run, project and pinned agent version, the workflow's task limit, and whether the blackboard has anything a
+# prompt may carry (most runs have none, and skip that query). ``started_at`` as the claim sets it, so the
+# row reads the same inside the claim's statement (PostgreSQL: its snapshot predates the claim) as after it.
+_CONTEXT_COLUMNS = (
+    "t.key", "t.objective", "t.depends_on", "t.dependents", "t.output_schema", "t.allowed_tools", "t.plan_version",
+    "t.depth", "t.agent_id", "t.steps_used", "t.tokens_used", "t.tool_calls_used", "t.cost_micros", "t.max_steps",
+    "t.max_tokens", "t.max_tool_calls", "t.max_cost_micros", "t.max_seconds", "COALESCE(t.started_at, %(now)s)",
+    "a.slug", "a.instructions", "a.provider", "a.model", "a.script", "a.is_planner", "a.cache_seconds",
+    "a.fallback_provider", "a.fallback_model", "a.routing", "a.base_url", "a.api_key_secret", "a.send_max_tokens",
+    "a.project_id", "r.input", "r.status", "r.steps_used", "r.tokens_used", "r.tool_calls_used", "r.cost_micros",
+    "r.max_steps", "r.max_tokens", "r.max_tool_calls", "r.max_cost_micros", "r.plan_version", "{max_tasks}",
+    "t.journal_epoch", "r.project_id", "p.slug", "v.config",
+    "EXISTS (SELECT 1 FROM runs_blackboardentry b WHERE b.run_id = r.id AND b.verification = 'verified')",
+)  # fmt: skip
+CONTEXT_WIDTH = len(_CONTEXT_COLUMNS)
+
+
+def _context_text() -> str:
+    """The context of the task ``%(task)s`` (``%(now)s``: when it was claimed, if the row has not said yet)."""
+    max_tasks = pinned("wv.config", "max_tasks", "w.max_tasks", as_int=True)  # as the run's version says
+    return (
+        f"SELECT {', '.join(_CONTEXT_COLUMNS).format(max_tasks=max_tasks)} "
+        "FROM runs_task t JOIN agents_agent a ON a.id = t.agent_id JOIN runs_run r ON r.id = t.run_id "
+        "JOIN agents_workflow w ON w.id = r.workflow_id JOIN approvals_project p ON p.id = r.project_id "
+        "LEFT JOIN agents_agentversion v ON v.id = t.agent_version_id "
+        "LEFT JOIN agents_workflowversion wv ON wv.id = r.workflow_version_id "
+        "WHERE t.id = %(task)s"
+    )
+
+
+def context_sql() -> str:
+    """The statement that reads one task's context, on this database (named parameters task and now)."""
+    return _context_built(connection.vendor)
+
+
+@cache
+def _context_built(vendor: str) -> str:
+    return _context_text()
+
+
 class HotSql(NamedTuple):
-    claim_fresh: tuple[Statement, ...]  # into task_span, span; fenced
+    claim_fresh: tuple[Statement, ...]  # into task_span, span (and on PostgreSQL context); fenced
     journal_step: tuple[Statement, ...]  # into run_usage, task_usage; fenced
     finish: tuple[Statement, ...]  # into run_usage, plan_version, held_back, completed, ready, dependents
     count_down: tuple[Statement, ...]  # many: ready
@@ -92,8 +133,12 @@ WITH c AS (
         %(attempt_attrs)s::jsonb, NULL, NULL FROM ts
     RETURNING id
 )
-SELECT ts.id, a.id FROM ts, a
+SELECT ts.id, a.id, ctx.* FROM ts CROSS JOIN a LEFT JOIN ({{context}}) ctx ON true
 """
+# The attempt's inputs, checked when its context was read, are marked verified by its first journal
+# statement, not by a commit of their own (an empty list on every later step).
+_VERIFY = "UPDATE runs_artifact SET verification = 'verified' WHERE {ids} AND verification = 'unverified'"
+_PG_VERIFY = _VERIFY.format(ids="id = ANY(%(verify)s)") + " AND EXISTS (SELECT 1 FROM t)"
 _PG_STEP = f"""
 WITH t AS (
     UPDATE runs_task SET {_usage_set()}, heartbeat_at = %(now)s, tokens_reserved = 0, cost_reserved_micros = 0
@@ -110,7 +155,7 @@ WITH t AS (
         %(payload)s::bigint
     WHERE EXISTS (SELECT 1 FROM t)
     RETURNING id
-)
+), v AS ({_PG_VERIFY})
 SELECT r.*, t.* FROM r, t
 """
 _PG_FINISH = f"""
@@ -141,7 +186,7 @@ WITH r AS (
         ready_at = CASE WHEN pending_deps <= 1 THEN %(now)s ELSE ready_at END
     WHERE id = ANY(%(counted)s) AND status = '{PENDING}' AND EXISTS (SELECT 1 FROM t)
     RETURNING {_READY_COLUMNS}
-)
+), v AS ({_PG_VERIFY})
 SELECT r.*, (SELECT count(*) FROM t),
     (SELECT coalesce(json_agg(json_build_array({_READY_COLUMNS})), '[]') FROM d),
     (SELECT dependents FROM t)
@@ -153,7 +198,13 @@ def _postgresql() -> HotSql:
     finished = (("run_usage", USAGE), ("plan_version", 1), ("held_back", 1), ("completed", 1), ("ready", 1),
                 ("dependents", 1))  # fmt: skip
     return HotSql(
-        claim_fresh=(Statement(_PG_CLAIM, into=(("task_span", 1), ("span", 1)), fenced=True),),
+        claim_fresh=(
+            Statement(
+                _PG_CLAIM.replace("{context}", context_sql()),
+                into=(("task_span", 1), ("span", 1), ("context", CONTEXT_WIDTH)),
+                fenced=True,
+            ),
+        ),
         journal_step=(Statement(_PG_STEP, into=(("run_usage", USAGE), ("task_usage", USAGE)), fenced=True),),
         finish=(Statement(_PG_FINISH, into=finished),),
         count_down=(Statement(_count_down_text(), many="ready"),),
@@ -214,6 +265,7 @@ def _portable_step(j: str) -> tuple[Statement, ...]:
             into=(("run_usage", USAGE),),
         ),
         step_span,
+        Statement(_VERIFY.format(ids=any_of("id", "verify")), when="verifying"),
     )
 
 
@@ -244,4 +296,5 @@ def _portable_finish(j: str) -> tuple[Statement, ...]:
         ),
         Statement("UPDATE runs_span SET ended_at = %(now)s, status = 'ok' WHERE id IN (%(span)s, %(task_span)s)"),
         Statement(_count_down_text(), many="ready", when="has_dependents"),
+        Statement(_VERIFY.format(ids=any_of("id", "verify")), when="verifying"),
     )

@@ -69,6 +69,7 @@ def claim(task: Task, *, owner: str, now) -> Lease | None:
             owner=owner,
             task_span_id=claimed.task_span_id,
             fresh=True,
+            context=claimed.context,
         )
     return _claim_again(task, owner=owner, now=now, attempt=attempt, token=token, continuing=continuing)
 

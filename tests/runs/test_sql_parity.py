@@ -11,7 +11,8 @@ from django.utils import timezone
 from agents.gateway import ModelResponse
 from core.errors import LeaseLost
 from runs.models import Artifact, Run, Span, Task
-from runs.services import hot, run_start
+from runs.services import hot, run_start, sql
+from runs.services.hot_sql import context_sql
 from runs.services.leases import Lease, lease_expiry
 
 pytestmark = pytest.mark.services
@@ -115,3 +116,39 @@ def test_a_body_too_large_for_the_span_goes_to_a_payload_on_both_dialects(demo):
         span = Span.objects.select_related("payload").get(task=task, step=1)
         assert span.body is None and span.payload.body == body, twin
         assert (counted.task.steps, counted.run.steps) == (1, 1), twin
+
+
+def test_the_context_a_claim_returns_is_the_one_read_after_it(demo):
+    """PostgreSQL's claim returns the task's context in its own statement (its snapshot predates the claim,
+    so the start time is taken as the claim sets it); the portable twin leaves it to a query of its own."""
+    for twin in TWINS:
+        run = run_start(workflow="deploy-review")
+        task = run.tasks.get(key="inventory")
+        now = timezone.now()
+        with transaction.atomic():
+            Run.objects.select_for_update().get(id=run.id)
+            claimed = hot.claim_fresh(
+                task, owner="parity", now=now, token=task.fencing_token + 1, expires=lease_expiry(now),
+                dialect=TWINS[twin],
+            )  # fmt: skip
+        after = sql.fetchone(context_sql(), {"task": task.id, "now": sql.ts(timezone.now())})
+        if twin == "pg":
+            assert claimed.context is not None and tuple(claimed.context) == tuple(after)
+        else:
+            assert claimed.context is None
+
+
+def test_checked_inputs_are_marked_verified_by_the_first_journal_statement_and_only_by_a_held_lease(demo):
+    for twin in TWINS:
+        run, inventory, first = _claimed(twin)
+        _finish(run, inventory, first, twin)
+        artifact = Artifact.objects.get(run=run, key="inventory")
+        _, risk, second = _claimed(twin, run, "risk")
+        lost = Lease(**{**second.__dict__, "token": second.token + 1, "verify": [artifact.id]})
+        with pytest.raises(LeaseLost):
+            _journal(lost, twin, step=1, body={"text": "late"})
+        assert Artifact.objects.get(id=artifact.id).verification == "unverified", twin
+        second.verify = [artifact.id]
+        _journal(second, twin, step=1, body={"text": "reading"})
+        assert Artifact.objects.get(id=artifact.id).verification == "verified", twin
+        assert second.verify == [], twin  # marked once: the next step's statement marks nothing
