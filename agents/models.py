@@ -193,6 +193,9 @@ class _Version(models.Model):
     config = models.JSONField()
     digest = models.CharField(max_length=64)
     created_at = models.DateTimeField(auto_now_add=True)
+    # A candidate tried in a replay (replay/), never the owner's current version: it takes a number (so
+    # runs can name it) but is never the "latest" a run starts on.
+    draft = models.BooleanField(default=False, editable=False)
 
     class Meta:
         abstract = True
@@ -209,7 +212,7 @@ class AgentVersion(_Version):
         constraints = [models.UniqueConstraint(fields=["agent", "number"], name="one_agent_version_number")]
 
     def __str__(self) -> str:
-        return f"{self.agent.slug} v{self.number}"
+        return f"{self.agent.slug} v{self.number}{' (draft)' if self.draft else ''}"
 
 
 class WorkflowVersion(_Version):

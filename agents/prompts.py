@@ -21,7 +21,7 @@ def _step_record(entry: dict) -> str:
     if "preview" not in entry:  # computed once per step, not once per prompt
         body = entry["body"]
         if isinstance(body, dict):  # what was sent, how often, from where: not part of the step's record
-            body = {k: v for k, v in body.items() if k not in ("request", "retries", "cached")}
+            body = {k: v for k, v in body.items() if k not in ("request", "retries", "cached", "replay")}
         entry["preview"] = f"Step {entry['step']} {entry['kind']} {entry['name']}: {_preview(body)}"
     return entry["preview"]
 

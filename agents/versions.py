@@ -105,7 +105,7 @@ def with_latest_version(queryset: QuerySet) -> QuerySet:
     statement: ``agent_version``/``workflow_version`` of such a row need no statement of their own when
     that version is current (a run's start reads every version it pins this way)."""
     model, owner_field = (AgentVersion, "agent") if queryset.model is Agent else (WorkflowVersion, "workflow")
-    latest = model.objects.filter(**{owner_field: OuterRef("pk")}).order_by("-number")
+    latest = model.objects.filter(**{owner_field: OuterRef("pk")}, draft=False).order_by("-number")
     return queryset.annotate(**{f"latest_version_{name}": Subquery(latest.values(name)[:1]) for name in LATEST})
 
 
@@ -121,13 +121,13 @@ def _current(model, owner_field: str, owner, config: dict):
             **{owner_field: owner},
         )  # fmt: skip
     for _ in range(3):  # two savers racing for the same number: the loser reads the winner's
-        latest = model.objects.filter(**{owner_field: owner}).order_by("-number").first()
+        latest = model.objects.filter(**{owner_field: owner}, draft=False).order_by("-number").first()
         if latest is not None and latest.digest == key:
             return latest
         try:
             with transaction.atomic():
                 version = model.objects.create(
-                    **{owner_field: owner}, number=(latest.number + 1) if latest else 1, config=config, digest=key
+                    **{owner_field: owner}, number=_next_number(model, owner_field, owner), config=config, digest=key
                 )
                 # Listeners (the evaluations that rerun on it) hear after commit, never for a lost race.
                 bus.announce(bus.VersionCreated(kind=owner_field, version_id=version.id))
@@ -135,6 +135,28 @@ def _current(model, owner_field: str, owner, config: dict):
         except IntegrityError:
             continue
     raise IntegrityError(f"cannot record a version of {owner}")
+
+
+def _next_number(model, owner_field: str, owner) -> int:
+    """The owner's next version number: after its drafts' too (they take numbers)."""
+    top = model.objects.filter(**{owner_field: owner}).order_by("-number").values_list("number", flat=True).first()
+    return (top or 0) + 1
+
+
+def agent_version_draft(agent: Agent, edits: dict) -> AgentVersion:
+    """A candidate version of ``agent``: its configuration as it is now, with ``edits`` (fields of
+    agent_config) applied; a draft, so runs keep starting on the agent as it is. Validated by the caller."""
+    config = {**agent_config(agent), **edits}
+    for _ in range(3):
+        try:
+            with transaction.atomic():
+                return AgentVersion.objects.create(
+                    agent=agent, number=_next_number(AgentVersion, "agent", agent), config=config,
+                    digest=digest(config), draft=True,
+                )  # fmt: skip
+        except IntegrityError:
+            continue
+    raise IntegrityError(f"cannot record a draft version of {agent}")
 
 
 def agent_version(agent: Agent) -> AgentVersion:

@@ -16,6 +16,7 @@ from api.inbox import router as inbox_router
 from api.limits import RateLimited, rate_check
 from api.questions import router as questions_router
 from api.reads import router as runs_reads_router
+from api.replays import router as replays_router
 from api.runs import router as runs_router
 from api.tools import router as tools_router
 from api.workers import router as workers_router
@@ -133,6 +134,7 @@ class WardenAPI(NinjaAPI):
         "api.workers": "runs.api",  # the engine's worker registry (new: no older name to keep)
         "api.governance": "approvals.api",  # change requests, decided by the project's admins (new)
         "api.declarations": "approvals.api",  # declarations as code, the approvals app's (new)
+        "api.replays": "runs.api",  # what-if replays of runs (new)
     }
 
     def get_openapi_operation_id(self, operation) -> str:
@@ -158,6 +160,7 @@ api.add_router("/", evals_router)
 api.add_router("/", workers_router)
 api.add_router("/", governance_router)
 api.add_router("/", declarations_router)
+api.add_router("/", replays_router)
 
 
 def _error(request, status: int, code: str, message: str, errors: list | None = None):

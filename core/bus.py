@@ -122,6 +122,7 @@ class RunSettled:
     project_id: int
     status: str
     reason: str
+    replay: bool = False  # a what-if run (replay/): nothing outside hears of it
 
 
 @dataclass(frozen=True)

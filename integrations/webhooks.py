@@ -68,7 +68,10 @@ def webhook_emit(
 
 
 def run_settled_heard(event: bus.RunSettled) -> None:
-    """The engine announced a run's end, or that it needs a person: its webhook, in that transaction."""
+    """The engine announced a run's end, or that it needs a person: its webhook, in that transaction. A
+    replay's end is nobody's business outside (it changed nothing there)."""
+    if event.replay:
+        return
     name = "run.needs_attention" if event.status == Run.Status.NEEDS_ATTENTION else "run.finished"
 
     def data() -> dict:

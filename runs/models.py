@@ -75,6 +75,19 @@ class Run(models.Model):
     forked_task = models.CharField(max_length=64, blank=True, help_text="The task of forked_from it was forked at")
     forked_step = models.PositiveIntegerField(null=True, blank=True, help_text="…and the journal step")
 
+    class Mode(models.TextChoices):
+        LIVE = "live"
+        # A what-if run (replay/): its tool calls never leave; they are answered from replay_of's ledger,
+        # or recorded as what would have been called. Set at its creation, never changed: a replay whose
+        # original is deleted stays a replay.
+        REPLAY = "replay"
+
+    mode = models.CharField(max_length=8, choices=Mode.choices, default=Mode.LIVE, editable=False)
+    replay_of = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="replays", db_index=False,
+        editable=False, help_text="The run whose ledger a replay's calls are answered from",
+    )  # fmt: skip
+
     class Meta:
         ordering = ["-id"]
         indexes = [

@@ -54,6 +54,7 @@ from .kit import (
 from .ledger import operation_record
 from .models import SealedArguments, ToolOperation
 from .registry import REDACTED, TOOLS, ToolClass, ToolSpec, redact
+from .replaying import replay_answer
 from .secrets import scrub, scrub_failure, secrets_for
 from .transitions import OPERATION
 
@@ -77,13 +78,18 @@ class ToolOutcome:
     result: dict | None = None
     error: dict | None = None  # {"code": ..., "message": ..., "fields": [...]}
     refused: bool = False  # the error is the system's refusal (counted by the task's bound on them)
+    replay: dict | None = None  # a replay run's record of how the call was answered (tools/replaying.py)
 
     @property
     def body(self) -> dict:
-        if self.error is None:
-            return {"result": self.result}
-        # "refused" is the journal's, for the loop's count; the model is shown the error alone.
-        return {"error": self.error, "refused": True} if self.refused else {"error": self.error}
+        # "refused" and "replay" are the journal's (the loop's count, the replay's differences); the model
+        # is shown the result or the error alone.
+        body = {"result": self.result} if self.error is None else {"error": self.error}
+        if self.error is not None and self.refused:
+            body["refused"] = True
+        if self.replay is not None:
+            body["replay"] = self.replay
+        return body
 
 
 def _refuse(code: str, message: str, **extra) -> ToolOutcome:
@@ -190,8 +196,11 @@ def tool_call(*, run, task, step: int, call_number: int, name: str, arguments, r
     except ArgumentsInvalid as exc:
         return _refuse("invalid_arguments", f"invalid arguments for {name}", fields=exc.fields)
 
-    key = idempotency_key(run_id=run.id, task_key=task.key, step=step, epoch=task.journal_epoch)
     digest = arguments_hash(name, args)
+    if run.mode != "live":  # a replay: answered from its original's ledger, never sent
+        answer = replay_answer(run=run, task=task, spec=spec, args=args, digest=digest)
+        return ToolOutcome(result=answer.result, error=answer.error, replay=answer.record)
+    key = idempotency_key(run_id=run.id, task_key=task.key, step=step, epoch=task.journal_epoch)
     to_model = (spec.on_refusal or on_refusal) == ON_REFUSAL_MODEL
     existing = ToolOperation.objects.filter(idempotency_key=key).first()
     if existing is not None:  # judged when its intent was written: its stored verdict stands

@@ -132,6 +132,9 @@ class ToolSpec:
     # What the system's refusal (ToolRefused) becomes: "" as the agent (its model is told if it is
     # model-driven, a scripted agent's task fails), "model" or "fail" (docs/tools.md, "Refusals").
     on_refusal: str = ""
+    # A write's stand-in answer in a replay run, where it is never sent (tools/replaying.py); None: the
+    # replay's model is told the call was not sent.
+    replay_result: dict | None = None
 
     @property
     def is_write(self) -> bool:
@@ -231,12 +234,14 @@ def tool(
     external_id: str = "",
     description: str = "",
     on_refusal: str = "",
+    replay_result: dict | None = None,
 ):
     """Declare the decorated function as the tool ``name``. The function gets the validated arguments
     (an instance of ``arguments``), the idempotency key to pass to the system, the secrets it named and
     its deadline in seconds; it returns a dict or a ``result`` instance. ``lookup(key, secrets=...)``
     finds what a call with that key did, for reconciling a write whose answer was lost. ``on_refusal``:
-    what a ToolRefused the function raises becomes ("" as the agent, "model" or "fail")."""
+    what a ToolRefused the function raises becomes ("" as the agent, "model" or "fail"). ``replay_result``:
+    a write's stand-in answer in a replay, where it is never sent (checked against ``result`` when loaded)."""
     names = tuple(secrets)
 
     def decorate(function):
@@ -264,6 +269,7 @@ def tool(
                 module=function.__module__,
                 cut_off=True,
                 on_refusal=on_refusal,
+                replay_result=replay_result,
             )
         )
         return function

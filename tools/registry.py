@@ -8,6 +8,7 @@ so a bad one stops the start with its reason and nothing is half-registered.
 import importlib
 
 from django.core.exceptions import ImproperlyConfigured
+from pydantic import ValidationError
 
 from .kit import (  # noqa: F401  (the names the broker, the gate and the pages read from here)
     NAME,
@@ -58,7 +59,23 @@ def _problems(spec: ToolSpec, names: set[str]) -> list[str]:
         problems.append(f"on_refusal must be one of {ON_REFUSAL[1:]}, or empty for as the agent")
     if spec.external_id and spec.external_id not in spec.result.model_fields:
         problems.append(f"external_id names {spec.external_id!r}, which its result does not have")
+    if spec.replay_result is not None:
+        problems += _replay_result_problems(spec)
     return problems
+
+
+def _replay_result_problems(spec: ToolSpec) -> list[str]:
+    """A write's stand-in answer in a replay (docs/replay.md) must be what the tool could have answered."""
+    if not spec.is_write:
+        return ["a read has no replay_result: a replay answers reads from the original run's ledger"]
+    if not isinstance(spec.replay_result, dict):
+        return ["its replay_result must be an object, as its result is"]
+    try:
+        spec.result.model_validate(spec.replay_result)
+    except ValidationError as exc:
+        fields = ", ".join(".".join(map(str, e["loc"])) or "result" for e in exc.errors())
+        return [f"its replay_result is not a result it could answer ({fields})"]
+    return []
 
 
 def tools_load(modules: list[str]) -> dict[str, ToolSpec]:

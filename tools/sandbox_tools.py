@@ -196,6 +196,7 @@ SANDBOX_TOOLS = [
         secrets=(TRACKER_KEY,),
         lookup=sandbox.tickets_create_lookup,
         undo=_close_ticket,
+        replay_result={"ticket_id": "T-REPLAY", "status": "not opened (replay)"},
         description="Open a ticket (undone by closing it)",
     ),
     _spec(
@@ -223,6 +224,7 @@ SANDBOX_TOOLS = [
         execute=_call(sandbox.crm_update),
         lookup=sandbox.crm_change_lookup,
         undo=_restore_record,
+        replay_result={"customer_id": "", "version": 0, "before": {}, "updated": []},
         description="Update fields of a CRM record (undone by restoring the before-image)",
     ),
     _spec(
@@ -250,6 +252,7 @@ SANDBOX_TOOLS = [
         execute=_call(sandbox.email_send),
         lookup=sandbox.email_lookup,
         undo=_correction_email,
+        replay_result={"message_id": "", "status": "not sent (replay)"},
         description="E-mail a customer (irreversible: corrected by a correction e-mail)",
     ),
 ]

@@ -97,6 +97,7 @@ INSTALLED_APPS = [
     "approvals",
     "saga",  # the supervisor's executor and compensation, above the engine
     "evals",  # reference evaluations, above the engine
+    "replay",  # what-if replays of past runs on a candidate agent: above the engine and the evaluations
     "dashboard",  # pages, live push and insight: on top, imported by no app below it
 ]
 

@@ -3,12 +3,21 @@ from .fork import run_fork, run_fork_preview
 from .leases import task_reserve
 from .recovery import sweep_once
 from .retry import task_retry_from, task_retry_from_preview, task_retry_preview
-from .runs import run_cancel, run_resume, run_start, run_transition, task_retry, workflow_unknown
+from .runs import (
+    run_cancel,
+    run_replay_start,
+    run_resume,
+    run_start,
+    run_transition,
+    task_retry,
+    workflow_unknown,
+)
 
 __all__ = [
     "run_cancel",
     "run_fork",
     "run_fork_preview",
+    "run_replay_start",
     "run_resume",
     "run_start",
     "run_transition",

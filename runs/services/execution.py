@@ -141,23 +141,9 @@ def _load_context(lease: Lease) -> tuple[Run, Task, Agent, dict]:
     lease.context = None  # read once: a later attempt reads its own
     (key, objective, depends_on, dependents, output_schema, allowed_tools, plan_version, depth, agent_id, *rest) = row
     t_usage, (max_seconds, started_at), rest = rest[:8], rest[8:10], rest[10:]
-    (slug, instructions, provider, model, script, is_planner, cache_seconds, fallback, fallback_model) = rest[:9]
-    routing, endpoint, rest = sql.loads(rest[9]), rest[10:14], rest[14:]
-    run_input, r_status, *r_usage, r_plan, max_tasks, journal_epoch, project_id, project_slug, pinned, knows = rest
-    agent = Agent(
-        id=agent_id,
-        slug=slug,
-        instructions=instructions,
-        provider=provider,
-        model=model,
-        script=sql.loads(script),
-        is_planner=bool(is_planner),
-        cache_seconds=cache_seconds,
-        fallback_provider=fallback,
-        fallback_model=fallback_model,
-        routing=routing or {},
-        **dict(zip(("base_url", "api_key_secret", "send_max_tokens", "project_id"), endpoint, strict=True)),
-    )
+    agent, rest = _agent_of(agent_id, rest[:14]), rest[14:]
+    run_input, r_status, *r_usage, r_plan, max_tasks, journal_epoch, project_id, project_slug, pinned, knows = rest[:-2]
+    mode, replay_of_id = rest[-2:]
     run_input = sql.loads(run_input)
     _as_the_run_uses_it(agent, sql.loads(pinned) if pinned is not None else None, run_input)
     run = Run(
@@ -166,6 +152,8 @@ def _load_context(lease: Lease) -> tuple[Run, Task, Agent, dict]:
         status=r_status,
         plan_version=r_plan,
         project=Project(id=project_id, slug=project_slug),  # its slug names its own tools (metrics, breakers)
+        mode=mode,  # a replay's calls never leave (tools/replaying.py)
+        replay_of_id=replay_of_id,
         **dict(zip(sql.USAGE_FIELDS, r_usage, strict=True)),
     )
     run.max_tasks = max_tasks
@@ -194,6 +182,26 @@ def _load_context(lease: Lease) -> tuple[Run, Task, Agent, dict]:
     # A re-planner sees the world as it is now, not as it was when the run began (seed 000).
     task.world = world_state(run.id, exclude_task=task.id) if agent.is_planner and plan_version > 1 else None
     return run, task, agent, deps
+
+
+def _agent_of(agent_id: int, columns) -> Agent:
+    """The agent from its columns of the context row (as it is now; the run's pinned version applies later)."""
+    (slug, instructions, provider, model, script, is_planner, cache_seconds, fallback, fallback_model) = columns[:9]
+    routing, endpoint = sql.loads(columns[9]), columns[10:14]
+    return Agent(
+        id=agent_id,
+        slug=slug,
+        instructions=instructions,
+        provider=provider,
+        model=model,
+        script=sql.loads(script),
+        is_planner=bool(is_planner),
+        cache_seconds=cache_seconds,
+        fallback_provider=fallback,
+        fallback_model=fallback_model,
+        routing=routing or {},
+        **dict(zip(("base_url", "api_key_secret", "send_max_tokens", "project_id"), endpoint, strict=True)),
+    )
 
 
 def _dependencies(run_id: int, depends_on: list[str]) -> tuple[dict, list[str], list[int]]:

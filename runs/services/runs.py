@@ -49,7 +49,8 @@ def run_transition(*, run: Run, to: str, reason: str = "", now=None) -> Run:
         )
     sql.execute(statement, params)
     if to in Run.TERMINAL or to == Run.Status.NEEDS_ATTENTION:
-        bus.announce(bus.RunSettled(run_id=run.id, project_id=run.project_id, status=to, reason=reason))
+        replay = run.mode != Run.Mode.LIVE
+        bus.announce(bus.RunSettled(run_id=run.id, project_id=run.project_id, status=to, reason=reason, replay=replay))
     return run
 
 
@@ -240,7 +241,26 @@ def run_start(
     return run
 
 
-def _run_create(wf: Workflow, *, project, input, budget, goal: str, started_by) -> Run:
+def run_replay_start(*, original: Run, candidates: dict[str, AgentVersion], started_by=None) -> Run:
+    """A replay of ``original`` (settled): a run of its workflow with its input (its drill faults left out:
+    they were the original's circumstances) and goal, in replay mode (its tool calls never leave: the
+    broker answers them from the original's ledger), with the agents of ``candidates`` (slug → version)
+    pinned to those versions and every other agent as the workflow now has it. Not audited here: the
+    replay that starts it is (replay/services.py)."""
+    with transaction.atomic():  # the workflow's budget: a candidate's spending is part of what is compared
+        wf = with_latest_version(Workflow.objects.select_related("planner_agent", "project")).get(
+            id=original.workflow_id
+        )
+        source = {k: v for k, v in (original.input or {}).items() if k != "faults"}
+        return _run_create(
+            wf, project=original.project, input=source, budget=None, goal=original.goal, started_by=started_by,
+            replay_of=original, candidates=candidates,
+        )  # fmt: skip
+
+
+def _run_create(
+    wf: Workflow, *, project, input, budget, goal: str, started_by, replay_of: Run | None = None, candidates=None
+) -> Run:
     run_input = _run_input(input)
     try:
         limits = BudgetIn.model_validate({**wf.default_budget, **(budget or {})})
@@ -250,7 +270,13 @@ def _run_create(wf: Workflow, *, project, input, budget, goal: str, started_by) 
     planned, agents = _first_plan(wf, goal=goal, max_tasks=max_tasks)
     now = timezone.now()
     versions, wf_version, started = _versions_at_start(wf, agents, project_id=project.id)
+    for slug, version in (candidates or {}).items():  # a replay's candidates, in place of the current ones
+        versions["agents"][slug] = version_ref(version)
+        if slug in started:
+            started[slug] = version
     run = Run.objects.create(
+        mode=Run.Mode.REPLAY if replay_of is not None else Run.Mode.LIVE,
+        replay_of=replay_of,
         versions=versions,
         workflow_version=wf_version,
         workflow=wf,

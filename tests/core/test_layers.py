@@ -24,6 +24,7 @@ APPS = (
     "agents",
     "tools",
     "approvals",
+    "replay",
     "saga",
     "evals",
     "integrations",
@@ -115,7 +116,7 @@ def test_every_app_has_its_layer_and_there_is_no_exception():
     (layers,) = [c for c in contracts if c["type"] == "layers"]
     order = [
         "api | dashboard",
-        "approvals",
+        "approvals | replay",
         "saga | evals | integrations",
         "runs",
         "agents",

@@ -22,6 +22,7 @@ from evals.demo import demo_suite_load
 from evals.models import Annotation, EvalCase, EvalResult, EvalRun, EvalSuite
 from integrations.models import WebhookEndpoint
 from policy.models import AllowRule, ApprovalRequest
+from replay.services import replay_start
 from runs.heartbeat import lease_keeper
 from runs.models import Run
 from runs.services import run_start
@@ -136,8 +137,13 @@ def hostile(demo, provider, settings, monkeypatch, django_user_model):  # noqa: 
     ChangeRequest.objects.create(project=home, subject="tools.httptool", object_id=1, action="change", label=SHORT,
                                  before={"description": SHORT}, after={"description": JOINED}, loosens=[JOINED],
                                  requested_by=asker)  # fmt: skip
+    # A replay of the answered run, its draft and its note in the corpus's words (its page and the API escape them).
+    replay = replay_start(
+        run_ids=[runs.answered.id], agent=gpt.slug, edits={"instructions": JOINED}, note=JOINED, via="test"
+    )
+    runs.replayed = drive(replay.pairs.get().run)
     tokens = {user.username: api_token_create(user=user, scopes=["read"])[1] for user in (root, admin_user)}
-    return SimpleNamespace(runs=runs, root=root, admin=admin_user, tokens=tokens, suite=suite)
+    return SimpleNamespace(runs=runs, root=root, admin=admin_user, tokens=tokens, suite=suite, replay=replay)
 
 
 # --- URLs from the resolver, filled with the scene's ids ---------------------------------------------------
@@ -216,6 +222,7 @@ def fill(route: str, scene, *, every: bool, admin_rows: int = 1) -> list[str]:
                 "question_id": list(Question.objects.order_by("id").values_list("id", flat=True)),
                 "change_id": list(ChangeRequest.objects.order_by("id").values_list("id", flat=True)),
                 "suite_id": [scene.suite.id],
+                "replay_id": [scene.replay.id],
                 "eval_run_id": list(scene.suite.eval_runs.values_list("id", flat=True)),
                 # the admin's "view on site" of a row
                 "content_type_id": [ContentType.objects.get_for_model(Run).id],

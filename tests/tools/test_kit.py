@@ -155,6 +155,14 @@ BAD = {
         "tool_class=ToolClass.NON_IDEMPOTENT_WRITE",
         "a write must say whether it is reversible or irreversible",
     ),
+    "a stand-in for replays its result could not be": (
+        "tool_class=ToolClass.IDEMPOTENT_WRITE, reversibility=Reversibility.REVERSIBLE, replay_result={'y': 'many'}",
+        "its replay_result is not a result it could answer (y)",
+    ),
+    "a stand-in for replays on a read": (
+        "tool_class=ToolClass.READ_ONLY, replay_result={'y': 1}",
+        "a read has no replay_result: a replay answers reads from the original run's ledger",
+    ),
     "an external id its result does not have": (
         "tool_class=ToolClass.READ_ONLY, external_id='refund_id'",
         "external_id names 'refund_id', which its result does not have",

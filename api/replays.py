@@ -1,0 +1,72 @@
+"""Integration API for what-if replays (docs/replay.md): replay settled runs on a candidate agent with zero
+effects, and read what the candidate did differently."""
+
+from typing import Any
+
+from ninja import Field, Router, Schema, Status
+
+from api.schemas import BodyIn
+from core.errors import NotFound
+from core.schemas import PathId, Whole
+from replay.services import replay_diff, replay_get, replay_settled, replay_start
+from runs.models import Run
+from tenancy.access import authorize
+
+router = Router(tags=["replays"])
+
+
+class ReplayIn(BodyIn):
+    runs: list[Whole(ge=1)] = Field(min_length=1, max_length=500, description="Settled runs of one project")
+    agent: str = Field(min_length=1, max_length=64, description="The agent whose candidate is tried (its slug)")
+    version: Whole(ge=1) | None = Field(None, description="One of the agent's version numbers...")
+    edits: dict[str, Any] | None = Field(
+        None,
+        description="...or a draft: the agent as it is with these fields changed (instructions, provider, model, "
+        "script, allowed_tools, output_schema, max_steps); needs the project's admin",
+    )
+    note: str = Field("", max_length=2000, description="Why this replay (kept with it)")
+
+
+class ReplayOut(Schema):
+    id: int
+    project: str
+    candidate: dict[str, Any] = Field(description="The agent, its version number, whether it is a draft, the edits")
+    settled: bool = Field(description="Every replay run has ended or stopped: the differences are final")
+    total: dict[str, Any] = Field(description="Runs, differing, calls added (irreversible), removed, usage")
+    runs: list[dict[str, Any]] = Field(
+        description="Per original run: its replay, the calls added and removed (irreversible first, each with the "
+        "verdict it would have had), outputs, usage and the first point of divergence"
+    )
+
+
+def _out(replay) -> dict:
+    diff = replay_diff(replay)
+    return {"id": replay.id, "project": replay.project.slug, "candidate": replay.candidate,
+            "settled": replay_settled(replay), "total": diff["total"], "runs": diff["runs"]}  # fmt: skip
+
+
+@router.post("/replays", response={201: ReplayOut}, summary="Replay settled runs on a candidate agent, sending nothing")
+def create_replay(request, payload: ReplayIn):
+    projects = dict(Run.objects.filter(id__in=payload.runs).values_list("id", "project_id"))
+    first = projects.get(payload.runs[0])
+    if first is None:
+        raise NotFound(f"no run {payload.runs[0]}")
+    # Trying a version is an operator's; a draft's edits are the agent's configuration: its admin's.
+    action = "administer" if payload.edits is not None else "operate"
+    authorize(request.auth.user, first, action, what=f"run {payload.runs[0]}", token=request.auth, request=request)
+    for run_id in payload.runs:  # another project's run is as unknown as one that does not exist
+        if projects.get(run_id) != first:
+            raise NotFound(f"no run {run_id}")
+    replay = replay_start(
+        run_ids=payload.runs, agent=payload.agent, version=payload.version, edits=payload.edits,
+        actor=request.auth.user, via="api", request=request, note=payload.note,
+    )  # fmt: skip
+    return Status(201, _out(replay_get(replay.id)))
+
+
+@router.get("/replays/{replay_id}", response=ReplayOut, summary="A replay's differences, per run and in total")
+def get_replay(request, replay_id: PathId):
+    replay = replay_get(replay_id)
+    authorize(request.auth.user, replay.project_id, "view", what=f"replay {replay_id}", token=request.auth,
+              request=request)  # fmt: skip
+    return _out(replay)

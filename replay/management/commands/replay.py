@@ -1,0 +1,113 @@
+"""Replay past runs on a candidate agent, wait for the replays, print the differences, and exit 1 when
+they cross ``--fail-on`` (for CI: docs/replay.md)."""
+
+import json
+import time
+from pathlib import Path
+
+import dramatiq
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError
+
+from core.errors import WardenError
+from replay.services import FAIL_ON, replay_diff, replay_fails, replay_settled, replay_start
+from runs.models import Run
+
+
+class Command(BaseCommand):
+    help = "Replay settled runs on a candidate agent (a version, or a draft's edits) with zero effects, and compare."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--runs", default="", help="Run ids, comma-separated")
+        parser.add_argument("--workflow", default="", help="...or the latest settled runs of this workflow")
+        parser.add_argument("--limit", type=int, default=20, help="How many of the workflow's runs (default 20)")
+        parser.add_argument("--agent", required=True, help="The agent whose candidate is tried (its slug)")
+        parser.add_argument("--agent-version", type=int, default=None, help="One of the agent's version numbers")
+        parser.add_argument("--edits", default="", help="A JSON file of the draft's fields (instructions, script, …)")
+        parser.add_argument("--fail-on", default="", choices=["", *FAIL_ON], help="Exit 1 when the replay shows this")
+        parser.add_argument("--timeout", type=float, default=600, help="Seconds to wait for the replays")
+        parser.add_argument("--json", action="store_true", help="Print the differences as JSON")
+
+    def handle(self, *, runs, workflow, limit, agent, agent_version, edits, fail_on, timeout, **options):
+        run_ids = self._runs(runs, workflow, limit)
+        draft = self._edits(edits)
+        try:
+            replay = replay_start(run_ids=run_ids, agent=agent, version=agent_version, edits=draft, via="command")
+        except WardenError as exc:
+            raise CommandError(str(exc), returncode=2) from exc
+        self.stderr.write(f"replay {replay.id}: {len(run_ids)} run(s) on {agent} v{replay.candidate['version']}")
+        self._wait(replay, timeout)
+        diff = replay_diff(replay)
+        if options["json"]:
+            self.stdout.write(json.dumps(diff, default=str))
+        else:
+            self._print(diff)
+        if fail_on and replay_fails(diff, fail_on):
+            raise CommandError(f"the candidate fails --fail-on {fail_on}", returncode=1)
+
+    def _runs(self, runs: str, workflow: str, limit: int) -> list[int]:
+        if runs:
+            try:
+                return [int(part) for part in runs.split(",") if part.strip()]
+            except ValueError as exc:
+                raise CommandError("--runs takes run ids, comma-separated", returncode=2) from exc
+        if not workflow:
+            raise CommandError("choose the runs: --runs or --workflow", returncode=2)
+        settled = [*Run.TERMINAL, Run.Status.NEEDS_ATTENTION]
+        found = Run.objects.filter(workflow__slug=workflow, mode=Run.Mode.LIVE, status__in=settled)
+        ids = list(found.order_by("-id").values_list("id", flat=True)[: max(1, limit)])
+        if not ids:
+            raise CommandError(f"no settled run of {workflow!r}", returncode=2)
+        return sorted(ids)
+
+    def _edits(self, path: str) -> dict | None:
+        if not path:
+            return None
+        try:
+            return json.loads(Path(path).read_text())
+        except (OSError, ValueError) as exc:
+            raise CommandError(f"--edits: {exc}", returncode=2) from exc
+
+    def _wait(self, replay, timeout: float) -> None:
+        # Embedded mode: the server's workers use its in-memory broker, out of this process's reach.
+        worker = None
+        if not settings.WARDEN_SCALED:
+            worker = dramatiq.Worker(dramatiq.get_broker(), worker_threads=2, worker_timeout=100)
+            worker.start()
+        try:
+            deadline = time.monotonic() + timeout
+            while not replay_settled(replay):
+                if time.monotonic() > deadline:
+                    raise CommandError(f"timed out after {timeout:.0f}s waiting for the replays", returncode=2)
+                time.sleep(0.2)
+        finally:
+            if worker is not None:
+                worker.stop()
+
+    def _print(self, diff: dict) -> None:
+        total = diff["total"]
+        for pair in diff["runs"]:
+            if pair["difference"] is None:
+                self.stdout.write(f"  run {pair['replay']}: its original is gone")
+                continue
+            head = "DIFFERS" if pair["difference"] else "same"
+            self.stdout.write(f"  {head:7} run {pair['original']} → replay {pair['replay']}")
+            for call in pair["calls_added"]:
+                kind = "irreversible" if call.get("reversibility") == "irreversible" else call.get("tool_class", "")
+                self.stdout.write(
+                    f"          + {call['tool']} ({kind}, task {call['task']} step {call['step']}, "
+                    f"would have been: {call.get('verdict')})"
+                )
+            for call in pair["calls_removed"]:
+                self.stdout.write(f"          - {call['tool']} (task {call['task']} step {call['step']})")
+            if not pair["output_equal"]:
+                self.stdout.write(f"          output differs: {', '.join(pair['outputs_differing'])}")
+            if pair["first_divergence"]:
+                where = pair["first_divergence"]
+                self.stdout.write(f"          first divergence: task {where['task']} step {where['step']}")
+        self.stdout.write(
+            f"{total['runs']} run(s), {total['differing']} differing; calls added {total['calls_added']} "
+            f"(irreversible {total['irreversible_added']}), removed {total['calls_removed']}; "
+            f"steps {total['steps_original']} → {total['steps_replay']}, "
+            f"tokens {total['tokens_original']} → {total['tokens_replay']}"
+        )

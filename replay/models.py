@@ -1,0 +1,41 @@
+"""A replay: chosen runs of one project run again on a candidate, in replay mode (runs.Run.Mode.REPLAY), so
+that their differences can be read (replay/services.py)."""
+
+from django.conf import settings
+from django.db import models
+
+
+class Replay(models.Model):
+    project = models.ForeignKey("tenancy.Project", on_delete=models.CASCADE, related_name="replays")
+    # What is tried: {"agent": slug, "version": number} or {"agent": slug, "edits": {...}} (the version a
+    # draft's edits made is in candidate_version).
+    candidate = models.JSONField(default=dict)
+    candidate_version = models.ForeignKey(
+        "agents.AgentVersion", null=True, on_delete=models.PROTECT, related_name="+", db_index=False
+    )
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+", db_index=False
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    note = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["-id"]
+
+    def __str__(self) -> str:
+        return f"replay {self.id} of {self.candidate.get('agent', '?')}"
+
+
+class ReplayRun(models.Model):
+    """One original run and its replay."""
+
+    replay = models.ForeignKey(Replay, on_delete=models.CASCADE, related_name="pairs")
+    original = models.ForeignKey("runs.Run", null=True, on_delete=models.SET_NULL, related_name="+")
+    run = models.ForeignKey("runs.Run", on_delete=models.CASCADE, related_name="+")
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [models.UniqueConstraint(fields=["replay", "original"], name="one_replay_per_original")]
+
+    def __str__(self) -> str:
+        return f"run {self.run_id} replays {self.original_id}"

@@ -1,0 +1,281 @@
+"""Replays: past runs run again on a candidate agent with zero effects (``replay_start``), and what the
+candidate did differently (``replay_diff``). How a replay's tool calls are answered is the broker's
+(tools/replaying.py); the runs are the engine's, in replay mode (runs.services.run_replay_start)."""
+
+from collections import Counter
+
+from agents.models import Agent, AgentVersion, Workflow
+from agents.versions import agent_version_draft
+from core.errors import InvalidInput, NotFound
+from runs.models import Artifact, Run, Span
+from runs.services import run_replay_start
+from tenancy.audit import audited
+from tools.models import ToolOperation
+from tools.replaying import NOT_SENT
+
+from .models import Replay, ReplayRun
+
+MAX_RUNS = 500
+# What a draft may change: what the agent is asked and with what it answers (the rest is the agent's).
+EDITABLE = ("instructions", "provider", "model", "script", "allowed_tools", "output_schema", "max_steps")
+SETTLED = frozenset({*Run.TERMINAL, Run.Status.NEEDS_ATTENTION})
+IRREVERSIBLE = ToolOperation.Reversibility.IRREVERSIBLE
+# Journal keys that say how a step was made, not what it was: left out when two journals are compared.
+_HOW = ("request", "retries", "cached", "replay", "refused")
+
+
+def _invalid(field: str, message: str) -> InvalidInput:
+    return InvalidInput(message, [{"field": field, "message": message}])
+
+
+def _originals(run_ids) -> list[Run]:
+    ids = sorted({int(i) for i in run_ids or []})
+    if not ids:
+        raise _invalid("runs", "choose at least one run")
+    if len(ids) > MAX_RUNS:
+        raise _invalid("runs", f"at most {MAX_RUNS} runs at a time")
+    runs = list(Run.objects.filter(id__in=ids).select_related("workflow", "project").order_by("id"))
+    missing = sorted(set(ids) - {r.id for r in runs})
+    if missing:
+        raise NotFound(f"no run {missing[0]}")
+    if len({r.project_id for r in runs}) > 1:
+        raise _invalid("runs", "the runs of one replay belong to one project")
+    for run in runs:
+        if run.mode != Run.Mode.LIVE:
+            raise _invalid("runs", f"run {run.id} is itself a replay")
+        if run.status not in SETTLED:
+            raise _invalid("runs", f"run {run.id} is {run.status}: only a settled run can be replayed")
+        if run.workflow.planner == Workflow.Planner.EXTERNAL:
+            raise _invalid("runs", f"run {run.id}'s agent runs elsewhere: Warden cannot run it again")
+    return runs
+
+
+def _edits_checked(edits: dict) -> dict:
+    if not isinstance(edits, dict) or not edits:
+        raise _invalid("edits", "the edits are an object of the agent's fields")
+    unknown = sorted(set(edits) - set(EDITABLE))
+    if unknown:
+        raise _invalid("edits", f"a draft may change only {', '.join(EDITABLE)}: not {', '.join(unknown)}")
+    types = {"instructions": str, "provider": str, "model": str, "script": list, "allowed_tools": list,
+             "output_schema": dict, "max_steps": int}  # fmt: skip
+    for name, value in edits.items():
+        if not isinstance(value, types[name]) or (
+            name == "allowed_tools" and not all(isinstance(t, str) for t in value)
+        ):
+            raise _invalid(f"edits.{name}", f"{name} must be a {types[name].__name__}")
+    if "provider" in edits and edits["provider"] not in Agent.Provider.values:
+        raise _invalid("edits.provider", f"unknown provider {edits['provider']!r}")
+    return edits
+
+
+def _candidate(agent_slug: str, version: int | None, edits: dict | None, runs: list[Run]) -> AgentVersion:
+    project_id = runs[0].project_id
+    agent = Agent.objects.filter(slug=agent_slug).first()
+    if agent is None or agent.project_id not in (None, project_id):
+        raise _invalid("agent", f"unknown agent {agent_slug!r}")
+    for run in runs:
+        if agent_slug not in ((run.versions or {}).get("agents") or {}):
+            raise _invalid("agent", f"run {run.id} does not use {agent_slug}: replaying it would change nothing")
+    if (version is None) == (edits is None):
+        raise _invalid("candidate", "name a version of the agent, or the edits of a draft")
+    if version is not None:
+        found = AgentVersion.objects.filter(agent=agent, number=version).first()
+        if found is None:
+            raise _invalid("version", f"{agent_slug} has no version {version}")
+        return found
+    return agent_version_draft(agent, _edits_checked(edits))
+
+
+def replay_start(
+    *, run_ids, agent: str, version: int | None = None, edits: dict | None = None, actor=None, via: str = "",
+    request=None, note: str = "",
+) -> Replay:  # fmt: skip
+    """Replay each of ``run_ids`` (settled runs of one project) with ``agent`` on the candidate: one of
+    its versions (``version``) or a draft of its current configuration with ``edits``. The replays run
+    on the workers like any run; nothing they call leaves. Audited."""
+    detail = {"runs": sorted({int(i) for i in run_ids or []})[:50], "agent": agent, "version": version,
+              "edits": sorted(edits) if isinstance(edits, dict) else None}  # fmt: skip
+    with audited("replay_start", actor=actor, via=via, request=request, target="replay", detail=detail) as act:
+        originals = _originals(run_ids)
+        act.update(project_id=originals[0].project_id)
+        candidate = _candidate(agent, version, edits, originals)
+        replay = Replay.objects.create(
+            project_id=originals[0].project_id,
+            candidate={
+                "agent": agent,
+                "version": candidate.number,
+                "draft": candidate.draft,
+                "edits": edits if edits is not None else None,
+            },  # fmt: skip
+            candidate_version=candidate,
+            created_by=actor,
+            note=note,
+        )
+        act.update(target=f"replay {replay.id}")
+        for original in originals:
+            run = run_replay_start(original=original, candidates={agent: candidate}, started_by=actor)
+            ReplayRun.objects.create(replay=replay, original=original, run=run)
+    return replay
+
+
+def replay_get(replay_id: int) -> Replay:
+    found = Replay.objects.filter(id=replay_id).select_related("project").first()
+    if found is None:
+        raise NotFound(f"no replay {replay_id}")
+    return found
+
+
+def replay_settled(replay: Replay) -> bool:
+    statuses = Run.objects.filter(id__in=replay.pairs.values("run_id")).values_list("status", flat=True)
+    return all(status in SETTLED for status in statuses)
+
+
+# --- the differences -------------------------------------------------------------------------------------
+def _original_calls(run_id: int) -> list[dict]:
+    rows = ToolOperation.objects.filter(run_id=run_id, kind=ToolOperation.Kind.ACTION).order_by("id")
+    return [
+        {
+            "tool": op.tool,
+            "digest": op.arguments_hash,
+            "write": op.tool_class != ToolOperation.ToolClass.READ_ONLY,
+            "reversibility": op.reversibility,
+            "status": op.status,
+            "task": op.task.key if op.task_id else "",
+            "step": op.step,
+        }  # fmt: skip
+        for op in rows.select_related("task")
+    ]
+
+
+def _replay_calls(run_id: int) -> list[dict]:
+    calls = []
+    spans = Span.objects.filter(run_id=run_id, kind=Span.Kind.TOOL_CALL, step__isnull=False)
+    for span in spans.select_related("task", "payload").order_by("id"):
+        body = span.body if span.payload_id is None else span.payload.body
+        record = (body or {}).get("replay") if isinstance(body, dict) else None
+        if record:
+            calls.append({**record, "task": span.task.key if span.task_id else "", "step": span.step})
+    return calls
+
+
+def _unmatched(ours: list[dict], theirs: list[dict]) -> list[dict]:
+    """The calls of ``ours`` that ``theirs`` has no counterpart of (the same tool and arguments), in order."""
+    left = Counter((c["tool"], c["digest"]) for c in theirs)
+    out = []
+    for call in ours:
+        key = (call["tool"], call["digest"])
+        if left[key]:
+            left[key] -= 1
+        else:
+            out.append(call)
+    return out
+
+
+def _outputs(run_id: int) -> dict:
+    latest = {}
+    for key, content in Artifact.objects.filter(run_id=run_id).order_by("version", "id").values_list("key", "content"):
+        latest[key] = content
+    return latest
+
+
+def _journals(run_id: int) -> dict[str, list]:
+    """Each task's journal: (kind, name, body without how it was made, span id), the latest span of each step."""
+    steps: dict[str, dict[int, tuple]] = {}
+    rows = Span.objects.filter(run_id=run_id, step__isnull=False).select_related("task", "payload").order_by("id")
+    for span in rows:
+        body = span.body if span.payload_id is None else span.payload.body
+        if isinstance(body, dict):
+            body = {k: v for k, v in body.items() if k not in _HOW}
+        steps.setdefault(span.task.key, {})[span.step] = (span.kind, span.name, body, span.id)
+    return {key: [entry for _, entry in sorted(found.items())] for key, found in steps.items()}
+
+
+def _first_divergence(original: dict, replayed: dict) -> dict | None:
+    """The replay's first step (in the order it was journaled) that is not the original's, per task; a
+    task only one of the two has diverges at its first step."""
+    found = []
+    for key in set(original) | set(replayed):
+        a, b = original.get(key) or [], replayed.get(key) or []
+        for step in range(1, max(len(a), len(b)) + 1):
+            x, y = (a[step - 1] if step <= len(a) else None), (b[step - 1] if step <= len(b) else None)
+            if x is None or y is None or x[:3] != y[:3]:
+                what = "only in the replay" if x is None else "only in the original" if y is None else (
+                    f"{x[0]} {x[1]} / {y[0]} {y[1]}")  # fmt: skip
+                order = y[3] if y is not None else float("inf")
+                found.append((order, {"task": key, "step": step, "what": what}))
+                break
+    return min(found, key=lambda item: item[0])[1] if found else None
+
+
+def _usage(run: Run) -> dict:
+    seconds = (run.finished_at - run.started_at).total_seconds() if run.finished_at and run.started_at else None
+    return {"steps": run.steps_used, "tokens": run.tokens_used, "cost_usd": run.cost_micros / 1_000_000,
+            "seconds": seconds, "status": run.status, "reason": run.status_reason[:500]}  # fmt: skip
+
+
+def _irreversible_first(calls: list[dict]) -> list[dict]:
+    return sorted(calls, key=lambda c: (c.get("reversibility") != IRREVERSIBLE, not c.get("write")))
+
+
+def pair_diff(original: Run | None, run: Run) -> dict:
+    """One original and its replay: what differs (or None where the original is gone)."""
+    replayed_calls = _replay_calls(run.id)
+    base = {"original": original.id if original else None, "replay": run.id, "settled": run.status in SETTLED,
+            "replay_usage": _usage(run)}  # fmt: skip
+    if original is None:
+        return {**base, "difference": None}
+    original_calls = _original_calls(original.id)
+    added = _irreversible_first(_unmatched(replayed_calls, original_calls))
+    removed = _irreversible_first(_unmatched(original_calls, replayed_calls))
+    outputs_a, outputs_b = _outputs(original.id), _outputs(run.id)
+    divergence = _first_divergence(_journals(original.id), _journals(run.id))
+    same = not added and not removed and outputs_a == outputs_b and original.status == run.status
+    return {
+        **base,
+        "difference": not same,
+        "status": {"original": original.status, "replay": run.status},
+        "output_equal": outputs_a == outputs_b,
+        "outputs_differing": sorted(k for k in set(outputs_a) | set(outputs_b) if outputs_a.get(k) != outputs_b.get(k)),
+        "calls_added": added,
+        "calls_removed": removed,
+        "irreversible_added": [c for c in added if c.get("write") and c.get("reversibility") == IRREVERSIBLE],
+        "would_wait_for_approval": [c for c in replayed_calls if c.get("verdict") == "approval"],
+        "not_sent": [c for c in replayed_calls if c.get("answered") == NOT_SENT],
+        "original_usage": _usage(original),
+        "first_divergence": divergence,
+    }
+
+
+def replay_diff(replay: Replay) -> dict:
+    """Each pair's differences, and the totals."""
+    pairs = [pair_diff(p.original, p.run) for p in replay.pairs.select_related("original", "run")]
+    counted = [p for p in pairs if p["difference"] is not None]
+    total = {
+        "runs": len(pairs),
+        "settled": sum(1 for p in pairs if p["settled"]),
+        "differing": sum(1 for p in counted if p["difference"]),
+        "calls_added": sum(len(p["calls_added"]) for p in counted),
+        "calls_removed": sum(len(p["calls_removed"]) for p in counted),
+        "irreversible_added": sum(len(p["irreversible_added"]) for p in counted),
+        "would_wait_for_approval": sum(len(p["would_wait_for_approval"]) for p in counted),
+        "outputs_differing": sum(1 for p in counted if not p["output_equal"]),
+    }
+    for field in ("steps", "tokens", "cost_usd"):
+        total[f"{field}_original"] = sum(p["original_usage"][field] for p in counted)
+        total[f"{field}_replay"] = sum(p["replay_usage"][field] for p in counted)
+    return {"replay": replay.id, "candidate": replay.candidate, "total": total, "runs": pairs}
+
+
+FAIL_ON = ("irreversible-added", "calls-added", "any-difference")
+
+
+def replay_fails(diff: dict, fail_on: str) -> bool:
+    """Whether ``diff`` crosses the line ``fail_on`` draws (manage.py replay --fail-on, for CI)."""
+    total = diff["total"]
+    if fail_on == "irreversible-added":
+        return total["irreversible_added"] > 0
+    if fail_on == "calls-added":
+        return total["calls_added"] > 0
+    if fail_on == "any-difference":
+        return total["differing"] > 0
+    raise _invalid("fail_on", f"fail_on is one of {', '.join(FAIL_ON)}")

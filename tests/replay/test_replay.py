@@ -1,0 +1,201 @@
+"""What-if replays (replay/, tools/replaying.py): finished incident-fanout runs run again on a candidate
+incident-worker. Effects are counted in the sandbox systems, from outside the engine."""
+
+import copy
+import json
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from agents.demo import WORKER_TURNS
+from agents.models import Agent, AgentVersion
+from core.errors import InvalidInput
+from integrations.models import WebhookDelivery, WebhookEndpoint
+from policy.models import ApprovalRequest
+from replay.models import Replay
+from replay.services import replay_diff, replay_settled, replay_start
+from runs.models import Run, Task
+from runs.services import run_start
+from tenancy.access import default_project, membership_grant
+from tenancy.models import AuditEvent, Project
+from tenancy.tokens import api_token_create
+from tests.conftest import wait_for
+from tools.models import SandboxCall, ToolOperation
+
+WORKER_THREADS = 8  # the fan-out's five workers at once
+
+
+def finished(run) -> Run:
+    wait_for(lambda: Run.objects.get(id=run.id).status in Run.TERMINAL, timeout=60, message=f"run {run.id} to end")
+    run.refresh_from_db()
+    return run
+
+
+def effects() -> int:
+    return SandboxCall.objects.filter(is_effect=True).count()
+
+
+def settled(replay) -> dict:
+    wait_for(lambda: replay_settled(replay), timeout=60, message=f"replay {replay.id} to settle")
+    return replay_diff(replay)
+
+
+def current_version(slug: str) -> int:
+    return AgentVersion.objects.filter(agent__slug=slug, draft=False).order_by("-number").first().number
+
+
+def follow_up_script() -> list:
+    """The worker's script, with a second CRM update and a follow-up e-mail (irreversible) before its answer."""
+    turns = copy.deepcopy(WORKER_TURNS)
+    extra = [
+        {"say": "Noting the follow-up.", "tool": "crm.update",
+         "arguments": {"customer_id": "cust-{task}", "fields": {"followed_up": "yes"}}},
+        {"say": "And a follow-up.", "tool": "email.send",
+         "arguments": {"to": "{task}@customers.example", "subject": "Follow-up", "body": "Any news?"}},
+    ]  # fmt: skip
+    return [*turns[:-1], *extra, turns[-1]]
+
+
+@pytest.fixture
+def originals(demo_tx, worker):
+    runs = [finished(run_start(workflow="incident-fanout")) for _ in range(2)]
+    assert all(r.status == Run.Status.COMPLETED for r in runs), [r.status_reason for r in runs]
+    return runs
+
+
+def test_an_unchanged_agent_replays_with_no_difference_and_no_effect(originals):
+    before = effects()
+    replay = replay_start(
+        run_ids=[r.id for r in originals], agent="incident-worker", version=current_version("incident-worker"),
+        via="test",
+    )  # fmt: skip
+    diff = settled(replay)
+    assert effects() == before
+    assert diff["total"]["runs"] == 2 and diff["total"]["differing"] == 0, diff
+    for pair in diff["runs"]:
+        assert pair["difference"] is False and pair["output_equal"] and pair["first_divergence"] is None, pair
+        assert pair["calls_added"] == [] and pair["calls_removed"] == []
+    replayed = [p["replay"] for p in diff["runs"]]
+    # Every call was answered from the original's ledger, and the replay wrote no ledger row of its own.
+    assert ToolOperation.objects.filter(run_id__in=replayed).count() == 0
+    assert Run.objects.filter(id__in=replayed, mode=Run.Mode.REPLAY).count() == 2
+
+
+def test_a_draft_that_sends_a_follow_up_reports_it_with_its_verdict_and_sends_nothing(originals):
+    before = effects()
+    replay = replay_start(
+        run_ids=[r.id for r in originals], agent="incident-worker", edits={"script": follow_up_script()}, via="test"
+    )
+    diff = settled(replay)
+    assert effects() == before
+    assert diff["total"]["differing"] == 2 and diff["total"]["irreversible_added"] == 2 * 5, diff["total"]
+    for pair in diff["runs"]:
+        added = [(c["tool"], c["reversibility"], c["answered"]) for c in pair["calls_added"]]
+        # Irreversible first: each of the five workers' follow-up e-mail, then their CRM notes.
+        irreversible, reversible = ("email.send", "irreversible", "not_sent"), ("crm.update", "reversible", "not_sent")
+        assert added == [irreversible] * 5 + [reversible] * 5
+        assert all(c["verdict"] in ("allow", "approval") for c in pair["calls_added"])
+        assert pair["calls_removed"] == [] and pair["first_divergence"]["task"].startswith("worker-")
+    # The draft is the candidate; the agent as it is keeps being what new runs start on.
+    draft = AgentVersion.objects.get(id=replay.candidate_version_id)
+    assert draft.draft and draft.config["script"] == follow_up_script()
+    assert Agent.objects.get(slug="incident-worker").script == WORKER_TURNS
+    live = finished(run_start(workflow="incident-fanout"))
+    assert not Task.objects.filter(run=live, agent_version_id=draft.id).exists()
+
+
+def test_the_command_exits_1_when_the_candidate_adds_an_irreversible_call(originals, tmp_path, capsys):
+    edits = tmp_path / "draft.json"
+    edits.write_text(json.dumps({"script": follow_up_script()}))
+    runs = ",".join(str(r.id) for r in originals)
+    before = effects()
+    with pytest.raises(CommandError) as failed:
+        call_command("replay", runs=runs, agent="incident-worker", edits=str(edits), fail_on="irreversible-added")
+    assert failed.value.returncode == 1
+    out = capsys.readouterr().out
+    assert "DIFFERS" in out and "+ email.send (irreversible" in out
+    # The same candidate as its version passes a line it does not cross; an unchanged one passes all.
+    call_command("replay", runs=runs, agent="incident-worker", agent_version=current_version("incident-worker"),
+                 fail_on="any-difference")  # fmt: skip
+    assert effects() == before
+
+
+def test_a_candidate_told_to_call_every_write_it_has_reaches_no_system_and_no_reviewer(originals):
+    """The hostile candidate: every write tool of the worker, with arguments no original used."""
+    writes = [
+        ("tickets.create", {"customer_id": "cust-x", "title": "Hostile"}),
+        ("crm.update", {"customer_id": "cust-x", "fields": {"owned": "yes"}}),
+        ("email.send", {"to": "everyone@customers.example", "subject": "Hi", "body": "Hostile"}),
+    ]
+    script = [{"say": "go", "tool": tool, "arguments": args} for tool, args in writes]
+    script.append({"final": {"summary": "done"}})
+    WebhookEndpoint.objects.create(url="http://127.0.0.1:9/hook", secret="s" * 32, active=True)
+    before, deliveries = effects(), WebhookDelivery.objects.count()
+    replay = replay_start(run_ids=[originals[0].id], agent="incident-worker", edits={"script": script}, via="test")
+    diff = settled(replay)
+    (pair,) = diff["runs"]
+    assert effects() == before
+    assert {c["tool"] for c in pair["calls_added"]} == {tool for tool, _ in writes}
+    assert ToolOperation.objects.filter(run_id=pair["replay"]).count() == 0
+    assert not ApprovalRequest.objects.filter(run_id=pair["replay"]).exists()  # nothing to approve into an effect
+    assert WebhookDelivery.objects.count() == deliveries  # a replay's end is told to nobody outside
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"edits": {"project": 7}}, "a draft may change only"),
+        ({"edits": {"script": "not a list"}}, "script must be a list"),
+        ({"version": 999}, "has no version 999"),
+        ({"agent": "inventory-agent", "version": 1}, "does not use inventory-agent"),
+        ({}, "name a version of the agent, or the edits of a draft"),
+    ],
+)
+def test_a_bad_replay_is_refused_clearly_and_changes_nothing(originals, change, message):
+    runs, replays = Run.objects.count(), Replay.objects.count()
+    kwargs = {"run_ids": [originals[0].id], "agent": "incident-worker", **change}
+    with pytest.raises(InvalidInput, match=message):
+        replay_start(**kwargs, via="test")
+    assert (Run.objects.count(), Replay.objects.count()) == (runs, replays)
+    assert not AgentVersion.objects.filter(draft=True).exists()
+
+
+def _bearer(user) -> dict:
+    scopes = ["read", "run", "operate", "admin"]  # what each may do is the role's: the token asks for all
+    return {"HTTP_AUTHORIZATION": f"Bearer {api_token_create(user=user, scopes=scopes)[1]}"}
+
+
+def test_the_api_replays_for_an_operator_keeps_drafts_to_admins_and_hides_other_projects(
+    originals, django_user_model, client
+):
+    project = default_project()
+    people = {}
+    for role in ("operator", "admin", "viewer"):
+        people[role] = django_user_model.objects.create_user(username=f"r-{role}", password="pass-12345678")
+        membership_grant(user=people[role], project=project, role=role)
+    outsider = django_user_model.objects.create_user(username="r-out", password="pass-12345678")
+    membership_grant(user=outsider, project=Project.objects.create(slug="elsewhere", name="Elsewhere"), role="admin")
+    ids = [r.id for r in originals]
+    version = current_version("incident-worker")
+
+    def post(user, body):
+        return client.post("/api/v1/replays", data=json.dumps(body), content_type="application/json", **_bearer(user))
+
+    before, replays = effects(), Replay.objects.count()
+    assert post(outsider, {"runs": ids, "agent": "incident-worker", "version": version}).status_code == 404
+    assert post(people["viewer"], {"runs": ids, "agent": "incident-worker", "version": version}).status_code == 403
+    draft = {"runs": ids, "agent": "incident-worker", "edits": {"script": follow_up_script()}}
+    assert post(people["operator"], draft).status_code == 403  # a draft is the agent's configuration
+    assert Replay.objects.count() == replays
+    made = post(people["operator"], {"runs": ids, "agent": "incident-worker", "version": version})
+    assert made.status_code == 201, made.content
+    replay_id = made.json()["id"]
+    created = post(people["admin"], draft)
+    assert created.status_code == 201, created.content
+    settled(Replay.objects.get(id=created.json()["id"]))
+    got = client.get(f"/api/v1/replays/{created.json()['id']}", **_bearer(people["viewer"])).json()
+    assert got["settled"] and got["total"]["irreversible_added"] == 10 and got["candidate"]["draft"] is True
+    assert client.get(f"/api/v1/replays/{replay_id}", **_bearer(outsider)).status_code == 404
+    assert effects() == before
+    audited = AuditEvent.objects.filter(action="replay_start").values_list("actor__username", "outcome")
+    assert sorted(audited) == [("r-admin", "done"), ("r-operator", "done")]
