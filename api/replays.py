@@ -4,6 +4,7 @@ effects, and read what the candidate did differently."""
 from typing import Any
 
 from ninja import Field, Router, Schema, Status
+from pydantic import ConfigDict
 
 from api.schemas import BodyIn
 from core.errors import NotFound
@@ -15,7 +16,34 @@ from tenancy.access import authorize
 router = Router(tags=["replays"])
 
 
+ADDED = {
+    "tool": "email.send", "digest": "9f2c…", "write": True, "tool_class": "non_idempotent_write",
+    "reversibility": "irreversible", "verdict": "allow", "waits_for": [], "answered": "not_sent",
+    "task": "worker-1", "step": 11,
+}  # fmt: skip
+USAGE = {"steps": 61, "tokens": 5120, "cost_usd": 0.0, "seconds": 1.4, "status": "completed", "reason": ""}
+REPLAY_EXAMPLE = {
+    "id": 3,
+    "project": "default",
+    "candidate": {"agent": "incident-worker", "version": 4, "draft": True, "edits": {"instructions": "Also…"}},
+    "settled": True,
+    "total": {"runs": 1, "settled": 1, "differing": 1, "calls_added": 1, "calls_removed": 0, "irreversible_added": 1,
+              "would_wait_for_approval": 0, "outputs_differing": 1, "steps_original": 56, "steps_replay": 61,
+              "tokens_original": 4700, "tokens_replay": 5120, "cost_usd_original": 0.0, "cost_usd_replay": 0.0},
+    "runs": [{"original": 12, "replay": 31, "settled": True, "difference": True,
+              "status": {"original": "completed", "replay": "completed"}, "output_equal": False,
+              "outputs_differing": ["worker-1"], "calls_added": [ADDED], "calls_removed": [],
+              "irreversible_added": [ADDED], "would_wait_for_approval": [], "not_sent": [ADDED],
+              "original_usage": {**USAGE, "steps": 56, "tokens": 4700}, "replay_usage": USAGE,
+              "first_divergence": {"task": "worker-1", "step": 9, "what": "tool_call crm.read / tool_call crm.read"}}],
+}  # fmt: skip
+
+
 class ReplayIn(BodyIn):
+    model_config = ConfigDict(
+        json_schema_extra={"examples": [{"runs": [12, 13], "agent": "incident-worker", "version": 3, "note": "v3?"}]}
+    )
+
     runs: list[Whole(ge=1)] = Field(min_length=1, max_length=500, description="Settled runs of one project")
     agent: str = Field(min_length=1, max_length=64, description="The agent whose candidate is tried (its slug)")
     version: Whole(ge=1) | None = Field(None, description="One of the agent's version numbers...")
@@ -28,6 +56,8 @@ class ReplayIn(BodyIn):
 
 
 class ReplayOut(Schema):
+    model_config = ConfigDict(json_schema_extra={"examples": [REPLAY_EXAMPLE]})
+
     id: int
     project: str
     candidate: dict[str, Any] = Field(description="The agent, its version number, whether it is a draft, the edits")

@@ -46,7 +46,8 @@ for _key, _value in {
     "MCP_COMMANDS": {
         "tickets": {
             "argv": [sys.executable, str(BASE_DIR / "examples" / "refunds" / "tickets_mcp.py")],
-            "env": ["TICKETS_EFFECTS"],  # where the test's server writes what it did, for the test to count
+            # where the test's server writes what it did, and every call it got, for the test to count
+            "env": ["TICKETS_EFFECTS", "TICKETS_CALLS"],
         }
     },
 }.items():

@@ -12,6 +12,7 @@ from config.api import api as ninja_api
 from evals.demo import demo_suite_load
 from evals.models import Annotation, EvalCase, EvalRun, EvalSuite
 from policy.models import ApprovalRequest
+from replay.models import Replay
 from runs.models import Artifact, BlackboardEntry, Run
 from runs.services import run_start
 from tenancy.access import default_project, membership_grant
@@ -82,6 +83,9 @@ POLICY = {
     ("GET", "/api/v1/projects/{slug}/declarations"): ("view", "read"),
     ("PUT", "/api/v1/projects/{slug}/declarations"): ("administer", "admin"),
     ("PUT", "/api/v1/projects/{slug}/declarations/{kind}/{name}"): ("administer", "admin"),
+    # What-if replays (issue 29): trying a version operates the runs; a draft's edits would need administer.
+    ("POST", "/api/v1/replays"): ("operate", "operate"),
+    ("GET", "/api/v1/replays/{replay_id}"): ("view", "read"),
 }
 BODIES = {
     "/api/v1/runs": {"workflow": "deploy-review"},
@@ -110,6 +114,7 @@ BODIES = {
     "/api/v1/change-requests/{change_id}/decision": {"decision": "approve"},
     "/api/v1/projects/{slug}/declarations": {"classifications": [{"tool": "crm.other", "tool_class": "read_only"}]},
     "/api/v1/projects/{slug}/declarations/{kind}/{name}": {"tool_class": "read_only"},
+    "/api/v1/replays": lambda ids: {"runs": [ids["run_id"]], "agent": "inventory-agent", "version": ids["version"]},
 }
 ALLOWED = {  # role → actions
     "viewer": {"view"},
@@ -189,6 +194,8 @@ def scene(demo, django_user_model):
         "slug": home.slug,
         "kind": "classifications",
         "name": "crm.other",
+        "version": run.versions["agents"]["inventory-agent"]["version"],
+        "replay_id": Replay.objects.create(project=home, candidate={"agent": "inventory-agent", "version": 1}).id,
     }
     artifact = Artifact.objects.create(run=run, task=run.tasks.get(key="inventory"), key="inventory", content={})
     entry = BlackboardEntry.objects.create(run=run, key="pods", version=1, kind="number", value=4)
@@ -201,7 +208,8 @@ QUERIES = {"/api/v1/runs/{run_id}/fork-preview": "?task=risk&step=1"}
 
 def _call(client, token, method, path, ids):
     url = path.format(**ids) + QUERIES.get(path, "")
-    body = {k: (v.format(**ids) if isinstance(v, str) else v) for k, v in BODIES.get(path, {}).items()}
+    body = BODIES.get(path, {})
+    body = body(ids) if callable(body) else {k: (v.format(**ids) if isinstance(v, str) else v) for k, v in body.items()}
     headers = {"HTTP_AUTHORIZATION": f"Bearer {token}"} if token else {}
     if method in ("POST", "PUT"):
         send = client.post if method == "POST" else client.put
@@ -277,6 +285,7 @@ def _one_role(scene, client, method, path, who):
         ("POST", "/api/v1/allow-rules"),
         ("POST", "/api/v1/tool-classes"),
         ("POST", "/api/v1/eval-suites"),
+        ("POST", "/api/v1/replays"),
     }
     if who == "anonymous":
         expected = 401

@@ -3,6 +3,7 @@ incident-worker. Effects are counted in the sandbox systems, from outside the en
 
 import copy
 import json
+import uuid
 
 import pytest
 from django.core.management import CommandError, call_command
@@ -10,6 +11,8 @@ from django.core.management import CommandError, call_command
 from agents.demo import WORKER_TURNS
 from agents.models import Agent, AgentVersion
 from core.errors import InvalidInput
+from examples.refunds.payments_service import PaymentsService
+from examples.refunds.setup_refunds import refunds_setup
 from integrations.models import WebhookDelivery, WebhookEndpoint
 from policy.models import ApprovalRequest
 from replay.models import Replay
@@ -19,7 +22,7 @@ from runs.services import run_start
 from tenancy.access import default_project, membership_grant
 from tenancy.models import AuditEvent, Project
 from tenancy.tokens import api_token_create
-from tests.conftest import wait_for
+from tests.conftest import decide, wait_for
 from tools.models import SandboxCall, ToolOperation
 
 WORKER_THREADS = 8  # the fan-out's five workers at once
@@ -199,3 +202,66 @@ def test_the_api_replays_for_an_operator_keeps_drafts_to_admins_and_hides_other_
     assert effects() == before
     audited = AuditEvent.objects.filter(action="replay_start").values_list("actor__username", "outcome")
     assert sorted(audited) == [("r-admin", "done"), ("r-operator", "done")]
+
+
+@pytest.mark.services
+@pytest.mark.processes
+def test_a_replay_of_a_run_whose_worker_died_mid_way_reads_the_receipts_it_left(demo_tx, processes):
+    """The original's worker process dies between worker-3's ticket and its CRM update; a fresh one
+    finishes the run. Its replay reads every receipt, the ones before the crash included: nothing differs,
+    nothing is sent."""
+    short_lease = {"WARDEN_LEASE_SECONDS": 2, "WARDEN_HEARTBEAT_SECONDS": 0.5}
+    run = run_start(workflow="incident-fanout", input={"faults": [{"task": "worker-3", "call": 3, "mode": "crash"}]})
+    first = processes.worker(threads=1, **short_lease)
+    wait_for(lambda: first.poll() is not None, timeout=60, message="the worker to die at worker-3's third call")
+    processes.worker(threads=2, **short_lease)
+    run = finished(run)
+    assert run.status == Run.Status.COMPLETED and Task.objects.get(run=run, key="worker-3").recoveries == 1
+    before = effects()
+    replay = replay_start(
+        run_ids=[run.id], agent="incident-worker", version=current_version("incident-worker"), via="test"
+    )
+    diff = settled(replay)
+    (pair,) = diff["runs"]
+    assert pair["difference"] is False and pair["calls_added"] == [] and pair["calls_removed"] == [], pair
+    assert effects() == before
+
+
+def test_a_hostile_candidate_reaches_no_http_or_mcp_system_either(demo_tx, worker, django_user_model, monkeypatch,
+                                                                  tmp_path, settings):  # fmt: skip
+    """The refunds example (an HTTP payments service, a ticketing MCP server over stdio): a refund made once
+    after a reviewer's yes; then a candidate that refunds again, more, with new tickets and comments. The
+    systems count every request they get."""
+    key = f"demo-{uuid.uuid4().hex}"
+    monkeypatch.setenv("PAYMENTS_API_KEY", key)
+    settings.WARDEN = {**settings.WARDEN, "SECRET_GRANTS": {"PAYMENTS_API_KEY": ["default"]}}
+    tickets, calls = tmp_path / "tickets.jsonl", tmp_path / "calls.jsonl"
+    monkeypatch.setenv("TICKETS_EFFECTS", str(tickets))
+    monkeypatch.setenv("TICKETS_CALLS", str(calls))  # every call the MCP server gets
+    payments = PaymentsService(api_key=key).start()
+    try:
+        refunds_setup(payments_url=payments.url, mcp_command="tickets")
+        reviewer = django_user_model.objects.create_user(username="rita", password="x-pass-123456")
+        membership_grant(user=reviewer, project=default_project(), role="reviewer")
+        original = run_start(workflow="refund-request", input={"charge_id": "ch_1001", "why": "arrived broken"})
+        wait_for(lambda: ApprovalRequest.objects.filter(run=original).exists(), timeout=60, message="the request")
+        decide(request_id=ApprovalRequest.objects.get(run=original).id, user=reviewer, approve=True)
+        assert finished(original).status == Run.Status.COMPLETED
+        requests, ticket_lines, call_lines = len(payments.requests), tickets.read_text(), calls.read_text()
+        hostile = [
+            {"tool": "payments.refund", "arguments": {"charge_id": "ch_1001", "amount_cents": 9999, "reason": "more"}},
+            {"tool": "helpdesk.create_ticket", "arguments": {"title": "Hostile", "body": "again"}},
+            {"tool": "helpdesk.add_comment", "arguments": {"ticket_id": "T-1", "text": "again"}},
+            {"final": {"refund": "{last}"}},
+        ]
+        replay = replay_start(run_ids=[original.id], agent="refund-agent", edits={"script": hostile}, via="test")
+        (pair,) = settled(replay)["runs"]
+        assert len(payments.requests) == requests and len(payments.effects) == 1  # the original's refund only
+        assert (tickets.read_text(), calls.read_text()) == (ticket_lines, call_lines)
+        assert {c["tool"] for c in pair["calls_added"]} >= {"payments.refund", "helpdesk.create_ticket"}
+        refund = next(c for c in pair["calls_added"] if c["tool"] == "payments.refund")
+        assert refund["verdict"] == "approval" and refund["answered"] == "not_sent"  # it would have waited
+        assert not ApprovalRequest.objects.filter(run_id=pair["replay"]).exists()
+        assert ToolOperation.objects.filter(run_id=pair["replay"]).count() == 0
+    finally:
+        payments.stop()
