@@ -9,9 +9,11 @@ others. Rows of processes stopped or gone a day ago are deleted.
 import os
 import socket
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 
+import dramatiq
 from django.conf import settings
 from django.utils import timezone
 
@@ -105,3 +107,19 @@ def workers_list(*, project_ids: list[int] | None, now=None) -> list[WorkerRow]:
         if row is not None:
             row.tasks.append({"task_id": task_id, "run_id": run_id, "key": key, "lease_expires_at": expires})
     return sorted(rows, key=lambda r: ({"live": 0, "gone": 1, "stopped": 2}[r.state], r.host, r.pid))
+
+
+@contextmanager
+def workers_while_waiting(threads: int = 2):
+    """A command that starts runs and waits for them (run_evals, replay): in embedded mode, the server's
+    workers use its in-memory broker, out of this process's reach, so this process runs worker threads
+    while it waits; in scaled mode the rundramatiq workers do."""
+    worker = None
+    if not settings.WARDEN_SCALED:
+        worker = dramatiq.Worker(dramatiq.get_broker(), worker_threads=threads, worker_timeout=100)
+        worker.start()
+    try:
+        yield
+    finally:
+        if worker is not None:
+            worker.stop()

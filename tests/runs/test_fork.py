@@ -176,7 +176,9 @@ def test_bad_forks_are_refused_and_change_nothing(failed):
         run_fork(run_id=run.id, task_key="plan", step=1)
     with pytest.raises(NotFound):
         run_fork_preview(run_id=run.id + 1000, task_key="worker-3", step=1)
-    Run.objects.filter(id=run.id).update(status=Run.Status.RUNNING)
+    # Not settled, and not running either: a running run's ready task (one the stop left unclaimed) would
+    # be claimed meanwhile by the test's worker threads, and the checks below would meet it running.
+    Run.objects.filter(id=run.id).update(status=Run.Status.WAITING_FOR_APPROVAL)
     with pytest.raises(Conflict, match="fork a settled run"):
         run_fork(run_id=run.id, task_key="worker-3", step=step)
     Run.objects.filter(id=run.id).update(status=Run.Status.NEEDS_ATTENTION)
@@ -218,7 +220,7 @@ def test_the_api_previews_and_forks_with_the_operate_permission(failed, operator
     assert fork({"task": "worker-3", "step": step}, viewing).status_code == 403
     assert fork({"task": "nope", "step": 1}).status_code == 422
     assert fork({"task": "worker-3", "step": 99}).status_code == 422
-    Run.objects.filter(id=run.id).update(status=Run.Status.RUNNING)
+    Run.objects.filter(id=run.id).update(status=Run.Status.WAITING_FOR_APPROVAL)  # not settled (nor running)
     assert fork({"task": "worker-3", "step": step}).status_code == 409
     Run.objects.filter(id=run.id).update(status=Run.Status.NEEDS_ATTENTION)
     assert Run.objects.count() == runs

@@ -4,8 +4,6 @@ baseline pass, and exit 1 when a case fails that the suite does not name as a kn
 
 import time
 
-import dramatiq
-from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
@@ -13,6 +11,7 @@ from agents.models import ModelVersion
 from evals.judge import eval_grade
 from evals.models import EvalResult, EvalRun, EvalSuite
 from evals.suites import accepted_baseline_for, eval_run_accept, eval_start, failing
+from runs.workers import workers_while_waiting
 
 # "previous" once meant the suite's previous pass, whatever its outcome, and a case failing in both passes
 # did not count: running a red job again turned it green. It now means the last accepted pass.
@@ -61,12 +60,7 @@ class Command(BaseCommand):
         return self._report(eval_run, base)
 
     def _wait(self, eval_run: EvalRun, timeout: float) -> None:
-        # Embedded mode: the server's workers use its in-memory broker, out of this process's reach.
-        worker = None
-        if not settings.WARDEN_SCALED:
-            worker = dramatiq.Worker(dramatiq.get_broker(), worker_threads=2, worker_timeout=100)
-            worker.start()
-        try:
+        with workers_while_waiting():
             deadline = time.monotonic() + timeout
             while eval_run.results.filter(passed__isnull=True).exists():
                 if time.monotonic() > deadline:
@@ -74,9 +68,6 @@ class Command(BaseCommand):
                 for result_id in _ungraded(eval_run):  # a grading message lost in a crash: grade here
                     eval_grade(result_id)
                 time.sleep(0.2)
-        finally:
-            if worker is not None:
-                worker.stop()
 
     def _report(self, eval_run: EvalRun, base: EvalRun | None) -> None:
         before = dict(base.results.values_list("case_id", "passed")) if base else {}

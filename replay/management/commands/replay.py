@@ -5,13 +5,12 @@ import json
 import time
 from pathlib import Path
 
-import dramatiq
-from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from core.errors import WardenError
 from replay.services import FAIL_ON, replay_diff, replay_fails, replay_settled, replay_start
 from runs.models import Run
+from runs.workers import workers_while_waiting
 
 
 class Command(BaseCommand):
@@ -69,20 +68,12 @@ class Command(BaseCommand):
             raise CommandError(f"--edits: {exc}", returncode=2) from exc
 
     def _wait(self, replay, timeout: float) -> None:
-        # Embedded mode: the server's workers use its in-memory broker, out of this process's reach.
-        worker = None
-        if not settings.WARDEN_SCALED:
-            worker = dramatiq.Worker(dramatiq.get_broker(), worker_threads=2, worker_timeout=100)
-            worker.start()
-        try:
+        with workers_while_waiting():
             deadline = time.monotonic() + timeout
             while not replay_settled(replay):
                 if time.monotonic() > deadline:
                     raise CommandError(f"timed out after {timeout:.0f}s waiting for the replays", returncode=2)
                 time.sleep(0.2)
-        finally:
-            if worker is not None:
-                worker.stop()
 
     def _print(self, diff: dict) -> None:
         total = diff["total"]
