@@ -86,6 +86,11 @@ def run_fork_state_refusal(run: Run, *, running=(), external=False) -> WardenErr
     """The run's side of run_fork_refusal (the run page offers "Fork" by it): settled, not undone, whole."""
     if external:
         return Conflict(f"run {run.id} is an external agent's: its steps run elsewhere and cannot be forked")
+    if run.mode != Run.Mode.LIVE:  # a live fork would take its stand-in answers for effects that happened
+        return Conflict(
+            f"run {run.id} is a replay: its calls were answered from its original's ledger or stood in for, never "
+            "made; fork the original, or replay it again"
+        )
     if run.status in UNSETTLED or running:
         what = f"{run.status}" + (f" (tasks {', '.join(running)} running)" if running else "")
         return Conflict(f"run {run.id} is {what}; fork a settled run: finished, or needing attention")

@@ -42,6 +42,7 @@ ROW_FIELDS = (
     "created_at",
     "started_at",
     "finished_at",
+    "mode",  # a what-if replay is marked in its row
 )
 
 

@@ -10,7 +10,7 @@ from django.core.management import CommandError, call_command
 
 from agents.demo import WORKER_TURNS
 from agents.models import Agent, AgentVersion
-from core.errors import InvalidInput
+from core.errors import Conflict, InvalidInput
 from examples.refunds.payments_service import PaymentsService
 from examples.refunds.setup_refunds import refunds_setup
 from integrations.models import WebhookDelivery, WebhookEndpoint
@@ -18,7 +18,7 @@ from policy.models import ApprovalRequest
 from replay.models import Replay
 from replay.services import replay_diff, replay_settled, replay_start
 from runs.models import Run, Task
-from runs.services import run_start
+from runs.services import run_fork, run_start
 from tenancy.access import default_project, membership_grant
 from tenancy.models import AuditEvent, Project
 from tenancy.tokens import api_token_create
@@ -142,6 +142,11 @@ def test_a_candidate_told_to_call_every_write_it_has_reaches_no_system_and_no_re
     assert ToolOperation.objects.filter(run_id=pair["replay"]).count() == 0
     assert not ApprovalRequest.objects.filter(run_id=pair["replay"]).exists()  # nothing to approve into an effect
     assert WebhookDelivery.objects.count() == deliveries  # a replay's end is told to nobody outside
+    # Nor can it be forked into a live run, which would take its stand-in answers for effects made.
+    runs = Run.objects.count()
+    with pytest.raises(Conflict, match="is a replay"):
+        run_fork(run_id=pair["replay"], task_key="worker-1", step=2)
+    assert Run.objects.count() == runs
 
 
 @pytest.mark.parametrize(
@@ -265,3 +270,19 @@ def test_a_hostile_candidate_reaches_no_http_or_mcp_system_either(demo_tx, worke
         assert ToolOperation.objects.filter(run_id=pair["replay"]).count() == 0
     finally:
         payments.stop()
+
+
+def test_a_replay_is_marked_on_its_page_and_in_the_runs_list(originals, operator, client):
+    """At 3 a.m. nobody should take a replay's 'completed' for work done in the world."""
+    original = originals[0]
+    replay = replay_start(
+        run_ids=[original.id], agent="incident-worker", version=current_version("incident-worker"), via="test"
+    )
+    settled(replay)
+    run_id = replay.pairs.get().run_id
+    client.force_login(operator)
+    page = client.get(f"/runs/{run_id}/").content.decode()
+    assert "A what-if replay of" in page and f'href="/runs/{original.id}/"' in page
+    assert "A what-if replay of" not in client.get(f"/runs/{original.id}/").content.decode()
+    rows = client.get("/runs/").content.decode()
+    assert rows.count('class="badge replay"') == 1 and f'id="run-row-{run_id}"' in rows
