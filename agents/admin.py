@@ -26,6 +26,10 @@ class AgentVersionInline(admin.TabularInline):
     def has_change_permission(self, request, obj=None):
         return False
 
+    def get_queryset(self, request):
+        # A replay's draft is its project's (replay/, scoped there), not the shared agent's history.
+        return super().get_queryset(request).filter(draft=False)
+
 
 @admin.register(Agent)
 class AgentAdmin(GlobalConfigAdmin):
@@ -67,6 +71,11 @@ class _VersionAdmin(GlobalConfigAdmin):
     add_action = None
     delete_action = None
     readonly_fields = ["number", "config", "digest", "created_at"]
+
+    def get_queryset(self, request):
+        # Drafts tried in replays belong to the replay's project: only a superuser sees them all here.
+        rows = super().get_queryset(request)
+        return rows if request.user.is_superuser else rows.filter(draft=False)
 
 
 @admin.register(AgentVersion)

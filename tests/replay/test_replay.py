@@ -6,6 +6,7 @@ import json
 import uuid
 
 import pytest
+from django.contrib.auth.models import Permission
 from django.core.management import CommandError, call_command
 
 from agents.demo import WORKER_TURNS
@@ -286,3 +287,19 @@ def test_a_replay_is_marked_on_its_page_and_in_the_runs_list(originals, operator
     assert "A what-if replay of" not in client.get(f"/runs/{original.id}/").content.decode()
     rows = client.get("/runs/").content.decode()
     assert rows.count('class="badge replay"') == 1 and f'id="run-row-{run_id}"' in rows
+
+
+def test_a_projects_draft_of_a_shared_agent_stays_out_of_other_projects_sight(originals, django_user_model, client):
+    """incident-worker is shared by every project: the admin shows its versions to any member. A draft is
+    the replaying project's, and is not among them."""
+    marker = f"draft-{uuid.uuid4().hex}"
+    replay_start(run_ids=[originals[0].id], agent="incident-worker", edits={"instructions": marker}, via="test")
+    outsider = django_user_model.objects.create_user(username="r-out2", password="pass-12345678", is_staff=True)
+    membership_grant(user=outsider, project=Project.objects.create(slug="elsewhere", name="Elsewhere"), role="admin")
+    # Every Django permission on versions and agents (as the admin matrix gives staff): the scoping must hold.
+    outsider.user_permissions.set(Permission.objects.filter(content_type__app_label="agents"))
+    client.force_login(outsider)
+    agent = Agent.objects.get(slug="incident-worker")
+    for url in (f"/admin/agents/agent/{agent.id}/change/", "/admin/agents/agentversion/"):
+        response = client.get(url)
+        assert response.status_code == 200 and marker not in response.content.decode(), url
