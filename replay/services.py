@@ -2,7 +2,7 @@
 candidate did differently (``replay_diff``). How a replay's tool calls are answered is the broker's
 (tools/replaying.py); the runs are the engine's, in replay mode (runs.services.run_replay_start)."""
 
-from collections import Counter
+from collections import Counter, defaultdict
 
 from agents.models import Agent, AgentVersion, Workflow
 from agents.versions import agent_version_draft
@@ -131,31 +131,49 @@ def replay_settled(replay: Replay) -> bool:
 
 
 # --- the differences -------------------------------------------------------------------------------------
-def _original_calls(run_id: int) -> list[dict]:
-    rows = ToolOperation.objects.filter(run_id=run_id, kind=ToolOperation.Kind.ACTION).order_by("id")
-    return [
-        {
-            "tool": op.tool,
-            "digest": op.arguments_hash,
-            "write": op.tool_class != ToolOperation.ToolClass.READ_ONLY,
-            "reversibility": op.reversibility,
-            "status": op.status,
-            "task": op.task.key if op.task_id else "",
-            "step": op.step,
-        }  # fmt: skip
-        for op in rows.select_related("task")
-    ]
+# What the differences are read from, for any number of runs in three queries (one per table), grouped here:
+# a replay of 500 runs costs its page the same few queries as a replay of one.
+class _Reads:
+    def __init__(self, original_ids, run_ids):
+        ids = {*original_ids, *run_ids} - {None}
+        self.calls: dict[int, list[dict]] = defaultdict(list)
+        ops = ToolOperation.objects.filter(run_id__in=set(original_ids) - {None}, kind=ToolOperation.Kind.ACTION)
+        fields = ("run_id", "tool", "arguments_hash", "tool_class", "reversibility", "status", "task__key", "step")
+        for run_id, tool, digest, tool_class, reversibility, status, task, step in ops.order_by("id").values_list(
+            *fields
+        ):
+            self.calls[run_id].append({
+                "tool": tool, "digest": digest, "write": tool_class != ToolOperation.ToolClass.READ_ONLY,
+                "reversibility": reversibility, "status": status, "task": task or "", "step": step,
+            })  # fmt: skip
+        self.spans: dict[int, list[tuple]] = defaultdict(list)
+        spans = Span.objects.filter(run_id__in=ids, step__isnull=False).order_by("id")
+        for row in spans.values_list("run_id", "id", "kind", "name", "step", "task__key", "body", "payload__body"):
+            self.spans[row[0]].append(row[1:])
+        self.outputs: dict[int, dict] = defaultdict(dict)
+        artifacts = Artifact.objects.filter(run_id__in=ids).order_by("version", "id")
+        for run_id, key, content in artifacts.values_list("run_id", "key", "content"):
+            self.outputs[run_id][key] = content  # the latest version of each wins
 
+    def replay_calls(self, run_id: int) -> list[dict]:
+        calls = []
+        for _id, kind, _name, step, task, body, payload_body in self.spans[run_id]:
+            body = body if payload_body is None else payload_body
+            record = body.get("replay") if kind == Span.Kind.TOOL_CALL and isinstance(body, dict) else None
+            if record:
+                calls.append({**record, "task": task or "", "step": step})
+        return calls
 
-def _replay_calls(run_id: int) -> list[dict]:
-    calls = []
-    spans = Span.objects.filter(run_id=run_id, kind=Span.Kind.TOOL_CALL, step__isnull=False)
-    for span in spans.select_related("task", "payload").order_by("id"):
-        body = span.body if span.payload_id is None else span.payload.body
-        record = (body or {}).get("replay") if isinstance(body, dict) else None
-        if record:
-            calls.append({**record, "task": span.task.key if span.task_id else "", "step": span.step})
-    return calls
+    def journals(self, run_id: int) -> dict[str, list]:
+        """Each task's journal: (kind, name, body without how it was made, span id), the latest span of each
+        step."""
+        steps: dict[str, dict[int, tuple]] = {}
+        for span_id, kind, name, step, task, body, payload_body in self.spans[run_id]:
+            body = body if payload_body is None else payload_body
+            if isinstance(body, dict):
+                body = {k: v for k, v in body.items() if k not in _HOW}
+            steps.setdefault(task or "", {})[step] = (kind, name, body, span_id)
+        return {key: [entry for _, entry in sorted(found.items())] for key, found in steps.items()}
 
 
 def _unmatched(ours: list[dict], theirs: list[dict]) -> list[dict]:
@@ -169,25 +187,6 @@ def _unmatched(ours: list[dict], theirs: list[dict]) -> list[dict]:
         else:
             out.append(call)
     return out
-
-
-def _outputs(run_id: int) -> dict:
-    latest = {}
-    for key, content in Artifact.objects.filter(run_id=run_id).order_by("version", "id").values_list("key", "content"):
-        latest[key] = content
-    return latest
-
-
-def _journals(run_id: int) -> dict[str, list]:
-    """Each task's journal: (kind, name, body without how it was made, span id), the latest span of each step."""
-    steps: dict[str, dict[int, tuple]] = {}
-    rows = Span.objects.filter(run_id=run_id, step__isnull=False).select_related("task", "payload").order_by("id")
-    for span in rows:
-        body = span.body if span.payload_id is None else span.payload.body
-        if isinstance(body, dict):
-            body = {k: v for k, v in body.items() if k not in _HOW}
-        steps.setdefault(span.task.key, {})[span.step] = (span.kind, span.name, body, span.id)
-    return {key: [entry for _, entry in sorted(found.items())] for key, found in steps.items()}
 
 
 def _first_divergence(original: dict, replayed: dict) -> dict | None:
@@ -217,18 +216,19 @@ def _irreversible_first(calls: list[dict]) -> list[dict]:
     return sorted(calls, key=lambda c: (c.get("reversibility") != IRREVERSIBLE, not c.get("write")))
 
 
-def pair_diff(original: Run | None, run: Run) -> dict:
+def pair_diff(original: Run | None, run: Run, reads: _Reads | None = None) -> dict:
     """One original and its replay: what differs (or None where the original is gone)."""
-    replayed_calls = _replay_calls(run.id)
+    reads = reads or _Reads([original.id if original else None], [run.id])
+    replayed_calls = reads.replay_calls(run.id)
     base = {"original": original.id if original else None, "replay": run.id, "settled": run.status in SETTLED,
             "replay_usage": _usage(run)}  # fmt: skip
     if original is None:
         return {**base, "difference": None}
-    original_calls = _original_calls(original.id)
+    original_calls = reads.calls[original.id]
     added = _irreversible_first(_unmatched(replayed_calls, original_calls))
     removed = _irreversible_first(_unmatched(original_calls, replayed_calls))
-    outputs_a, outputs_b = _outputs(original.id), _outputs(run.id)
-    divergence = _first_divergence(_journals(original.id), _journals(run.id))
+    outputs_a, outputs_b = reads.outputs[original.id], reads.outputs[run.id]
+    divergence = _first_divergence(reads.journals(original.id), reads.journals(run.id))
     same = not added and not removed and outputs_a == outputs_b and original.status == run.status
     return {
         **base,
@@ -248,7 +248,9 @@ def pair_diff(original: Run | None, run: Run) -> dict:
 
 def replay_diff(replay: Replay) -> dict:
     """Each pair's differences, and the totals."""
-    pairs = [pair_diff(p.original, p.run) for p in replay.pairs.select_related("original", "run")]
+    found = list(replay.pairs.select_related("original", "run"))
+    reads = _Reads([p.original_id for p in found], [p.run_id for p in found])
+    pairs = [pair_diff(p.original, p.run, reads) for p in found]
     counted = [p for p in pairs if p["difference"] is not None]
     total = {
         "runs": len(pairs),

@@ -8,6 +8,8 @@ import uuid
 import pytest
 from django.contrib.auth.models import Permission
 from django.core.management import CommandError, call_command
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from agents.demo import WORKER_TURNS
 from agents.models import Agent, AgentVersion
@@ -106,6 +108,21 @@ def test_a_draft_that_sends_a_follow_up_reports_it_with_its_verdict_and_sends_no
     assert Agent.objects.get(slug="incident-worker").script == WORKER_TURNS
     live = finished(run_start(workflow="incident-fanout"))
     assert not Task.objects.filter(run=live, agent_version_id=draft.id).exists()
+
+
+def test_the_differences_of_any_number_of_runs_are_read_in_4_queries(originals):
+    """The pairs, the originals' ledger, every run's journal and every run's outputs: one query each, whether
+    the replay has one run or many (a replay may have 500)."""
+    one = replay_start(run_ids=[originals[0].id], agent="incident-worker", edits={"script": follow_up_script()})
+    both = replay_start(
+        run_ids=[r.id for r in originals], agent="incident-worker", edits={"script": follow_up_script()}
+    )
+    for replay in (one, both):
+        settled(replay)
+        with CaptureQueriesContext(connection) as queries:
+            diff = replay_diff(replay)
+        assert len(queries) == 4, [q["sql"][:120] for q in queries]
+        assert diff["total"]["irreversible_added"] == 5 * len(diff["runs"])
 
 
 def test_the_command_exits_1_when_the_candidate_adds_an_irreversible_call(originals, tmp_path, capsys):
