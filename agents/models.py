@@ -178,6 +178,11 @@ class Workflow(models.Model):
         help_text="With a planner agent: each plan (and re-plan) waits for a reviewer's approval before any of "
         "its tasks starts; a rejection's comment goes to the planner, which plans again",
     )
+    # The projects whose runs of this workflow start a shadow twin (replay.models.Shadow holds what each
+    # tries): read with the workflow at a run's start, so a start that is not shadowed pays nothing, and a
+    # shadow switched off is off for the next start. Kept by replay/shadows.py only; not configuration, so
+    # not versioned.
+    shadowed_in = models.JSONField(default=list, blank=True, editable=False)
 
     class Meta:
         ordering = ["slug"]

@@ -18,6 +18,7 @@ from api.questions import router as questions_router
 from api.reads import router as runs_reads_router
 from api.replays import router as replays_router
 from api.runs import router as runs_router
+from api.shadows import router as shadows_router
 from api.tools import router as tools_router
 from api.workers import router as workers_router
 from core.errors import Conflict, Forbidden, InvalidInput, NotFound
@@ -135,6 +136,7 @@ class WardenAPI(NinjaAPI):
         "api.governance": "approvals.api",  # change requests, decided by the project's admins (new)
         "api.declarations": "approvals.api",  # declarations as code, the approvals app's (new)
         "api.replays": "runs.api",  # what-if replays of runs (new)
+        "api.shadows": "runs.api",  # shadows of live runs (new)
     }
 
     def get_openapi_operation_id(self, operation) -> str:
@@ -161,6 +163,7 @@ api.add_router("/", workers_router)
 api.add_router("/", governance_router)
 api.add_router("/", declarations_router)
 api.add_router("/", replays_router)
+api.add_router("/", shadows_router)
 
 
 def _error(request, status: int, code: str, message: str, errors: list | None = None):

@@ -126,6 +126,15 @@ class RunSettled:
 
 
 @dataclass(frozen=True)
+class RunStarted:
+    """A live run of a shadowed workflow was started (run_start: not a fork, a replay or a shadow)."""
+
+    run_id: int
+    project_id: int
+    workflow_id: int
+
+
+@dataclass(frozen=True)
 class TaskParked:
     """A task stopped to wait (for a reviewer, an answer or a closed breaker); ``reason`` says for what."""
 
@@ -157,7 +166,7 @@ class PolicyChanged:
     policy_id: int
 
 
-Event = RunSettled | TaskParked | OperationAmbiguous | VersionCreated | PolicyChanged
+Event = RunSettled | RunStarted | TaskParked | OperationAmbiguous | VersionCreated | PolicyChanged
 _subscribers: dict[type, list[tuple[Callable, bool]]] = {}
 
 

@@ -5,7 +5,7 @@ from django.contrib import admin
 
 from runs.admin import RunData
 
-from .models import Replay, ReplayRun
+from .models import Replay, ReplayRun, Shadow
 
 
 class ReplayRunInline(admin.TabularInline):
@@ -25,3 +25,13 @@ class ReplayAdmin(RunData):
     list_display = ["id", "project", "candidate_version", "created_by", "created_at"]
     list_filter = ["project"]
     inlines = [ReplayRunInline]
+
+
+@admin.register(Shadow)
+class ShadowAdmin(RunData):
+    """Read-only: a shadow is switched on and off through the API or `manage.py shadow`, audited there (and
+    the workflow's list of shadowing projects kept with it)."""
+
+    project_path = "project"
+    list_display = ["id", "project", "workflow", "replay", "on", "switched_on_at", "switched_off_at"]
+    list_filter = ["project", "on"]

@@ -39,3 +39,30 @@ class ReplayRun(models.Model):
 
     def __str__(self) -> str:
         return f"run {self.run_id} replays {self.original_id}"
+
+
+class Shadow(models.Model):
+    """A candidate following a workflow's live traffic in one project: each run of it started while the shadow
+    is on starts a twin in shadow mode (runs.Run.Mode.SHADOW), whose pairs are ``replay``'s."""
+
+    project = models.ForeignKey("tenancy.Project", on_delete=models.CASCADE, related_name="shadows")
+    workflow = models.ForeignKey("agents.Workflow", on_delete=models.CASCADE, related_name="+")
+    # The candidate and the pairs: a replay of its own, which the twins are added to as they start.
+    replay = models.OneToOneField(Replay, on_delete=models.CASCADE, related_name="shadow")
+    on = models.BooleanField(default=True)
+    switched_on_at = models.DateTimeField(auto_now_add=True)
+    switched_off_at = models.DateTimeField(null=True, blank=True)
+    switched_off_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+", db_index=False
+    )
+
+    class Meta:
+        ordering = ["-id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["project", "workflow"], condition=models.Q(on=True), name="one_shadow_on_per_workflow"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"shadow {self.id} of {self.replay.candidate.get('agent', '?')} on workflow {self.workflow_id}"

@@ -69,13 +69,17 @@ def _edits_checked(edits: dict) -> dict:
 
 
 def _candidate(agent_slug: str, version: int | None, edits: dict | None, runs: list[Run]) -> AgentVersion:
-    project_id = runs[0].project_id
-    agent = Agent.objects.filter(slug=agent_slug).first()
-    if agent is None or agent.project_id not in (None, project_id):
-        raise _invalid("agent", f"unknown agent {agent_slug!r}")
     for run in runs:
         if agent_slug not in ((run.versions or {}).get("agents") or {}):
             raise _invalid("agent", f"run {run.id} does not use {agent_slug}: replaying it would change nothing")
+    return candidate_of(agent_slug, version, edits, project_id=runs[0].project_id)
+
+
+def candidate_of(agent_slug: str, version: int | None, edits: dict | None, *, project_id: int) -> AgentVersion:
+    """The version tried: one of the agent's (``version``) or a draft of it with ``edits``."""
+    agent = Agent.objects.filter(slug=agent_slug).first()
+    if agent is None or agent.project_id not in (None, project_id):
+        raise _invalid("agent", f"unknown agent {agent_slug!r}")
     if (version is None) == (edits is None):
         raise _invalid("candidate", "name a version of the agent, or the edits of a draft")
     if version is not None:
@@ -220,7 +224,9 @@ def pair_diff(original: Run | None, run: Run, reads: _Reads | None = None) -> di
     """One original and its replay: what differs (or None where the original is gone)."""
     reads = reads or _Reads([original.id if original else None], [run.id])
     replayed_calls = reads.replay_calls(run.id)
-    base = {"original": original.id if original else None, "replay": run.id, "settled": run.status in SETTLED,
+    # Settled once both are (a shadow's original may still be going).
+    both = run.status in SETTLED and (original is None or original.status in SETTLED)
+    base = {"original": original.id if original else None, "replay": run.id, "settled": both,
             "replay_usage": _usage(run)}  # fmt: skip
     if original is None:
         return {**base, "difference": None}
@@ -246,12 +252,14 @@ def pair_diff(original: Run | None, run: Run, reads: _Reads | None = None) -> di
     }
 
 
-def replay_diff(replay: Replay) -> dict:
-    """Each pair's differences, and the totals."""
-    found = list(replay.pairs.select_related("original", "run"))
+def replay_diff(replay: Replay, *, latest: int | None = None) -> dict:
+    """Each pair's differences, and the totals (of the ``latest`` pairs only: a shadow's grow with traffic)."""
+    pairs = replay.pairs.select_related("original", "run")
+    found = list(pairs) if latest is None else list(pairs.order_by("-id")[:latest])[::-1]
     reads = _Reads([p.original_id for p in found], [p.run_id for p in found])
     pairs = [pair_diff(p.original, p.run, reads) for p in found]
-    counted = [p for p in pairs if p["difference"] is not None]
+    # The totals are of the pairs that have settled: a half-done pair's difference is not one yet.
+    counted = [p for p in pairs if p["difference"] is not None and p["settled"]]
     total = {
         "runs": len(pairs),
         "settled": sum(1 for p in pairs if p["settled"]),

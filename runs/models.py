@@ -81,6 +81,9 @@ class Run(models.Model):
         # or recorded as what would have been called. Set at its creation, never changed: a replay whose
         # original is deleted stays a replay.
         REPLAY = "replay"
+        # A replay that follows a live run as it goes (replay/, shadows): its calls wait for the live run's
+        # ledger until that run settles, and are answered as a replay's are.
+        SHADOW = "shadow"
 
     mode = models.CharField(max_length=8, choices=Mode.choices, default=Mode.LIVE, editable=False)
     replay_of = models.ForeignKey(

@@ -54,7 +54,7 @@ from .kit import (
 from .ledger import operation_record
 from .models import SealedArguments, ToolOperation
 from .registry import REDACTED, TOOLS, ToolClass, ToolSpec, redact
-from .replaying import replay_answer
+from .replaying import ReplayAnswer, replay_answer
 from .secrets import scrub, scrub_failure, secrets_for
 from .transitions import OPERATION
 
@@ -179,6 +179,11 @@ def _rate_limited(spec: ToolSpec) -> float:
 # --- the agent's path --------------------------------------------------------------------------------
 
 
+def replay_outcome(answer: ReplayAnswer) -> ToolOutcome:
+    """A replay's answer, as the task's journal takes it (tools/replaying.py)."""
+    return ToolOutcome(result=answer.result, error=answer.error, replay=answer.record)
+
+
 def tool_call(*, run, task, step: int, call_number: int, name: str, arguments, resumed: bool = False, fence=None,
               on_refusal: str = ON_REFUSAL_FAIL) -> ToolOutcome:  # fmt: skip
     """One tool call asked for by a task's model. ``resumed``: the model asked for it in an earlier
@@ -197,9 +202,8 @@ def tool_call(*, run, task, step: int, call_number: int, name: str, arguments, r
         return _refuse("invalid_arguments", f"invalid arguments for {name}", fields=exc.fields)
 
     digest = arguments_hash(name, args)
-    if run.mode != "live":  # a replay: answered from its original's ledger, never sent
-        answer = replay_answer(run=run, task=task, spec=spec, args=args, digest=digest)
-        return ToolOutcome(result=answer.result, error=answer.error, replay=answer.record)
+    if run.mode != "live":  # a replay: answered from its original's ledger, never sent (a shadow may wait)
+        return replay_outcome(replay_answer(run=run, task=task, spec=spec, args=args, digest=digest))
     key = idempotency_key(run_id=run.id, task_key=task.key, step=step, epoch=task.journal_epoch)
     to_model = (spec.on_refusal or on_refusal) == ON_REFUSAL_MODEL
     existing = ToolOperation.objects.filter(idempotency_key=key).first()

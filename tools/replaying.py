@@ -12,6 +12,10 @@ there is no operation for a reviewer to approve, for the executor to send or for
 - Any other write: recorded as what would have been called, with the gate's verdict it would have had,
   and answered by the tool's declared stand-in (``ToolSpec.replay_result``) or an error that says so.
 
+A shadow run (runs.Run.Mode.SHADOW) is a replay of a run that is still going: a call its original has not
+committed is not answered yet (``OriginalBehind``); the engine has the task wait while the original goes
+on, and once it has settled uses the answer a replay would have had.
+
 Each answer carries a ``replay`` record in the journal (never shown to the model): the digest of the
 arguments, whether it was a write, the verdict, and how it was answered; replay/services.py reads the
 differences from it.
@@ -47,8 +51,18 @@ class ReplayAnswer(NamedTuple):
     record: dict  # the journal's ``replay`` record
 
 
+class OriginalBehind(Exception):
+    """A shadow's call that its original (still going) has not committed: it may yet. ``answer`` is what it
+    gets if the original settles without it."""
+
+    def __init__(self, answer: ReplayAnswer):
+        super().__init__(f"{answer.record['tool']} waits for the run it shadows")
+        self.answer = answer
+
+
 def replay_answer(*, run, task, spec: ToolSpec, args: dict, digest: str) -> ReplayAnswer:
-    """What a replay run's call of ``spec`` gets, and the record of how it was answered."""
+    """What a replay run's call of ``spec`` gets, and the record of how it was answered. Raises
+    OriginalBehind for a shadow's call its original has not committed (yet)."""
     verdict: Verdict = gate(
         run_id=run.id,
         tool=spec.name,
@@ -73,6 +87,14 @@ def replay_answer(*, run, task, spec: ToolSpec, args: dict, digest: str) -> Repl
     if receipt is not None:
         result = receipt.result if receipt.result is not None else {"status": "committed"}
         return ReplayAnswer(result, None, {**record, "answered": RECORDED, "operation": receipt.id})
+    answer = _unanswered(spec, record)
+    if run.mode == "shadow":
+        raise OriginalBehind(answer)
+    return answer
+
+
+def _unanswered(spec: ToolSpec, record: dict) -> ReplayAnswer:
+    """A call its original never committed."""
     if not spec.is_write:
         message = f"{spec.name}: the original run made no such read, and a replay does not read live"
         return ReplayAnswer(None, {"code": "not_recorded", "message": message}, {**record, "answered": NOT_RECORDED})

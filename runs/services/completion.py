@@ -264,13 +264,15 @@ def task_stop_cancelled(lease: Lease) -> None:
         pass
 
 
-def task_yield(lease: Lease) -> None:
-    """This attempt has run a whole slice: hand the rest to a fresh message (same attempt)."""
+def task_yield(lease: Lease, *, delay_seconds: float = 0.0, reason: str = "") -> None:
+    """This attempt has run a whole slice (or waits a moment, ``reason``): hand the rest to a fresh message
+    (same attempt), ``delay_seconds`` from now."""
     now = timezone.now()
     try:
         with transaction.atomic():
             run, task = _lock_own_task(lease)
-            TASK.move(task, Task.Status.READY, continuing=True, ready_at=now, lease_owner="", lease_expires_at=None)
-            outbox_add(actor=EXECUTE, kwargs={"run_id": run.id, "task_id": task.id})
+            TASK.move(task, Task.Status.READY, continuing=True, ready_at=now, lease_owner="", lease_expires_at=None,
+                      status_reason=reason)  # fmt: skip
+            outbox_add(actor=EXECUTE, kwargs={"run_id": run.id, "task_id": task.id}, delay_ms=int(delay_seconds * 1000))
     except LeaseLost:
         pass

@@ -25,9 +25,10 @@ from core.errors import BudgetExceeded, InvalidInput, LeaseLost, StepFailure, Tr
 from core.faults import crash_now, faults
 from core.logs import log_context
 from tenancy.models import Project
-from tools.broker import TaskParked, tool_call, tool_call_for_journal
+from tools.broker import TaskParked, replay_outcome, tool_call, tool_call_for_journal
 from tools.failures import ON_REFUSAL_FAIL, ON_REFUSAL_MODEL
 from tools.registry import TOOLS
+from tools.replaying import OriginalBehind
 
 from ..blackboard import MEMORY_TOOLS, knowledge, memory_tool_call
 from ..heartbeat import lease_keeper
@@ -321,6 +322,8 @@ def _attempt(lease: Lease):
         raise
     except _Parked:
         return None
+    except _Behind:
+        return _shadow_wait(lease, run, task)
     except DatabaseError as exc:  # the database went away mid-attempt: worth another attempt
         log.warning("task %s attempt %s: database error %r", lease.task_id, lease.attempt, exc)
         return task_fail_or_retry(lease, TransientFailure(f"database error: {exc}"))
@@ -503,6 +506,28 @@ class _Parked(Exception):
     """The attempt stopped to wait for a reviewer; the task is parked."""
 
 
+class _Behind(Exception):
+    """A shadow's call waits for the run it follows (tools/replaying.py): the attempt hands the task back."""
+
+
+SHADOW_WAIT_MAX_SECONDS = 15.0
+
+
+def _original_settled(run: Run) -> bool:
+    """Whether the run a shadow follows has stopped going (ended, or stopped for a person): a call it has
+    not made by then is answered as a replay's is."""
+    status = Run.objects.filter(id=run.replay_of_id).values_list("status", flat=True).first()
+    return status is None or status in Run.TERMINAL or status == Run.Status.NEEDS_ATTENTION
+
+
+def _shadow_wait(lease: Lease, run: Run, task: Task) -> None:
+    """Look again later: soon while the task is young (its original is likely a step ahead), up to
+    SHADOW_WAIT_MAX_SECONDS for an original that waits long (for a reviewer, say)."""
+    age = (timezone.now() - task.started_at).total_seconds() if task.started_at else 0.0
+    delay = min(SHADOW_WAIT_MAX_SECONDS, 0.2 + age / 20)
+    task_yield(lease, delay_seconds=delay, reason=f"waits for run {run.replay_of_id}, which it shadows")
+
+
 def _tool_step(lease: Lease, run: Run, task: Task, state: _LoopState):
 
     call = state.pending_tool
@@ -532,6 +557,11 @@ def _tool_step(lease: Lease, run: Run, task: Task, state: _LoopState):
             if task_park(lease, operation_id=parked.operation_id, reason=str(parked)):
                 raise _Parked() from None
             # decided before we could park: ask the broker again, it finds the decision
+        except OriginalBehind as behind:  # a shadow's call its original has not made (yet)
+            if not _original_settled(run):
+                raise _Behind() from None
+            outcome = replay_outcome(behind.answer)
+            break
         except StepFailure as exc:
             _error_span(lease, kind=Span.Kind.TOOL_CALL, name=str(call.get("name")), started=started, message=str(exc))
             _tool_call_counted(run, str(call.get("name")), None, started)

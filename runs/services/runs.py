@@ -238,15 +238,20 @@ def run_start(
         act.update(project_id=project.id)
         run = _run_create(wf, project=project, input=input, budget=budget, goal=goal, started_by=started_by)
         act.update(run_id=run.id, target=f"run {run.id}")
+        if project.id in (wf.shadowed_in or ()):  # replay/shadows.py starts its twin
+            bus.announce(bus.RunStarted(run_id=run.id, project_id=project.id, workflow_id=wf.id))
     return run
 
 
-def run_replay_start(*, original: Run, candidates: dict[str, AgentVersion], started_by=None) -> Run:
+def run_replay_start(
+    *, original: Run, candidates: dict[str, AgentVersion], started_by=None, shadow: bool = False
+) -> Run:
     """A replay of ``original`` (settled): a run of its workflow with its input (its drill faults left out:
     they were the original's circumstances) and goal, in replay mode (its tool calls never leave: the
     broker answers them from the original's ledger), with the agents of ``candidates`` (slug → version)
-    pinned to those versions and every other agent as the workflow now has it. Not audited here: the
-    replay that starts it is (replay/services.py)."""
+    pinned to those versions and every other agent as the workflow now has it. ``shadow``: the original
+    is still going, and the replay follows it (Run.Mode.SHADOW). Not audited here: the replay or shadow
+    that starts it is (replay/services.py)."""
     with transaction.atomic():  # the workflow's budget: a candidate's spending is part of what is compared
         wf = with_latest_version(Workflow.objects.select_related("planner_agent", "project")).get(
             id=original.workflow_id
@@ -254,12 +259,21 @@ def run_replay_start(*, original: Run, candidates: dict[str, AgentVersion], star
         source = {k: v for k, v in (original.input or {}).items() if k != "faults"}
         return _run_create(
             wf, project=original.project, input=source, budget=None, goal=original.goal, started_by=started_by,
-            replay_of=original, candidates=candidates,
+            replay_of=original, candidates=candidates, mode=Run.Mode.SHADOW if shadow else Run.Mode.REPLAY,
         )  # fmt: skip
 
 
 def _run_create(
-    wf: Workflow, *, project, input, budget, goal: str, started_by, replay_of: Run | None = None, candidates=None
+    wf: Workflow,
+    *,
+    project,
+    input,
+    budget,
+    goal: str,
+    started_by,
+    replay_of: Run | None = None,
+    candidates=None,
+    mode: str = Run.Mode.LIVE,
 ) -> Run:
     run_input = _run_input(input)
     try:
@@ -275,7 +289,7 @@ def _run_create(
         if slug in started:
             started[slug] = version
     run = Run.objects.create(
-        mode=Run.Mode.REPLAY if replay_of is not None else Run.Mode.LIVE,
+        mode=mode,
         replay_of=replay_of,
         versions=versions,
         workflow_version=wf_version,

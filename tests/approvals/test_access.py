@@ -12,7 +12,7 @@ from config.api import api as ninja_api
 from evals.demo import demo_suite_load
 from evals.models import Annotation, EvalCase, EvalRun, EvalSuite
 from policy.models import ApprovalRequest
-from replay.models import Replay
+from replay.models import Replay, Shadow
 from runs.models import Artifact, BlackboardEntry, Run
 from runs.services import run_start
 from tenancy.access import default_project, membership_grant
@@ -86,6 +86,10 @@ POLICY = {
     # What-if replays (issue 29): trying a version operates the runs; a draft's edits would need administer.
     ("POST", "/api/v1/replays"): ("operate", "operate"),
     ("GET", "/api/v1/replays/{replay_id}"): ("view", "read"),
+    # Shadows of live runs: the same, and switching one off operates it.
+    ("POST", "/api/v1/shadows"): ("operate", "operate"),
+    ("GET", "/api/v1/shadows/{shadow_id}"): ("view", "read"),
+    ("POST", "/api/v1/shadows/{shadow_id}/off"): ("operate", "operate"),
 }
 BODIES = {
     "/api/v1/runs": {"workflow": "deploy-review"},
@@ -115,6 +119,7 @@ BODIES = {
     "/api/v1/projects/{slug}/declarations": {"classifications": [{"tool": "crm.other", "tool_class": "read_only"}]},
     "/api/v1/projects/{slug}/declarations/{kind}/{name}": {"tool_class": "read_only"},
     "/api/v1/replays": lambda ids: {"runs": [ids["run_id"]], "agent": "inventory-agent", "version": ids["version"]},
+    "/api/v1/shadows": lambda ids: {"workflow": "deploy-review", "agent": "inventory-agent", "version": ids["version"]},
 }
 ALLOWED = {  # role → actions
     "viewer": {"view"},
@@ -196,6 +201,11 @@ def scene(demo, django_user_model):
         "name": "crm.other",
         "version": run.versions["agents"]["inventory-agent"]["version"],
         "replay_id": Replay.objects.create(project=home, candidate={"agent": "inventory-agent", "version": 1}).id,
+        "shadow_id": Shadow.objects.create(
+            project=home,
+            workflow=run.workflow,
+            replay=Replay.objects.create(project=home, candidate={"agent": "inventory-agent", "version": 1}),
+        ).id,
     }
     artifact = Artifact.objects.create(run=run, task=run.tasks.get(key="inventory"), key="inventory", content={})
     entry = BlackboardEntry.objects.create(run=run, key="pods", version=1, kind="number", value=4)
@@ -286,6 +296,7 @@ def _one_role(scene, client, method, path, who):
         ("POST", "/api/v1/tool-classes"),
         ("POST", "/api/v1/eval-suites"),
         ("POST", "/api/v1/replays"),
+        ("POST", "/api/v1/shadows"),
     }
     if who == "anonymous":
         expected = 401

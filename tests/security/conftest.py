@@ -22,6 +22,7 @@ from evals.demo import demo_suite_load
 from evals.models import Annotation, EvalCase, EvalResult, EvalRun, EvalSuite
 from integrations.models import WebhookEndpoint
 from policy.models import AllowRule, ApprovalRequest
+from replay.models import Replay, Shadow
 from replay.services import replay_start
 from runs.heartbeat import lease_keeper
 from runs.models import Run
@@ -142,8 +143,14 @@ def hostile(demo, provider, settings, monkeypatch, django_user_model):  # noqa: 
         run_ids=[runs.answered.id], agent=gpt.slug, edits={"instructions": JOINED}, note=JOINED, via="test"
     )
     runs.replayed = drive(replay.pairs.get().run)
+    # A shadow of the answered run's workflow, whose note is in the corpus's words too.
+    shadow = Shadow.objects.create(
+        project=home, workflow=runs.answered.workflow,
+        replay=Replay.objects.create(project=home, candidate={"agent": gpt.slug, "version": 1}, note=JOINED),
+    )  # fmt: skip
     tokens = {user.username: api_token_create(user=user, scopes=["read"])[1] for user in (root, admin_user)}
-    return SimpleNamespace(runs=runs, root=root, admin=admin_user, tokens=tokens, suite=suite, replay=replay)
+    return SimpleNamespace(runs=runs, root=root, admin=admin_user, tokens=tokens, suite=suite, replay=replay,
+                           shadow=shadow)  # fmt: skip
 
 
 # --- URLs from the resolver, filled with the scene's ids ---------------------------------------------------
@@ -223,6 +230,7 @@ def fill(route: str, scene, *, every: bool, admin_rows: int = 1) -> list[str]:
                 "change_id": list(ChangeRequest.objects.order_by("id").values_list("id", flat=True)),
                 "suite_id": [scene.suite.id],
                 "replay_id": [scene.replay.id],
+                "shadow_id": [scene.shadow.id],
                 "eval_run_id": list(scene.suite.eval_runs.values_list("id", flat=True)),
                 # the admin's "view on site" of a row
                 "content_type_id": [ContentType.objects.get_for_model(Run).id],

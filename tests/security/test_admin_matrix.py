@@ -23,7 +23,7 @@ from approvals.models import BreakerNotification, DecisionLink, Notification, Qu
 from evals.models import Annotation, EvalCase, EvalResult, EvalRun, EvalSuite
 from integrations.models import IdempotencyKey, OtlpExportCursor, OtlpTrace, WebhookDelivery, WebhookEndpoint
 from policy.models import AllowRule, ApprovalPolicy, ApprovalRequest, Decision
-from replay.models import Replay
+from replay.models import Replay, Shadow
 from runs.models import (
     Artifact,
     BlackboardEntry,
@@ -93,6 +93,7 @@ TABLE = {
     "evals.evalresult": (V, NOBODY, NOBODY, SU),
     "evals.annotation": (V, NOBODY, NOBODY, SU),
     "replay.replay": (V, NOBODY, NOBODY, SU),
+    "replay.shadow": (V, NOBODY, NOBODY, SU),
     "runs.blackboardentry": (V, NOBODY, NOBODY, SU),
     "agents.agent": (MEMBER, SU, SU, SU),
     "agents.modelprice": (MEMBER, SU, SU, SU),
@@ -246,6 +247,11 @@ def scene(demo, people, django_user_model):
         "evals.evalresult": EvalResult.objects.create(eval_run=eval_run, case=case, run=run),
         "evals.annotation": Annotation.objects.create(run=run, score=0.5, comment="ok"),
         "replay.replay": Replay.objects.create(project=home, candidate={"agent": "inventory-agent", "version": 1}),
+        "replay.shadow": Shadow.objects.create(
+            project=home,
+            workflow=run.workflow,
+            replay=Replay.objects.create(project=home, candidate={"agent": "inventory-agent", "version": 1}),
+        ),
         "runs.blackboardentry": BlackboardEntry.objects.create(run=run, key="pods", version=1, kind="number", value=4),
         "agents.agent": Agent.objects.get(slug="inventory-agent"),
         # First on the list's first page, before the rows seeded from the genai-prices package.
