@@ -1,13 +1,33 @@
 """The replay app's actor: a shadowed run's twin starts here (replay/shadows.py), not in the production run's
-start, which it must not slow."""
+start, which it must not slow, and only when the workers have spare time."""
+
+import time
 
 import dramatiq
 
 from runs.actors import TIME_LIMIT_MS
 
-from .shadows import SHADOW_START, shadow_twin_start
+from .shadows import (
+    SHADOW_START,
+    START_WITHIN_SECONDS,
+    live_work_waiting,
+    put_off_seconds,
+    shadow_twin_skip,
+    shadow_twin_start,
+)
 
 
-@dramatiq.actor(actor_name=SHADOW_START, queue_name="warden", max_retries=0, time_limit=TIME_LIMIT_MS)
-def shadow_start(run_id: int) -> None:
+@dramatiq.actor(actor_name=SHADOW_START, queue_name="warden", max_retries=0, time_limit=TIME_LIMIT_MS, priority=100)
+def shadow_start(run_id: int, times: int = 0, since: float | None = None) -> None:
+    """Lower priority than the engine's messages (a worker holding both takes theirs first); put off while
+    live work waits for a worker."""
+    since = since if since is not None else time.time()
+    if live_work_waiting():
+        if time.time() - since > START_WITHIN_SECONDS:
+            return shadow_twin_skip(run_id=run_id)
+        wait = put_off_seconds(times)
+        shadow_start.send_with_options(kwargs={"run_id": run_id, "times": times + 1, "since": since},
+                                       delay=int(wait * 1000))  # fmt: skip
+        return None
     shadow_twin_start(run_id=run_id)
+    return None

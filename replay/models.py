@@ -55,6 +55,8 @@ class Shadow(models.Model):
     switched_off_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+", db_index=False
     )
+    # Live runs whose twin never started: the workers had no spare time for it within the start's limit.
+    skipped = models.PositiveIntegerField(default=0)
 
     class Meta:
         ordering = ["-id"]

@@ -2,6 +2,7 @@
 counted in the sandbox systems, from outside the engine; a twin must never hold its production run."""
 
 import json
+import time
 import uuid
 
 import pytest
@@ -11,11 +12,12 @@ from examples.refunds.payments_service import PaymentsService
 from examples.refunds.setup_refunds import refunds_setup
 from integrations.models import WebhookDelivery, WebhookEndpoint
 from policy.models import ApprovalRequest
+from replay.actors import shadow_start
 from replay.models import Shadow
 from replay.services import replay_diff
-from replay.shadows import shadow_off, shadow_on
+from replay.shadows import START_WITHIN_SECONDS, shadow_off, shadow_on
 from runs.models import Run, Span
-from runs.services import run_start
+from runs.services import run_cancel, run_start
 from tenancy.access import default_project, membership_grant
 from tenancy.models import AuditEvent, Project
 from tests.conftest import decide, wait_for
@@ -264,3 +266,19 @@ def test_the_shadows_api_is_an_operators_keeps_drafts_to_admins_and_hides_other_
     assert off.status_code == 200 and off.json()["on"] is False
     assert post(people["operator"], f"/shadows/{shadow_id}/off").status_code == 409
     assert Workflow.objects.get(slug="incident-fanout").shadowed_in == []
+
+
+def test_a_twin_starts_on_spare_time_only_and_is_counted_when_it_never_could(demo_tx):
+    """No worker runs here: the live run's tasks wait for one, so its twin's start is put off; past the
+    limit it is skipped and counted; once no live work waits, the twin starts."""
+    shadow = shadow_on(project=default_project(), workflow="incident-fanout", agent="incident-worker",
+                       version=current_version("incident-worker"), via="test")  # fmt: skip
+    run = run_start(workflow="incident-fanout")
+    assert shadow_start.fn(run_id=run.id) is None and not Run.objects.filter(replay_of=run).exists()
+    shadow_start.fn(run_id=run.id, times=3, since=time.time() - START_WITHIN_SECONDS - 1)
+    assert Shadow.objects.get(id=shadow.id).skipped == 1 and not Run.objects.filter(replay_of=run).exists()
+    run_cancel(run_id=run.id, reason="nobody will run it here")
+    shadow_start.fn(run_id=run.id)
+    assert Run.objects.get(replay_of=run).mode == Run.Mode.SHADOW
+    shadow_start.fn(run_id=run.id)  # delivered twice: still one twin
+    assert Run.objects.filter(replay_of=run).count() == 1
