@@ -29,6 +29,7 @@ from .common import authorized
 from .run_actions import _describe, _see_other, _status
 
 DEFAULT_LIMIT = 10
+ID_MAX = 2**63 - 1  # a number no database column can hold is no run and no version
 SUMMARY_CHARS = 160
 USAGE = (("status", "status"), ("steps", "steps"), ("tokens", "tokens"), ("cost (USD)", "cost_usd"),
          ("seconds", "seconds"))  # fmt: skip
@@ -46,7 +47,7 @@ def _run_ids(text: str) -> list[int]:
         ids = [int(p.lstrip("#")) for p in parts]
     except ValueError:
         raise _invalid("runs", "run ids are numbers, separated by commas or spaces") from None
-    if any(i < 1 for i in ids):
+    if any(not 1 <= i <= ID_MAX for i in ids):
         raise _invalid("runs", "run ids are numbers, separated by commas or spaces")
     return list(dict.fromkeys(ids))
 
@@ -73,9 +74,12 @@ def _edits(text: str) -> dict:
 
 def _version(text: str) -> int:
     try:
-        return int(text)
+        number = int(text)
     except ValueError:
-        raise _invalid("version", "choose one of the agent's versions") from None
+        number = 0
+    if not 1 <= number <= ID_MAX:
+        raise _invalid("version", "choose a version of the agent")
+    return number
 
 
 def _choices(request, operable: list[int] | None, data) -> dict:
@@ -91,7 +95,7 @@ def _choices(request, operable: list[int] | None, data) -> dict:
     runs_text = data.get("runs", "").strip()
     if runs_text and not slug:
         first = runs_text.replace(",", " ").split()[0].lstrip("#")
-        run = selectors.run_for_replay_form(int(first)) if first.isdigit() else None
+        run = selectors.run_for_replay_form(int(first)) if first.isdigit() and int(first) <= ID_MAX else None
         if run is not None and run.project_id in {p.id for p in projects}:  # others' runs stay unknown
             slug, project_slug = run.workflow.slug, project_slug or run.project.slug
     if not slug and agent:

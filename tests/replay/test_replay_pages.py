@@ -11,6 +11,7 @@ from django.contrib.auth.models import Permission
 from agents.demo import WORKER_TURNS
 from agents.models import Agent, AgentVersion, Workflow
 from replay.models import Replay
+from replay.selectors import pair_side_by_side
 from replay.services import replay_start
 from runs.models import Run
 from runs.services import run_start
@@ -87,7 +88,9 @@ def test_an_operator_tries_a_version_from_the_form_and_sees_no_difference(origin
     assert f'href="/replays/{replay.id}/"' in _text(client.get("/replays/"))
 
 
-def test_a_draft_with_a_follow_up_email_is_marked_where_it_first_diverges(originals, people, client):
+def test_a_draft_with_a_follow_up_email_is_marked_where_it_first_diverges(
+    originals, people, client, django_assert_num_queries
+):
     client.force_login(people["admin"])  # a draft is the agent's configuration: the project's admin's
     original = originals[0]
     edits = json.dumps({"script": follow_up_script()})
@@ -116,6 +119,11 @@ def test_a_draft_with_a_follow_up_email_is_marked_where_it_first_diverges(origin
     assert 'href="#first-divergence"' in pair
     table = pair[: pair.index('id="first-divergence"')].rsplit('<table class="ops steps', 1)[1]
     assert re.search(r"<caption><strong>worker-\d</strong>", table)
+    # Both journals side by side in four queries, whatever the number of tasks and steps.
+    replayed = replay.pairs.get().run_id
+    with django_assert_num_queries(4):
+        side = pair_side_by_side(original.id, replayed)
+    assert side["steps"][1] > side["steps"][0] and len(side["tasks"]) == 7
     # The agent as it is, and what new runs start on, are unchanged.
     assert Agent.objects.get(slug="incident-worker").script == WORKER_TURNS
 
@@ -125,6 +133,8 @@ def test_a_draft_with_a_follow_up_email_is_marked_where_it_first_diverges(origin
     [
         ("operator", {"status": "cancelled"}, 400, "no settled run of incident-fanout in default matches"),
         ("operator", {"runs": "12 and 13"}, 400, "run ids are numbers"),
+        ("operator", {"runs": "99999999999999999999"}, 400, "run ids are numbers"),
+        ("operator", {"version": "99999999999999999999"}, 400, "choose a version of the agent"),
         ("operator", {"agent": "nope", "version": "1"}, 400, "unknown agent"),
         ("operator", {"version": "999"}, 400, "has no version 999"),
         ("admin", {"candidate": "draft", "edits": "{not json"}, 400, "the edits are not JSON"),
