@@ -1,6 +1,6 @@
 from django.urls import path
 
-from .views import evals, insight, run_actions, run_page, run_start, runs_list
+from .views import evals, insight, replays, run_actions, run_page, run_start, runs_list
 
 app_name = "runs"
 
@@ -36,4 +36,8 @@ urlpatterns = [
     path("evals/new", evals.eval_new, name="eval-new"),
     path("evals/<int:suite_id>/", evals.eval_suite, name="eval-suite"),
     path("evals/<int:suite_id>/run", evals.eval_run, name="eval-run"),
+    path("replays/", replays.replay_list, name="replays"),
+    path("replays/new", replays.replay_new, name="replay-new"),
+    path("replays/<int:replay_id>/", replays.replay_detail, name="replay"),
+    path("replays/<int:replay_id>/runs/<int:original_id>", replays.replay_pair, name="replay-pair"),
 ]

@@ -1,4 +1,4 @@
-"""Admin of replays: read-only (started by `manage.py replay`, the API, or later the pages), seen by their
+"""Admin of replays: read-only (started by `manage.py replay`, the API or the pages), seen by their
 project's members."""
 
 from django.contrib import admin

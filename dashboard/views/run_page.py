@@ -18,6 +18,7 @@ from django.utils.html import format_html_join
 from django.utils.safestring import mark_safe
 from django.views.decorators.http import require_GET
 
+from agents.models import Workflow
 from dashboard import presence
 from dashboard.trace import (
     FULL_TREE_MAX,
@@ -36,6 +37,7 @@ from dashboard.trace import (
     tree_filter,
     tree_html,
 )
+from replay.services import SETTLED as REPLAYABLE
 from runs.models import Run, Span
 from runs.refusals import run_cancel_refusal, run_fork_state_refusal, run_resume_refusal
 from runs.selectors import run_page as selectors
@@ -48,6 +50,7 @@ from .common import run_for_view
 from .evals import reviews_context
 
 PREVIEW_CHARS = 4000
+EXTERNAL = Workflow.Planner.EXTERNAL
 ARTIFACTS_SHOWN = 100  # the newest; the admin lists them all
 OPS_SHOWN = 300  # the newest ledger rows of a large run; the API and the admin list them all
 TEMPLATE = "runs/run.html"
@@ -184,6 +187,8 @@ def header_context(run: Run, now, summary: dict | None = None) -> dict:
         "can_resume": run_resume_refusal(run) is None,
         # By the run's status alone (no query per push): the fork page gives the whole refusal, if any.
         "can_fork": run_fork_state_refusal(run) is None,
+        # A settled live run of a workflow Warden runs itself: what-if replays (docs/replay.md).
+        "can_replay": run.mode == Run.Mode.LIVE and run.status in REPLAYABLE and run.workflow.planner != EXTERNAL,
         **_compensate_offer(run),
     }
 

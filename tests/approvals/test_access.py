@@ -12,7 +12,7 @@ from config.api import api as ninja_api
 from evals.demo import demo_suite_load
 from evals.models import Annotation, EvalCase, EvalRun, EvalSuite
 from policy.models import ApprovalRequest
-from replay.models import Replay, Shadow
+from replay.models import Replay, ReplayRun, Shadow
 from runs.models import Artifact, BlackboardEntry, Run
 from runs.services import run_start
 from tenancy.access import default_project, membership_grant
@@ -584,6 +584,10 @@ PAGES = {
     "evals/new": "administer, in any project (its form offers only the projects they administer)",
     "evals/<int:suite_id>/": "view, in the suite's project",
     "evals/<int:suite_id>/run": "start (POST), in the suite's project",
+    "replays/": "member (their projects' replays)",
+    "replays/new": "operate, in any project (a draft's edits: administer, in the runs' project, on POST)",
+    "replays/<int:replay_id>/": "view, in the replay's project",
+    "replays/<int:replay_id>/runs/<int:original_id>": "view, in the replay's project",
     # Operating Warden (tests/runs/test_operations.py): probes for load balancers, Prometheus' scrape (its
     # token or an allowed address; the test client's 127.0.0.1 is allowed by default), the workers.
     "healthz": "public",
@@ -700,7 +704,11 @@ def test_every_page_answers_each_role_as_its_row_says(scene, client, who):
         "project": run.project.slug,
         "question_id": scene["ids"]["question_id"],
         "change_id": scene["change"].id,
+        "replay_id": scene["ids"]["replay_id"],
+        "original_id": run.id,
     }
+    # The replay's one pair: the scene's run, standing in as its own replay (the pages only read them).
+    ReplayRun.objects.create(replay_id=ids["replay_id"], original=run, run=run)
     if who != "anonymous":
         client.force_login(scene["people"][who])
     checked = 0

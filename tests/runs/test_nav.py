@@ -31,13 +31,14 @@ def person(db, django_user_model):
 @pytest.mark.parametrize(
     "role,flags,shown",
     [
-        ("viewer", {}, {"inbox", "runs", "approvals", "insight", "evals"}),
-        ("reviewer", {}, {"inbox", "runs", "approvals", "insight", "evals"}),
-        ("operator", {}, {"inbox", "runs", "start", "approvals", "insight", "evals", "workers"}),
-        ("admin", {"is_staff": True}, {"inbox", "runs", "start", "approvals", "insight", "evals", "workers", "admin"}),
+        ("viewer", {}, {"inbox", "runs", "approvals", "insight", "evals", "replays"}),
+        ("reviewer", {}, {"inbox", "runs", "approvals", "insight", "evals", "replays"}),
+        ("operator", {}, {"inbox", "runs", "start", "approvals", "insight", "evals", "workers", "replays"}),
+        ("admin", {"is_staff": True},
+         {"inbox", "runs", "start", "approvals", "insight", "evals", "workers", "admin", "replays"}),
         (None, {"is_staff": True, "is_superuser": True},
-         {"inbox", "runs", "start", "approvals", "insight", "evals", "workers", "admin"}),
-        (None, {}, {"inbox", "runs", "approvals", "insight", "evals"}),  # a member of nothing yet
+         {"inbox", "runs", "start", "approvals", "insight", "evals", "workers", "admin", "replays"}),
+        (None, {}, {"inbox", "runs", "approvals", "insight", "evals", "replays"}),  # a member of nothing yet
     ],
 )  # fmt: skip
 def test_the_nav_offers_only_pages_that_open(person, client, role, flags, shown):

@@ -231,6 +231,7 @@ def fill(route: str, scene, *, every: bool, admin_rows: int = 1) -> list[str]:
                 "suite_id": [scene.suite.id],
                 "replay_id": [scene.replay.id],
                 "shadow_id": [scene.shadow.id],
+                "original_id": list(scene.replay.pairs.values_list("original_id", flat=True)),  # a pair's page
                 "eval_run_id": list(scene.suite.eval_runs.values_list("id", flat=True)),
                 # the admin's "view on site" of a row
                 "content_type_id": [ContentType.objects.get_for_model(Run).id],
