@@ -120,8 +120,9 @@ class _CheckedForm(forms.ModelForm):
         data = super().clean()
         for name, field in self.fields.items():
             # JSON null passes a blank JSON field's own check, and the column refuses it (a 500 at save).
-            if isinstance(field, forms.JSONField) and name in data and data[name] is None:
-                empty = self.instance._meta.get_field(name).get_default()
+            column = self.instance._meta.get_field(name) if isinstance(field, forms.JSONField) else None
+            if column is not None and not column.null and name in data and data[name] is None:
+                empty = column.get_default()
                 what = "a list, or [] for none" if isinstance(empty, list) else "an object, or {} for none"
                 self.add_error(name, what)
         if self.errors:

@@ -188,6 +188,16 @@ def _class_problems(row: HttpTool) -> list[tuple[str, str]]:
     return []
 
 
+def _example_problems(row: HttpTool) -> list[tuple[str, str]]:
+    if row.example_answer is None:
+        return []
+    if not isinstance(row.example_answer, dict):
+        return [("example_answer", "an object, as the service's answer is")]
+    if row.tool_class == ToolClass.READ_ONLY:
+        return [("example_answer", "a read has none: a replay answers reads from the original run's ledger")]
+    return []
+
+
 def http_tool_problems(row: HttpTool) -> list[tuple[str, str]]:
     """What is wrong with a declaration, as (field, message); empty when it may be saved."""
     problems = []
@@ -219,6 +229,7 @@ def http_tool_problems(row: HttpTool) -> list[tuple[str, str]]:
         problems += url_problems(row.lookup_url, field="lookup_url", allowed={"key"})
     problems += _header_problems(row.headers, project_id=row.project_id)
     problems += _undo_problems(row)
+    problems += _example_problems(row)
     if not (0 < (row.timeout_seconds or 0) <= 3600):
         problems.append(("timeout_seconds", "between 0 and 3600 seconds"))
     return problems
@@ -398,6 +409,8 @@ def http_tool_spec(row: HttpTool) -> ToolSpec:
         kind="http",
         declaration=http_tool_declaration(row),
         on_refusal=row.on_refusal,
+        # A replay's stand-in for a write it does not send (tools/replaying.py); reads have none.
+        replay_result=row.example_answer if tool_class != ToolClass.READ_ONLY else None,
     )
 
 

@@ -221,6 +221,12 @@ class HttpTool(models.Model):
         '"arguments.x" or "result.y" come from the call; anything else is taken as it is',
     )
     external_id = models.CharField(max_length=100, blank=True, help_text="The answer's field naming what was made")
+    example_answer = models.JSONField(
+        null=True,
+        blank=True,
+        help_text="A write's example answer (an object): what a what-if replay's model is told when the "
+        "candidate makes a write the original run did not (docs/replay.md); it is never sent",
+    )
     timeout_seconds = models.FloatField(default=10.0)
     rate_per_minute = models.PositiveIntegerField(null=True, blank=True)
     on_refusal = models.CharField(

@@ -74,6 +74,7 @@ KINDS = {
                 "lookup_url",
                 "undo",
                 "external_id",
+                "example_answer",
                 "timeout_seconds",
                 "rate_per_minute",
                 "on_refusal",

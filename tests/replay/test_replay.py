@@ -20,13 +20,13 @@ from integrations.models import WebhookDelivery, WebhookEndpoint
 from policy.models import ApprovalRequest
 from replay.models import Replay
 from replay.services import replay_diff, replay_settled, replay_start
-from runs.models import Run, Task
+from runs.models import Run, Span, Task
 from runs.services import run_fork, run_start
 from tenancy.access import default_project, membership_grant
 from tenancy.models import AuditEvent, Project
 from tenancy.tokens import api_token_create
 from tests.conftest import decide, wait_for
-from tools.models import SandboxCall, ToolOperation
+from tools.models import HttpTool, SandboxCall, ToolOperation
 
 WORKER_THREADS = 8  # the fan-out's five workers at once
 
@@ -271,6 +271,9 @@ def test_a_hostile_candidate_reaches_no_http_or_mcp_system_either(demo_tx, worke
         decide(request_id=ApprovalRequest.objects.get(run=original).id, user=reviewer, approve=True)
         assert finished(original).status == Run.Status.COMPLETED
         requests, ticket_lines, call_lines = len(payments.requests), tickets.read_text(), calls.read_text()
+        # The refund's declaration gives an example answer: the replay's model is told it, and nothing goes.
+        example = {"id": "re_example", "status": "pending", "amount_cents": 0}
+        HttpTool.objects.filter(name="payments.refund").update(example_answer=example)
         hostile = [
             {"tool": "payments.refund", "arguments": {"charge_id": "ch_1001", "amount_cents": 9999, "reason": "more"}},
             {"tool": "helpdesk.create_ticket", "arguments": {"title": "Hostile", "body": "again"}},
@@ -284,6 +287,8 @@ def test_a_hostile_candidate_reaches_no_http_or_mcp_system_either(demo_tx, worke
         assert {c["tool"] for c in pair["calls_added"]} >= {"payments.refund", "helpdesk.create_ticket"}
         refund = next(c for c in pair["calls_added"] if c["tool"] == "payments.refund")
         assert refund["verdict"] == "approval" and refund["answered"] == "not_sent"  # it would have waited
+        told = Span.objects.get(run_id=pair["replay"], kind=Span.Kind.TOOL_CALL, name="payments.refund").body
+        assert told["result"] == example and "error" not in told, told
         assert not ApprovalRequest.objects.filter(run_id=pair["replay"]).exists()
         assert ToolOperation.objects.filter(run_id=pair["replay"]).count() == 0
     finally:

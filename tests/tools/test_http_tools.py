@@ -158,6 +158,13 @@ BAD = [
     ({"method": "DELETE", "tool_class": "read_only", "reversibility": ""}, "tool_class", "a DELETE request is"),
     ({"reversibility": "reversible"}, "reversibility", "names the tool that undoes it"),
     ({"name": "email.send"}, "name", "registry"),
+    # A write's example answer is a replay's stand-in (docs/replay.md): an object, and never a read's.
+    ({"example_answer": "[1, 2]"}, "example_answer", "an object, as the service's answer is"),
+    (
+        {"method": "GET", "tool_class": "read_only", "reversibility": "", "example_answer": {"id": "x"}},
+        "example_answer",
+        "a read has none",
+    ),
 ]
 
 
