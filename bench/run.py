@@ -1,19 +1,20 @@
 """All of Warden's benchmarks in one command, one table of their figures, Warden beside its peers, and
 the goals.
 
-    .venv/bin/python bench/run.py [--quick] [--only engine,peers,approvals,dashboard,embedded,peers-sqlite,tools]
+    .venv/bin/python bench/run.py [--quick] [--only engine,peers,approvals,dashboard,embedded,peers-sqlite,tools,replay]
     .venv/bin/python bench/run.py --against REF [--rounds 5] [--only engine,embedded]
 
 Runs, one after the other and each in its own process: bench/engine.py (PostgreSQL + Redis, real
 workers), bench/peers.py (the same workloads on DBOS, LangGraph + PostgresSaver and a naive two-commit
 journal, on the same PostgreSQL), bench/approval_resume.py, bench/live_push.py, bench/embedded.py (the
-engine on SQLite in one process), bench/peers.py --backend sqlite and bench/tool_calls.py (tool adapters beside
-direct calls of the same services). Each PostgreSQL benchmark has its
+engine on SQLite in one process), bench/peers.py --backend sqlite, bench/tool_calls.py (tool adapters beside
+direct calls of the same services) and bench/replay.py (100 incident-fanout runs, then their what-if replay,
+embedded and on PostgreSQL + Redis). Each PostgreSQL benchmark has its
 own database (warden_bench_run_*: dropped and recreated, dropped at the end) and queue namespace on Redis
 db 13, and starts and stops its own workers (the dashboard its ASGI server). Their output is shown as it
 comes, prefixed with their name; each ends with one JSON line of its figures (--json), read here into the
 tables: figure | value | reference measured in the same run | ratio | goal, then steps/s side by side
-with the peers, then each goal (P1–P9, E1–E3, T1: docs/benchmarks.md) met or not.
+with the peers, then each goal (P1–P9, E1–E3, T1, R1: docs/benchmarks.md) met or not.
 
 Only 127.0.0.1 is contacted: PostgreSQL and Redis must listen there. --quick runs small versions of
 everything, a smoke check of a few minutes; without it, the figures of docs/benchmarks.md. The peers are
@@ -41,7 +42,7 @@ from urllib.parse import urlparse
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
-BENCHES = ("engine", "peers", "approvals", "dashboard", "embedded", "peers-sqlite", "tools")
+BENCHES = ("engine", "peers", "approvals", "dashboard", "embedded", "peers-sqlite", "tools", "replay")
 # Not bench/approval_resume.py: a script of that name would shadow the approvals app on sys.path.
 SCRIPTS = {
     "engine": "engine.py",
@@ -51,14 +52,21 @@ SCRIPTS = {
     "embedded": "embedded.py",
     "peers-sqlite": "peers.py",
     "tools": "tool_calls.py",  # not bench/tools.py: a script of that name would shadow the tools app
+    "replay": "replay.py",  # it puts the project before bench/ on sys.path, so the replay app wins
 }
 DATABASES = {
     "engine": "warden_bench_run_engine",
     "approvals": "warden_bench_run_appr",
     "dashboard": "warden_bench_run_dash",
     "peers": "warden_bench_run_peers",
+    "replay": "warden_bench_run_replay",
 }
-NAMESPACES = {"engine": "warden-bench", "approvals": "warden-bench-appr", "dashboard": "warden-bench-dash"}
+NAMESPACES = {
+    "engine": "warden-bench",
+    "approvals": "warden-bench-appr",
+    "dashboard": "warden-bench-dash",
+    "replay": "warden-bench-replay",
+}
 # Measured on SQLite in this process's children only: no database, no Redis keys to clean up after them.
 LOCAL = {"embedded", "peers-sqlite", "tools"}
 # Whatever the calling shell says, the benchmarks get their addresses from here only.
@@ -92,6 +100,8 @@ def command(name: str, args, root: Path = ROOT) -> tuple[list[str], dict]:
         cmd += ["--backend", "sqlite"]
     elif name in LOCAL:
         pass
+    elif name == "replay":  # embedded first, then PostgreSQL + Redis, as the engine's two benchmarks
+        cmd += ["--modes", "embedded,postgres", "--database-url", db, "--redis-url", args.redis_url]
     else:
         cmd += ["--database-url", db, "--redis-url", args.redis_url]
     return cmd, env
@@ -335,6 +345,11 @@ GOALS = (
     ("E2", "embedded (2) ÷ naive SQLite journal ≥ 0.5×",
      lambda r: _ratio(r, "embedded", 2, "peers-sqlite", "journal", "many"), lambda v: v >= 0.5),
     ("E3", "embedded hop p50 ≤ 2 ms", lambda r: _fig(r, "embedded", "hop_p50_ms"), lambda v: v <= 2),
+    # R1 reads (replay − its model calls) ÷ the originals' engine time: ≤ 1.10 (bench/replay.py).
+    ("R1", "replay of 100 runs ≤ model calls + 1.10× originals, embedded",
+     lambda r: _fig(r, "replay", "embedded_replay_overhead_vs_originals"), lambda v: v <= 1.10),
+    ("R1", "replay of 100 runs ≤ model calls + 1.10× originals, PostgreSQL",
+     lambda r: _fig(r, "replay", "postgres_replay_overhead_vs_originals"), lambda v: v <= 1.10),
 )  # fmt: skip
 
 

@@ -276,8 +276,16 @@ class Processes:
     def worker(self, *, threads: int = 2, **env):
         return self._start(["rundramatiq", "--processes", "1", "--threads", str(threads)], process_env(**env), "worker")
 
-    def server(self, *, port: int, **env):
-        return self._start(["serve", "--port", str(port), "--threads", "2"], process_env(**env), "server")
+    def server(self, *, port: int, threads: int = 2, **env):
+        return self._start(["serve", "--port", str(port), "--threads", str(threads)], process_env(**env), "server")
+
+    def runner(self, *, threads: int = 2, **env):
+        """The process that runs attempts in this session's mode: a ``rundramatiq`` worker (scaled), or the
+        embedded server, whose worker threads take the runs this process starts once its sweeper
+        re-drives them (their messages went to this process's in-memory broker)."""
+        if SCALED:
+            return self.worker(threads=threads, **env)
+        return self.server(port=free_port(), threads=threads, **env)
 
     def children(self, proc) -> list[int]:
         out = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout

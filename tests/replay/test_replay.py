@@ -227,29 +227,6 @@ def test_the_api_replays_for_an_operator_keeps_drafts_to_admins_and_hides_other_
     assert sorted(audited) == [("r-admin", "done"), ("r-operator", "done")]
 
 
-@pytest.mark.services
-@pytest.mark.processes
-def test_a_replay_of_a_run_whose_worker_died_mid_way_reads_the_receipts_it_left(demo_tx, processes):
-    """The original's worker process dies between worker-3's ticket and its CRM update; a fresh one
-    finishes the run. Its replay reads every receipt, the ones before the crash included: nothing differs,
-    nothing is sent."""
-    short_lease = {"WARDEN_LEASE_SECONDS": 2, "WARDEN_HEARTBEAT_SECONDS": 0.5}
-    run = run_start(workflow="incident-fanout", input={"faults": [{"task": "worker-3", "call": 3, "mode": "crash"}]})
-    first = processes.worker(threads=1, **short_lease)
-    wait_for(lambda: first.poll() is not None, timeout=60, message="the worker to die at worker-3's third call")
-    processes.worker(threads=2, **short_lease)
-    run = finished(run)
-    assert run.status == Run.Status.COMPLETED and Task.objects.get(run=run, key="worker-3").recoveries == 1
-    before = effects()
-    replay = replay_start(
-        run_ids=[run.id], agent="incident-worker", version=current_version("incident-worker"), via="test"
-    )
-    diff = settled(replay)
-    (pair,) = diff["runs"]
-    assert pair["difference"] is False and pair["calls_added"] == [] and pair["calls_removed"] == [], pair
-    assert effects() == before
-
-
 def test_a_hostile_candidate_reaches_no_http_or_mcp_system_either(demo_tx, worker, django_user_model, monkeypatch,
                                                                   tmp_path, settings):  # fmt: skip
     """The refunds example (an HTTP payments service, a ticketing MCP server over stdio): a refund made once
