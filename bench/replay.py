@@ -35,6 +35,7 @@ import argparse
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -51,6 +52,8 @@ sys.path.insert(0, str(ROOT))
 MODES = ("embedded", "postgres")
 LABELS = {"embedded": "embedded", "postgres": "PostgreSQL"}
 GOAL = "R1 replay of 100 recorded runs ≤ model calls + 10% of the originals' engine time"
+SHADOW_GOAL = "S1 production steps/s with a shadow following every run ≥ 0.9× without"
+SHADOW_FLOOR = 0.9
 SLACK = 1.10
 POLL_SECONDS = 0.02  # how often settlement is asked: the replay's time is known to this much
 
@@ -130,8 +133,9 @@ def measure(args, workers) -> dict:
         sandbox = SandboxCall.objects.count()
         print(f"(2) their replay on incident-worker v{version.number} (unchanged) …", flush=True)
         replay, replay_s = replayed(ids, version.number)
-        # --- SHADOW RUNS: a shadow-run measurement (a candidate following live runs as they happen,
-        # issue 29) is to be added here, inside the workers' block, by whoever builds shadow runs. -----------
+        print(f"(3) production throughput with and without a shadow, {args.shadow_rounds} alternated rounds "
+              f"of {args.shadow_runs} runs …", flush=True)  # fmt: skip
+        plain, shadowed, twins = shadowing(args, version.number)
     diff = replay_diff(replay)
     total = diff["total"]
     replay_ids = [pair["replay"] for pair in diff["runs"]]
@@ -160,7 +164,44 @@ def measure(args, workers) -> dict:
         "replay_runs_completed": Run.objects.filter(id__in=replay_ids, status=Run.Status.COMPLETED).count(),
         "sandbox_calls_during_replay": SandboxCall.objects.count() - sandbox,
         "diff_total": total,
+        "production_steps_per_s": statistics.median(plain),
+        "shadowed_steps_per_s": statistics.median(shadowed),
+        "shadowed_vs_plain": statistics.median(shadowed) / statistics.median(plain),
+        "shadow_rounds": [round(r) for r in plain] + [round(r) for r in shadowed],
+        "twins_completed": twins,
     }
+
+
+def production(n: int) -> tuple[float, list[int]]:
+    """``n`` incident-fanout runs: their steps per second, first start → last settlement."""
+    ids = originals(n)
+    wall, _, steps = engine_time(ids)
+    return steps / wall, ids
+
+
+def shadowing(args, version: int) -> tuple[list[float], list[float], int]:
+    """S1: production's steps/s without a shadow and with one (incident-worker ``version`` following every
+    run), in alternated rounds; each shadowed round waits for its twins to end before the next begins."""
+    from replay.shadows import shadow_off, shadow_on
+    from runs.models import Run
+    from tenancy.access import default_project
+
+    plain, shadowed, twins = [], [], 0
+    for round_ in range(args.shadow_rounds):
+        for shadow_it in (False, True) if round_ % 2 == 0 else (True, False):
+            if not shadow_it:
+                plain.append(production(args.shadow_runs)[0])
+                continue
+            shadow = shadow_on(project=default_project(), workflow="incident-fanout", agent="incident-worker",
+                               version=version, via="bench")  # fmt: skip
+            rate, ids = production(args.shadow_runs)
+            shadowed.append(rate)
+            found = Run.objects.filter(replay_of_id__in=ids, mode=Run.Mode.SHADOW)
+            wait(lambda found=found, ids=ids: found.count() == len(ids) and settled(found.values("id")),
+                 f"the twins of {len(ids)} runs")  # fmt: skip
+            twins += found.filter(status=Run.Status.COMPLETED).count()
+            shadow_off(shadow=shadow, via="bench")
+    return plain, shadowed, twins
 
 
 def embedded(args) -> dict:
@@ -262,7 +303,8 @@ def _child_cleanup(args, folder: str) -> None:
 # --- the parent: each mode in a child, then the table ------------------------------------------------------
 def run_mode(mode: str, args) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", mode, "--runs", str(args.runs),
-           "--threads", str(args.threads)]  # fmt: skip
+           "--threads", str(args.threads), "--shadow-runs", str(args.shadow_runs), "--shadow-rounds",
+           str(args.shadow_rounds)]  # fmt: skip
     if mode == "postgres":
         cmd += ["--database-url", args.database_url, "--redis-url", args.redis_url] + (["--keep"] if args.keep else [])
     env = dict(os.environ, PYTHONUNBUFFERED="1")
@@ -294,6 +336,10 @@ def goal_met(f: dict) -> bool:
     return f["replay_s"] <= f["replay_model_call_s"] + SLACK * f["originals_engine_s"]
 
 
+def shadow_goal_met(f: dict) -> bool:
+    return f["shadowed_vs_plain"] >= SHADOW_FLOOR
+
+
 def rows_of(mode: str, f: dict) -> list[tuple]:
     label, n, total = LABELS[mode], f["runs"], f["diff_total"]
     bound = f["replay_model_call_s"] + SLACK * f["originals_engine_s"]
@@ -309,6 +355,9 @@ def rows_of(mode: str, f: dict) -> list[tuple]:
         (f"{label}: the replay's differences",
          f"{total['runs']} runs, {total['differing']} differing, calls added {total['calls_added']}, "
          f"removed {total['calls_removed']}", "—", "—", "0 differing"),
+        (f"{label}: production steps/s with a shadow (median of rounds)", f"{f['shadowed_steps_per_s']:,.0f}",
+         f"without {f['production_steps_per_s']:,.0f}", f"{f['shadowed_vs_plain']:.2f}×",
+         f"S1: ≥ {SHADOW_FLOOR}× ({'met' if shadow_goal_met(f) else 'NOT MET'})"),
     ]  # fmt: skip
 
 
@@ -320,6 +369,8 @@ def notes_of(mode: str, f: dict) -> list[str]:
         f"{f['replay_tool_call_s']:,.2f} s (span durations); the originals' model calls "
         f"{f['originals_model_call_s']:,.2f} s; {f['replay_runs_completed']} replay runs completed; "
         f"{f['sandbox_calls_during_replay']} sandbox requests during the replay",
+        f"{LABELS[mode]}: shadow rounds' steps/s, without then with: {f['shadow_rounds']}; "
+        f"{f['twins_completed']} twins completed",
     ]
 
 
@@ -328,6 +379,7 @@ def flat(mode: str, f: dict) -> dict:
     out = {f"{mode}_{k}": v for k, v in f.items() if isinstance(v, int | float) and not isinstance(v, bool)}
     out[f"{mode}_replay_differing"] = f["diff_total"]["differing"]
     out[f"{mode}_r1_met"] = goal_met(f)
+    out[f"{mode}_s1_met"] = shadow_goal_met(f)
     return out
 
 
@@ -335,6 +387,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=100)
     parser.add_argument("--threads", type=int, default=4, help="embedded mode's worker threads")
+    parser.add_argument("--shadow-runs", type=int, default=50, help="runs per round of the shadow measurement")
+    parser.add_argument("--shadow-rounds", type=int, default=2, help="alternated rounds without and with a shadow")
     parser.add_argument("--modes", default="embedded", help="embedded, postgres, or both (comma-separated)")
     parser.add_argument("--database-url", default="postgres://postgres@127.0.0.1:5432/warden_bench_replay")
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/13")
@@ -344,7 +398,7 @@ def main() -> None:
     parser.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.quick:
-        args.runs = 20
+        args.runs, args.shadow_runs = 20, 10
     if args.child:
         return child(args)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
@@ -374,6 +428,11 @@ def main() -> None:
             f"model calls {f['replay_model_call_s']:,.2f} s + {SLACK:.2f} × originals {f['originals_engine_s']:,.1f} s"
             f" = {f['replay_model_call_s'] + SLACK * f['originals_engine_s']:,.1f} s; replay ÷ originals "
             f"{f['replay_vs_originals']:.2f}×; {f['diff_total']['differing']} of {f['diff_total']['runs']} differing"
+        )
+        print(
+            f"{SHADOW_GOAL} ({LABELS[mode]}): {'met' if shadow_goal_met(f) else 'NOT MET'}; "
+            f"{f['shadowed_steps_per_s']:,.0f} with, {f['production_steps_per_s']:,.0f} without: "
+            f"{f['shadowed_vs_plain']:.2f}×"
         )
     if args.json:
         figures = {k: v for mode, f in found.items() for k, v in flat(mode, f).items()}

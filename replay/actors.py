@@ -6,15 +6,9 @@ import time
 import dramatiq
 
 from runs.actors import TIME_LIMIT_MS
+from runs.services.spare import live_work_waiting, put_off_seconds
 
-from .shadows import (
-    SHADOW_START,
-    START_WITHIN_SECONDS,
-    live_work_waiting,
-    put_off_seconds,
-    shadow_twin_skip,
-    shadow_twin_start,
-)
+from .shadows import SHADOW_START, START_WITHIN_SECONDS, shadow_twin_skip, shadow_twin_start
 
 
 @dramatiq.actor(actor_name=SHADOW_START, queue_name="warden", max_retries=0, time_limit=TIME_LIMIT_MS, priority=100)

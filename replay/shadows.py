@@ -8,18 +8,17 @@ going at once.
 The twin is started by a message (``SHADOW_START``), written with the production run's start: a shadowed
 start costs one outbox row more, an unshadowed one nothing (the workflow row it reads anyway says whether
 its project shadows it: ``Workflow.shadowed_in``). A twin runs on the workers' spare time: while live work
-waits for a worker, its start is put off (later and later), and a twin that could not start within
+waits for a worker, its start is put off (later and later), and so is each of its attempts
+(runs/services/spare.py); a twin that could not start within
 START_WITHIN_SECONDS of its run is skipped and counted (``Shadow.skipped``).
 """
-
-import random
 
 from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
 from agents.models import Workflow
-from core import bus, sql
+from core import bus
 from core.errors import Conflict, InvalidInput, NotFound
 from runs.models import Run
 from runs.services import run_cancel, run_replay_start
@@ -31,13 +30,6 @@ from .services import candidate_of
 
 SHADOW_START = "shadow_start"
 START_WITHIN_SECONDS = 3600
-PUT_OFF_MAX_SECONDS = 30.0
-
-# Live work waiting for a worker: a ready task of a running live run (the (status, ready_at) index).
-_LIVE_WORK_WAITING = (
-    "SELECT 1 FROM runs_task t JOIN runs_run r ON r.id = t.run_id "
-    "WHERE t.status = 'ready' AND r.status = 'running' AND r.mode = 'live' LIMIT 1"
-)
 
 
 def _invalid(field: str, message: str) -> InvalidInput:
@@ -126,16 +118,6 @@ def shadow_get(shadow_id: int) -> Shadow:
 def run_started_heard(event: bus.RunStarted) -> None:
     """A shadowed workflow's run started (durable: in its transaction): its twin starts by a message."""
     outbox_add(actor=SHADOW_START, kwargs={"run_id": event.run_id})
-
-
-def live_work_waiting() -> bool:
-    return sql.fetchone(_LIVE_WORK_WAITING, []) is not None
-
-
-def put_off_seconds(times: int) -> float:
-    """How long a twin's start is put off the ``times``-th time: from about a second, growing, jittered
-    (so put-off starts do not come back together)."""
-    return min(PUT_OFF_MAX_SECONDS, 0.5 * 1.5**times) * random.uniform(0.75, 1.25)
 
 
 def shadow_twin_skip(*, run_id: int) -> None:

@@ -49,6 +49,7 @@ from .hot_sql import context_sql
 from .leases import CRASH, Lease, Usage, task_reserve, worker_id
 from .plans import plan_check
 from .replan import world_lines, world_state
+from .spare import live_work_waiting, put_off_seconds
 
 log = logging.getLogger("warden.engine")
 
@@ -279,6 +280,8 @@ def _load_journal(task_id: int) -> list[dict]:
 
 def _attempt(lease: Lease):
     run, task, agent, deps = _load_context(lease)
+    if run.mode == Run.Mode.SHADOW and live_work_waiting():  # a shadow's work waits for spare time
+        return task_yield(lease, delay_seconds=put_off_seconds(), reason="waits for spare time: live work first")
     state = _LoopState.replay([] if lease.fresh else _load_journal(task.id))
     run_usage, task_usage = Usage.of(run), Usage.of(task)
     slice_ends = lease.claimed_at + settings.WARDEN["SLICE_SECONDS"]

@@ -16,8 +16,9 @@ from replay.actors import shadow_start
 from replay.models import Shadow
 from replay.services import replay_diff
 from replay.shadows import START_WITHIN_SECONDS, shadow_off, shadow_on
-from runs.models import Run, Span
+from runs.models import Run, Span, Task
 from runs.services import run_cancel, run_start
+from runs.services.execution import task_execute
 from tenancy.access import default_project, membership_grant
 from tenancy.models import AuditEvent, Project
 from tests.conftest import decide, wait_for
@@ -281,4 +282,16 @@ def test_a_twin_starts_on_spare_time_only_and_is_counted_when_it_never_could(dem
     shadow_start.fn(run_id=run.id)
     assert Run.objects.get(replay_of=run).mode == Run.Mode.SHADOW
     shadow_start.fn(run_id=run.id)  # delivered twice: still one twin
-    assert Run.objects.filter(replay_of=run).count() == 1
+    twin = Run.objects.get(replay_of=run)
+    # Each of the twin's attempts gives way to live work too: while another run's tasks wait, its first task
+    # hands itself back untouched; once they are gone, it runs.
+    first = Task.objects.filter(run=twin, status=Task.Status.READY).order_by("id").first()
+    other = run_start(workflow="incident-fanout")
+    task_execute(run_id=twin.id, task_id=first.id)
+    first.refresh_from_db()
+    assert (first.status, first.steps_used) == (Task.Status.READY, 0) and "spare time" in first.status_reason
+    run_cancel(run_id=other.id, reason="nobody will run it here")
+    task_execute(run_id=twin.id, task_id=first.id)
+    first.refresh_from_db()
+    # (It gets no further than its first read: the production run it follows never made one.)
+    assert first.status != Task.Status.READY and first.steps_used > 0, first.status_reason
