@@ -69,17 +69,23 @@ def _edits_checked(edits: dict) -> dict:
 
 
 def _candidate(agent_slug: str, version: int | None, edits: dict | None, runs: list[Run]) -> AgentVersion:
+    _agent(agent_slug, project_id=runs[0].project_id)  # an unknown agent is said so first
     for run in runs:
         if agent_slug not in ((run.versions or {}).get("agents") or {}):
             raise _invalid("agent", f"run {run.id} does not use {agent_slug}: replaying it would change nothing")
     return candidate_of(agent_slug, version, edits, project_id=runs[0].project_id)
 
 
+def _agent(slug: str, *, project_id: int) -> Agent:
+    agent = Agent.objects.filter(slug=slug).first()
+    if agent is None or agent.project_id not in (None, project_id):
+        raise _invalid("agent", f"unknown agent {slug!r}")
+    return agent
+
+
 def candidate_of(agent_slug: str, version: int | None, edits: dict | None, *, project_id: int) -> AgentVersion:
     """The version tried: one of the agent's (``version``) or a draft of it with ``edits``."""
-    agent = Agent.objects.filter(slug=agent_slug).first()
-    if agent is None or agent.project_id not in (None, project_id):
-        raise _invalid("agent", f"unknown agent {agent_slug!r}")
+    agent = _agent(agent_slug, project_id=project_id)
     if (version is None) == (edits is None):
         raise _invalid("candidate", "name a version of the agent, or the edits of a draft")
     if version is not None:
