@@ -53,6 +53,9 @@ class ReplayIn(BodyIn):
         "script, allowed_tools, output_schema, max_steps); needs the project's admin",
     )
     note: str = Field("", max_length=2000, description="Why this replay (kept with it)")
+    live_reads: bool = Field(
+        False, description="Send the reads the originals did not make when the tool says they are safe to repeat"
+    )
 
 
 class ReplayOut(Schema):
@@ -61,6 +64,7 @@ class ReplayOut(Schema):
     id: int
     project: str
     candidate: dict[str, Any] = Field(description="The agent, its version number, whether it is a draft, the edits")
+    live_reads: bool = Field(False, description="Whether reads the originals did not make were sent live")
     settled: bool = Field(description="Every replay run has ended or stopped: the differences are final")
     total: dict[str, Any] = Field(description="Runs, differing, calls added (irreversible), removed, usage")
     runs: list[dict[str, Any]] = Field(
@@ -72,6 +76,7 @@ class ReplayOut(Schema):
 def _out(replay) -> dict:
     diff = replay_diff(replay)
     return {"id": replay.id, "project": replay.project.slug, "candidate": replay.candidate,
+            "live_reads": replay.live_reads,
             "settled": replay_settled(replay), "total": diff["total"], "runs": diff["runs"]}  # fmt: skip
 
 
@@ -89,7 +94,7 @@ def create_replay(request, payload: ReplayIn):
             raise NotFound(f"no run {run_id}")
     replay = replay_start(
         run_ids=payload.runs, agent=payload.agent, version=payload.version, edits=payload.edits,
-        actor=request.auth.user, via="api", request=request, note=payload.note,
+        actor=request.auth.user, via="api", request=request, note=payload.note, live_reads=payload.live_reads,
     )  # fmt: skip
     return Status(201, _out(replay_get(replay.id)))
 

@@ -40,6 +40,7 @@ class ShadowIn(BodyIn):
         None, description="...or a draft of the agent with these fields changed; needs the project's admin"
     )
     note: str = Field("", max_length=2000)
+    live_reads: bool = Field(False, description="Twins send the reads safe to repeat that production did not make")
 
 
 class ShadowOut(Schema):
@@ -86,6 +87,7 @@ def create_shadow(request, payload: ShadowIn):
     shadow = shadow_on(
         project=project, workflow=payload.workflow, agent=payload.agent, version=payload.version,
         edits=payload.edits, actor=request.auth.user, via="api", request=request, note=payload.note,
+        live_reads=payload.live_reads,
     )  # fmt: skip
     return Status(201, _out(shadow_get(shadow.id)))
 

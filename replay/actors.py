@@ -6,7 +6,7 @@ import time
 import dramatiq
 
 from runs.actors import TIME_LIMIT_MS
-from runs.services.spare import live_work_waiting, put_off_seconds
+from runs.services.spare import live_work_going, put_off_seconds
 
 from .shadows import SHADOW_START, START_WITHIN_SECONDS, shadow_twin_skip, shadow_twin_start
 
@@ -14,9 +14,9 @@ from .shadows import SHADOW_START, START_WITHIN_SECONDS, shadow_twin_skip, shado
 @dramatiq.actor(actor_name=SHADOW_START, queue_name="warden", max_retries=0, time_limit=TIME_LIMIT_MS, priority=100)
 def shadow_start(run_id: int, times: int = 0, since: float | None = None) -> None:
     """Lower priority than the engine's messages (a worker holding both takes theirs first); put off while
-    live work waits for a worker."""
+    live work is going."""
     since = since if since is not None else time.time()
-    if live_work_waiting():
+    if live_work_going():
         if time.time() - since > START_WITHIN_SECONDS:
             return shadow_twin_skip(run_id=run_id)
         wait = put_off_seconds(times)

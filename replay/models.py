@@ -18,6 +18,8 @@ class Replay(models.Model):
     )
     created_at = models.DateTimeField(auto_now_add=True)
     note = models.TextField(blank=True)
+    # Reads its originals did not make go to the system when safe to repeat (runs.Run.live_reads).
+    live_reads = models.BooleanField(default=False)
 
     class Meta:
         ordering = ["-id"]

@@ -98,13 +98,14 @@ def candidate_of(agent_slug: str, version: int | None, edits: dict | None, *, pr
 
 def replay_start(
     *, run_ids, agent: str, version: int | None = None, edits: dict | None = None, actor=None, via: str = "",
-    request=None, note: str = "",
+    request=None, note: str = "", live_reads: bool = False,
 ) -> Replay:  # fmt: skip
     """Replay each of ``run_ids`` (settled runs of one project) with ``agent`` on the candidate: one of
     its versions (``version``) or a draft of its current configuration with ``edits``. The replays run
-    on the workers like any run; nothing they call leaves. Audited."""
+    on the workers like any run; nothing they call leaves but, with ``live_reads``, the reads their originals
+    did not make that the tools say are safe to repeat. Audited."""
     detail = {"runs": sorted({int(i) for i in run_ids or []})[:50], "agent": agent, "version": version,
-              "edits": sorted(edits) if isinstance(edits, dict) else None}  # fmt: skip
+              "edits": sorted(edits) if isinstance(edits, dict) else None, "live_reads": live_reads}  # fmt: skip
     with audited("replay_start", actor=actor, via=via, request=request, target="replay", detail=detail) as act:
         originals = _originals(run_ids)
         act.update(project_id=originals[0].project_id)
@@ -120,10 +121,13 @@ def replay_start(
             candidate_version=candidate,
             created_by=actor,
             note=note,
+            live_reads=live_reads,
         )
         act.update(target=f"replay {replay.id}")
         for original in originals:
-            run = run_replay_start(original=original, candidates={agent: candidate}, started_by=actor)
+            run = run_replay_start(
+                original=original, candidates={agent: candidate}, started_by=actor, live_reads=live_reads
+            )
             ReplayRun.objects.create(replay=replay, original=original, run=run)
     return replay
 

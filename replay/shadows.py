@@ -8,7 +8,7 @@ going at once.
 The twin is started by a message (``SHADOW_START``), written with the production run's start: a shadowed
 start costs one outbox row more, an unshadowed one nothing (the workflow row it reads anyway says whether
 its project shadows it: ``Workflow.shadowed_in``). A twin runs on the workers' spare time: while live work
-waits for a worker, its start is put off (later and later), and so is each of its attempts
+is going, its start is put off (later and later), and so is each of its attempts and model calls
 (runs/services/spare.py); a twin that could not start within
 START_WITHIN_SECONDS of its run is skipped and counted (``Shadow.skipped``).
 """
@@ -29,6 +29,7 @@ from .models import Replay, ReplayRun, Shadow
 from .services import candidate_of
 
 SHADOW_START = "shadow_start"
+FIRST_LOOK_MS = 1000
 START_WITHIN_SECONDS = 3600
 
 
@@ -56,12 +57,12 @@ def _shadowed_in(workflow_id: int, project_id: int, on: bool) -> None:
 
 def shadow_on(
     *, project, workflow: str, agent: str, version: int | None = None, edits: dict | None = None, actor=None,
-    via: str = "", request=None, note: str = "",
+    via: str = "", request=None, note: str = "", live_reads: bool = False,
 ) -> Shadow:  # fmt: skip
     """Shadow ``workflow``'s runs in ``project`` with ``agent`` on the candidate (one of its versions, or a
     draft of edits). Audited. One shadow per workflow and project at a time."""
     detail = {"workflow": workflow, "agent": agent, "version": version,
-              "edits": sorted(edits) if isinstance(edits, dict) else None}  # fmt: skip
+              "edits": sorted(edits) if isinstance(edits, dict) else None, "live_reads": live_reads}  # fmt: skip
     with audited("shadow_on", actor=actor, via=via, request=request, target="shadow", detail=detail) as act:
         act.update(project_id=project.id)
         wf = Workflow.objects.select_related("planner_agent").filter(slug=workflow).first()
@@ -80,6 +81,7 @@ def shadow_on(
             candidate_version=candidate,
             created_by=actor,
             note=note or f"shadow of {workflow}",
+            live_reads=live_reads,
         )
         try:
             with transaction.atomic():
@@ -117,7 +119,8 @@ def shadow_get(shadow_id: int) -> Shadow:
 # --- the twins -------------------------------------------------------------------------------------------
 def run_started_heard(event: bus.RunStarted) -> None:
     """A shadowed workflow's run started (durable: in its transaction): its twin starts by a message."""
-    outbox_add(actor=SHADOW_START, kwargs={"run_id": event.run_id})
+    # Its run has just started: its twin's first look is a moment later, when that run may be done.
+    outbox_add(actor=SHADOW_START, kwargs={"run_id": event.run_id}, delay_ms=FIRST_LOOK_MS)
 
 
 def shadow_twin_skip(*, run_id: int) -> None:
@@ -144,6 +147,9 @@ def shadow_twin_start(*, run_id: int) -> Run | None:
         candidate = shadow.replay.candidate_version
         if candidate.agent.slug not in ((run.versions or {}).get("agents") or {}):
             return None
-        twin = run_replay_start(original=run, candidates={candidate.agent.slug: candidate}, shadow=True)
+        twin = run_replay_start(
+            original=run, candidates={candidate.agent.slug: candidate}, shadow=True,
+            live_reads=shadow.replay.live_reads,
+        )  # fmt: skip
         ReplayRun.objects.create(replay=shadow.replay, original=run, run=twin)
     return twin

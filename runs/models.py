@@ -90,6 +90,9 @@ class Run(models.Model):
         "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="replays", db_index=False,
         editable=False, help_text="The run whose ledger a replay's calls are answered from",
     )  # fmt: skip
+    # A replay's reads its original did not make go to the system when the tool says they are safe to send
+    # again (ToolSpec.repeatable); otherwise they are answered "not recorded". Set at creation.
+    live_reads = models.BooleanField(default=False, editable=False)
 
     class Meta:
         ordering = ["-id"]

@@ -31,7 +31,7 @@ from django.utils.crypto import salted_hmac
 from pydantic import ValidationError
 
 from core import bus, hooks, sql
-from core.circuit import Breaker, BreakerRef, breaker_reason, rate_wait
+from core.circuit import CLOSED, Breaker, BreakerRef, breaker_reason, rate_wait
 from core.errors import LeaseLost, StepFailure, TransientFailure
 from core.faults import faults
 from core.logs import log_context
@@ -54,7 +54,7 @@ from .kit import (
 from .ledger import operation_record
 from .models import SealedArguments, ToolOperation
 from .registry import REDACTED, TOOLS, ToolClass, ToolSpec, redact
-from .replaying import ReplayAnswer, replay_answer
+from .replaying import LIVE, NOT_RECORDED, ReplayAnswer, replay_answer
 from .secrets import scrub, scrub_failure, secrets_for
 from .transitions import OPERATION
 
@@ -184,6 +184,23 @@ def replay_outcome(answer: ReplayAnswer) -> ToolOutcome:
     return ToolOutcome(result=answer.result, error=answer.error, replay=answer.record)
 
 
+def _replay_live_read(spec: ToolSpec, args: dict, record: dict, *, key: str) -> ToolOutcome:
+    """A replay's read sent to the system (tools/replaying.py said it may be): within the tool's rate and
+    deadline, with its project's secrets, scrubbed; but no ledger row, and its failure is the replay's
+    alone: it neither opens nor closes the tool's breaker for the live runs, and an open breaker or a
+    spent rate answers it "not sent" instead of waiting."""
+    if BREAKER.state(spec.name, project_id=spec.project_id).state != CLOSED or _rate_limited(spec):
+        error = {"code": "not_recorded", "message": f"{spec.name}: the system is busy; a replay does not wait"}
+        return ToolOutcome(error=error, replay={**record, "answered": NOT_RECORDED})
+    try:
+        result = _external(spec, args, key=key, fault=None, count=False)
+    except (ToolTimeout, ToolUnavailable, ToolRefused) as exc:
+        error = {"code": "unavailable" if not isinstance(exc, ToolRefused) else "refused", "message": str(exc)}
+        return ToolOutcome(error=error, replay=record)
+    outcome = _validated(spec, result)
+    return ToolOutcome(result=outcome.result, error=outcome.error, replay=record)
+
+
 def tool_call(*, run, task, step: int, call_number: int, name: str, arguments, resumed: bool = False, fence=None,
               on_refusal: str = ON_REFUSAL_FAIL) -> ToolOutcome:  # fmt: skip
     """One tool call asked for by a task's model. ``resumed``: the model asked for it in an earlier
@@ -203,7 +220,10 @@ def tool_call(*, run, task, step: int, call_number: int, name: str, arguments, r
 
     digest = arguments_hash(name, args)
     if run.mode != "live":  # a replay: answered from its original's ledger, never sent (a shadow may wait)
-        return replay_outcome(replay_answer(run=run, task=task, spec=spec, args=args, digest=digest))
+        answer = replay_answer(run=run, task=task, spec=spec, args=args, digest=digest)
+        if answer.record["answered"] == LIVE:
+            return _replay_live_read(spec, args, answer.record, key=f"replay-{run.id}-{task.key}-{step}")
+        return replay_outcome(answer)
     key = idempotency_key(run_id=run.id, task_key=task.key, step=step, epoch=task.journal_epoch)
     to_model = (spec.on_refusal or on_refusal) == ON_REFUSAL_MODEL
     existing = ToolOperation.objects.filter(idempotency_key=key).first()
@@ -736,8 +756,9 @@ def _within_deadline(spec: ToolSpec, call):
     return box["result"]
 
 
-def _external(spec: ToolSpec, args: dict, *, key: str, fault: str | None) -> dict:
-    """The call itself, with the tool's deadline; feeds the circuit breaker."""
+def _external(spec: ToolSpec, args: dict, *, key: str, fault: str | None, count: bool = True) -> dict:
+    """The call itself, with the tool's deadline; feeds the circuit breaker (unless ``count`` is False: a
+    replay's read, which must not change what live runs meet)."""
     # By name, now, and only those granted to the tool's project: never from the model, never recorded.
     # A refused one refuses the call without counting against the tool's circuit (the system was not asked).
     secrets = secrets_for(spec.secrets, project_id=spec.project_id)
@@ -753,14 +774,17 @@ def _external(spec: ToolSpec, args: dict, *, key: str, fault: str | None) -> dic
     except ToolRefused as exc:
         # An answer to these arguments (or to the tool's setup), not a sign of the system's health: it
         # neither opens the breaker nor closes it, and a probe it was gives its turn back.
-        BREAKER.probe_release(spec.name, project_id=spec.project_id)
+        if count:
+            BREAKER.probe_release(spec.name, project_id=spec.project_id)
         raise scrub_failure(exc, secrets.values())
     except ToolFailure as exc:  # unavailable, timed out: these count
-        _circuit_record(spec, ok=False)
+        if count:
+            _circuit_record(spec, ok=False)
         raise scrub_failure(exc, secrets.values())  # a careless service may quote the credential in its error
     except Exception as exc:  # a tool's own bug: its text may quote the credential too
         raise scrub_failure(exc, secrets.values())
-    _circuit_record(spec, ok=True)
+    if count:
+        _circuit_record(spec, ok=True)
     # Whatever shape a system echoes its credential in (a key, base64, ...): not in the ledger, the
     # journal or the prompt.
     return scrub(result, secrets.values())

@@ -198,6 +198,12 @@ def _example_problems(row: HttpTool) -> list[tuple[str, str]]:
     return []
 
 
+def _repeatable_problems(row: HttpTool) -> list[tuple[str, str]]:
+    if row.repeatable and (row.tool_class != ToolClass.READ_ONLY or row.method not in ("GET", "HEAD")):
+        return [("repeatable", "only a read (GET or HEAD, read only) may be sent again by a replay")]
+    return []
+
+
 def http_tool_problems(row: HttpTool) -> list[tuple[str, str]]:
     """What is wrong with a declaration, as (field, message); empty when it may be saved."""
     problems = []
@@ -230,6 +236,7 @@ def http_tool_problems(row: HttpTool) -> list[tuple[str, str]]:
     problems += _header_problems(row.headers, project_id=row.project_id)
     problems += _undo_problems(row)
     problems += _example_problems(row)
+    problems += _repeatable_problems(row)
     if not (0 < (row.timeout_seconds or 0) <= 3600):
         problems.append(("timeout_seconds", "between 0 and 3600 seconds"))
     return problems
@@ -411,6 +418,7 @@ def http_tool_spec(row: HttpTool) -> ToolSpec:
         on_refusal=row.on_refusal,
         # A replay's stand-in for a write it does not send (tools/replaying.py); reads have none.
         replay_result=row.example_answer if tool_class != ToolClass.READ_ONLY else None,
+        repeatable=row.repeatable and tool_class == ToolClass.READ_ONLY,
     )
 
 

@@ -135,6 +135,9 @@ class ToolSpec:
     # A write's stand-in answer in a replay run, where it is never sent (tools/replaying.py); None: the
     # replay's model is told the call was not sent.
     replay_result: dict | None = None
+    # A read safe to send again, whatever the arguments (no effect, no cost worth counting): a replay that
+    # allows live reads sends the ones its original did not make (tools/replaying.py).
+    repeatable: bool = False
 
     @property
     def is_write(self) -> bool:
@@ -235,13 +238,15 @@ def tool(
     description: str = "",
     on_refusal: str = "",
     replay_result: dict | None = None,
+    repeatable: bool = False,
 ):
     """Declare the decorated function as the tool ``name``. The function gets the validated arguments
     (an instance of ``arguments``), the idempotency key to pass to the system, the secrets it named and
     its deadline in seconds; it returns a dict or a ``result`` instance. ``lookup(key, secrets=...)``
     finds what a call with that key did, for reconciling a write whose answer was lost. ``on_refusal``:
     what a ToolRefused the function raises becomes ("" as the agent, "model" or "fail"). ``replay_result``:
-    a write's stand-in answer in a replay, where it is never sent (checked against ``result`` when loaded)."""
+    a write's stand-in answer in a replay, where it is never sent (checked against ``result`` when loaded).
+    ``repeatable``: a read safe to send again, which a replay allowing live reads may send."""
     names = tuple(secrets)
 
     def decorate(function):
@@ -270,6 +275,7 @@ def tool(
                 cut_off=True,
                 on_refusal=on_refusal,
                 replay_result=replay_result,
+                repeatable=repeatable,
             )
         )
         return function

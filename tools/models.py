@@ -227,6 +227,10 @@ class HttpTool(models.Model):
         help_text="A write's example answer (an object): what a what-if replay's model is told when the "
         "candidate makes a write the original run did not (docs/replay.md); it is never sent",
     )
+    repeatable = models.BooleanField(
+        default=False,
+        help_text="A read safe to send again: a what-if replay that allows live reads may send it (never a write)",
+    )
     timeout_seconds = models.FloatField(default=10.0)
     rate_per_minute = models.PositiveIntegerField(null=True, blank=True)
     on_refusal = models.CharField(

@@ -61,6 +61,8 @@ def _problems(spec: ToolSpec, names: set[str]) -> list[str]:
         problems.append(f"external_id names {spec.external_id!r}, which its result does not have")
     if spec.replay_result is not None:
         problems += _replay_result_problems(spec)
+    if spec.repeatable and spec.is_write:
+        problems.append("a write is never repeatable: only a read may be sent again by a replay")
     return problems
 
 

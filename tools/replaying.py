@@ -7,8 +7,10 @@ there is no operation for a reviewer to approve, for the executor to send or for
 
 - The same tool with the same arguments as a call the original committed (a read or a write): the
   original's receipt answers, marked ``recorded``.
-- Any other read: answered ``not_recorded`` (the model sees it as the tool's error). Reads are not sent
-  live: a replay's answer then depends on nothing but the original's ledger.
+- Any other read: answered ``not_recorded`` (the model sees it as the tool's error), so that a replay's
+  answer depends on nothing but the original's ledger; unless the replay allows live reads
+  (Run.live_reads) and the tool says the read is safe to send again (ToolSpec.repeatable) and the gate
+  classes it a read it allows: then it is sent (``live``, by the broker, with no ledger row).
 - Any other write: recorded as what would have been called, with the gate's verdict it would have had,
   and answered by the tool's declared stand-in (``ToolSpec.replay_result``) or an error that says so.
 
@@ -25,11 +27,11 @@ from typing import NamedTuple
 
 from django.db.models import Q
 
-from .gate import REFUSE, Origin, Verdict, gate
+from .gate import ALLOW, REFUSE, Origin, Verdict, gate
 from .kit import ToolSpec
 from .models import ToolOperation
 
-RECORDED, NOT_RECORDED, NOT_SENT, REFUSED = "recorded", "not_recorded", "not_sent", "refused"
+RECORDED, NOT_RECORDED, NOT_SENT, REFUSED, LIVE = "recorded", "not_recorded", "not_sent", "refused", "live"
 
 
 def original_receipt(original_run_id: int | None, tool: str, digest: str) -> ToolOperation | None:
@@ -87,10 +89,25 @@ def replay_answer(*, run, task, spec: ToolSpec, args: dict, digest: str) -> Repl
     if receipt is not None:
         result = receipt.result if receipt.result is not None else {"status": "committed"}
         return ReplayAnswer(result, None, {**record, "answered": RECORDED, "operation": receipt.id})
+    if _live_read_allowed(run, spec, verdict):  # sent by the broker (tools/broker.py, _replay_live_read)
+        return ReplayAnswer(None, None, {**record, "answered": LIVE})
     answer = _unanswered(spec, record)
     if run.mode == "shadow":
         raise OriginalBehind(answer)
     return answer
+
+
+def _live_read_allowed(run, spec: ToolSpec, verdict: Verdict) -> bool:
+    """The replay allows live reads, the tool says this read is safe to send again, and the gate (the
+    strictest classification, not the tool's own claim) classes it a read it lets through unreviewed."""
+    return bool(
+        getattr(run, "live_reads", False)
+        and spec.repeatable
+        and not spec.is_write
+        and verdict.tool_class == ToolOperation.ToolClass.READ_ONLY
+        and verdict.decision == ALLOW
+        and not verdict.waits
+    )
 
 
 def _unanswered(spec: ToolSpec, record: dict) -> ReplayAnswer:

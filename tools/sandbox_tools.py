@@ -170,6 +170,7 @@ SANDBOX_TOOLS = [
         result=CrmReadResult,
         execute=_call(sandbox.crm_read),
         description="A customer's CRM record",
+        repeatable=True,  # a what-if replay that allows live reads may read a record again
     ),
     _spec(
         name="search.query",

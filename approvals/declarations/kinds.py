@@ -75,6 +75,7 @@ KINDS = {
                 "undo",
                 "external_id",
                 "example_answer",
+                "repeatable",
                 "timeout_seconds",
                 "rate_per_minute",
                 "on_refusal",

@@ -49,7 +49,7 @@ from .hot_sql import context_sql
 from .leases import CRASH, Lease, Usage, task_reserve, worker_id
 from .plans import plan_check
 from .replan import world_lines, world_state
-from .spare import live_work_waiting, put_off_seconds
+from .spare import live_work_going, put_off_seconds
 
 log = logging.getLogger("warden.engine")
 
@@ -144,8 +144,8 @@ def _load_context(lease: Lease) -> tuple[Run, Task, Agent, dict]:
     (key, objective, depends_on, dependents, output_schema, allowed_tools, plan_version, depth, agent_id, *rest) = row
     t_usage, (max_seconds, started_at), rest = rest[:8], rest[8:10], rest[10:]
     agent, rest = _agent_of(agent_id, rest[:14]), rest[14:]
-    run_input, r_status, *r_usage, r_plan, max_tasks, journal_epoch, project_id, project_slug, pinned, knows = rest[:-2]
-    mode, replay_of_id = rest[-2:]
+    run_input, r_status, *r_usage, r_plan, max_tasks, journal_epoch, project_id, project_slug, pinned, knows = rest[:-3]
+    mode, replay_of_id, live_reads = rest[-3:]
     run_input = sql.loads(run_input)
     _as_the_run_uses_it(agent, sql.loads(pinned) if pinned is not None else None, run_input)
     run = Run(
@@ -156,6 +156,7 @@ def _load_context(lease: Lease) -> tuple[Run, Task, Agent, dict]:
         project=Project(id=project_id, slug=project_slug),  # its slug names its own tools (metrics, breakers)
         mode=mode,  # a replay's calls never leave (tools/replaying.py)
         replay_of_id=replay_of_id,
+        live_reads=bool(live_reads),
         **dict(zip(sql.USAGE_FIELDS, r_usage, strict=True)),
     )
     run.max_tasks = max_tasks
@@ -280,8 +281,8 @@ def _load_journal(task_id: int) -> list[dict]:
 
 def _attempt(lease: Lease):
     run, task, agent, deps = _load_context(lease)
-    if run.mode == Run.Mode.SHADOW and live_work_waiting():  # a shadow's work waits for spare time
-        return task_yield(lease, delay_seconds=put_off_seconds(), reason="waits for spare time: live work first")
+    if _gives_way(run):
+        return _give_way(lease)
     state = _LoopState.replay([] if lease.fresh else _load_journal(task.id))
     run_usage, task_usage = Usage.of(run), Usage.of(task)
     slice_ends = lease.claimed_at + settings.WARDEN["SLICE_SECONDS"]
@@ -302,6 +303,8 @@ def _attempt(lease: Lease):
             else:
                 if time.monotonic() > slice_ends:
                     return task_yield(lease)
+                if _gives_way(run):
+                    return _give_way(lease)
                 run_usage.check_before_step("run")
                 task_usage.check_before_step("task")
                 try:
@@ -507,6 +510,15 @@ def _loop_guard(state: _LoopState, tool_call: dict) -> None:
 
 class _Parked(Exception):
     """The attempt stopped to wait for a reviewer; the task is parked."""
+
+
+def _gives_way(run: Run) -> bool:
+    """A shadow's work waits while live work is going (runs/services/spare.py)."""
+    return run.mode == Run.Mode.SHADOW and live_work_going()
+
+
+def _give_way(lease: Lease) -> None:
+    return task_yield(lease, delay_seconds=put_off_seconds(), reason="waits for spare time: live work first")
 
 
 class _Behind(Exception):

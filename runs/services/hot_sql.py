@@ -51,7 +51,7 @@ _CONTEXT_COLUMNS = (
     "r.max_steps", "r.max_tokens", "r.max_tool_calls", "r.max_cost_micros", "r.plan_version", "{max_tasks}",
     "t.journal_epoch", "r.project_id", "p.slug", "v.config",
     "EXISTS (SELECT 1 FROM runs_blackboardentry b WHERE b.run_id = r.id AND b.verification = 'verified')",
-    "r.mode", "r.replay_of_id",
+    "r.mode", "r.replay_of_id", "r.live_reads",
 )  # fmt: skip
 CONTEXT_WIDTH = len(_CONTEXT_COLUMNS)
 

@@ -244,13 +244,15 @@ def run_start(
 
 
 def run_replay_start(
-    *, original: Run, candidates: dict[str, AgentVersion], started_by=None, shadow: bool = False
-) -> Run:
+    *, original: Run, candidates: dict[str, AgentVersion], started_by=None, shadow: bool = False,
+    live_reads: bool = False,
+) -> Run:  # fmt: skip
     """A replay of ``original`` (settled): a run of its workflow with its input (its drill faults left out:
     they were the original's circumstances) and goal, in replay mode (its tool calls never leave: the
     broker answers them from the original's ledger), with the agents of ``candidates`` (slug → version)
     pinned to those versions and every other agent as the workflow now has it. ``shadow``: the original
-    is still going, and the replay follows it (Run.Mode.SHADOW). Not audited here: the replay or shadow
+    is still going, and the replay follows it (Run.Mode.SHADOW). ``live_reads``: the reads its original
+    did not make go to the system when safe to repeat (Run.live_reads). Not audited here: the replay or shadow
     that starts it is (replay/services.py)."""
     with transaction.atomic():  # the workflow's budget: a candidate's spending is part of what is compared
         wf = with_latest_version(Workflow.objects.select_related("planner_agent", "project")).get(
@@ -260,6 +262,7 @@ def run_replay_start(
         return _run_create(
             wf, project=original.project, input=source, budget=None, goal=original.goal, started_by=started_by,
             replay_of=original, candidates=candidates, mode=Run.Mode.SHADOW if shadow else Run.Mode.REPLAY,
+            live_reads=live_reads,
         )  # fmt: skip
 
 
@@ -274,6 +277,7 @@ def _run_create(
     replay_of: Run | None = None,
     candidates=None,
     mode: str = Run.Mode.LIVE,
+    live_reads: bool = False,
 ) -> Run:
     run_input = _run_input(input)
     try:
@@ -290,6 +294,7 @@ def _run_create(
             started[slug] = version
     run = Run.objects.create(
         mode=mode,
+        live_reads=live_reads,
         replay_of=replay_of,
         versions=versions,
         workflow_version=wf_version,

@@ -1,20 +1,23 @@
-"""Spare time: a shadow's work (replay/shadows.py) runs only while no live work waits for a worker, so a
-shadow never slows the runs it follows. Asked at a twin's start and at each of its attempts."""
+"""Spare time: a shadow's work (replay/shadows.py) runs only while no live work is going (ready for a worker
+or being done by one), so a shadow never slows the runs it follows: a worker thread that is free does not
+mean a free core (the threads of a process share one interpreter, the processes of a machine its cores).
+Asked at a twin's start, at each of its attempts and before each of its model calls."""
 
 import random
 
 from core import sql
 
-# A ready task of a running live run: live work a worker has not taken yet (the (status, ready_at) index).
-_LIVE_WORK_WAITING = (
+# A ready or running task of a running live run (the (status, ready_at) and (status, lease_expires_at)
+# indexes): live work going.
+_LIVE_WORK_GOING = (
     "SELECT 1 FROM runs_task t JOIN runs_run r ON r.id = t.run_id "
-    "WHERE t.status = 'ready' AND r.status = 'running' AND r.mode = 'live' LIMIT 1"
+    "WHERE t.status IN ('ready', 'running') AND r.status IN ('running', 'cancelling') AND r.mode = 'live' LIMIT 1"
 )
 PUT_OFF_MAX_SECONDS = 30.0
 
 
-def live_work_waiting() -> bool:
-    return sql.fetchone(_LIVE_WORK_WAITING, []) is not None
+def live_work_going() -> bool:
+    return sql.fetchone(_LIVE_WORK_GOING, []) is not None
 
 
 def put_off_seconds(times: int = 0) -> float:

@@ -26,7 +26,7 @@ from tenancy.access import default_project, membership_grant
 from tenancy.models import AuditEvent, Project
 from tenancy.tokens import api_token_create
 from tests.conftest import decide, wait_for
-from tools.models import HttpTool, SandboxCall, ToolOperation
+from tools.models import HttpTool, SandboxCall, SandboxRecord, ToolOperation
 
 WORKER_THREADS = 8  # the fan-out's five workers at once
 
@@ -123,6 +123,41 @@ def test_the_differences_of_any_number_of_runs_are_read_in_4_queries(originals):
             diff = replay_diff(replay)
         assert len(queries) == 4, [q["sql"][:120] for q in queries]
         assert diff["total"]["irreversible_added"] == 5 * len(diff["runs"])
+
+
+def test_live_reads_send_only_the_reads_safe_to_repeat_and_nothing_else(originals):
+    """Every worker reads a customer its original did not (crm.read: safe to repeat) and searches (not
+    declared so): with live reads, the record reads are sent, and only those."""
+    SandboxRecord.objects.create(customer_id="cust-elsewhere", name="Elsewhere Ltd", fields={"status": "active"})
+    script = [
+        {"say": "Reading another customer.", "tool": "crm.read", "arguments": {"customer_id": "cust-elsewhere"}},
+        {"say": "Searching.", "tool": "search.query", "arguments": {"query": "incident"}},
+        {"final": {"summary": "{task}: read"}},
+    ]
+    edits = {"script": script, "allowed_tools": ["crm.read", "search.query", "tickets.create"]}
+    reads = SandboxCall.objects.filter(is_effect=False)
+    for live in (False, True):
+        before, read_before = effects(), reads.count()
+        replay = replay_start(run_ids=[originals[0].id], agent="incident-worker", edits=edits, live_reads=live)
+        (pair,) = settled(replay)["runs"]
+        replayed = Run.objects.get(id=pair["replay"])
+        answers = sorted((c["tool"], c["task"], c["answered"]) for c in answered_calls(replayed))
+        expected = sorted(
+            [("crm.read", f"worker-{n}", "live" if live else "not_recorded") for n in range(1, 6)]
+            + [("search.query", f"worker-{n}", "not_recorded") for n in range(1, 6)]
+        )
+        assert answers == expected, answers
+        # Five live record reads reached the CRM (counted there), and nothing else did: no search, no effect.
+        ours = reads.filter(idempotency_key__startswith=f"replay-{replayed.id}-")
+        assert list(ours.values_list("tool", flat=True)) == ["crm.read"] * (5 if live else 0)
+        assert reads.count() - read_before == ours.count() and effects() == before
+        assert ToolOperation.objects.filter(run=replayed).count() == 0
+        assert replayed.live_reads is live
+
+
+def answered_calls(run) -> list[dict]:
+    rows = Span.objects.filter(run=run, kind=Span.Kind.TOOL_CALL, step__isnull=False).select_related("task")
+    return [{**(s.body or {}).get("replay", {}), "task": s.task.key} for s in rows]
 
 
 def test_the_command_exits_1_when_the_candidate_adds_an_irreversible_call(originals, tmp_path, capsys):

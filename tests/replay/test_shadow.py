@@ -271,7 +271,7 @@ def test_the_shadows_api_is_an_operators_keeps_drafts_to_admins_and_hides_other_
 
 def test_a_twin_starts_on_spare_time_only_and_is_counted_when_it_never_could(demo_tx):
     """No worker runs here: the live run's tasks wait for one, so its twin's start is put off; past the
-    limit it is skipped and counted; once no live work waits, the twin starts."""
+    limit it is skipped and counted; once no live work is going, the twin starts."""
     shadow = shadow_on(project=default_project(), workflow="incident-fanout", agent="incident-worker",
                        version=current_version("incident-worker"), via="test")  # fmt: skip
     run = run_start(workflow="incident-fanout")

@@ -165,6 +165,7 @@ BAD = [
         "example_answer",
         "a read has none",
     ),
+    ({"repeatable": "on"}, "repeatable", "only a read (GET or HEAD, read only) may be sent again"),
 ]
 
 

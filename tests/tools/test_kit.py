@@ -163,6 +163,10 @@ BAD = {
         "tool_class=ToolClass.READ_ONLY, replay_result={'y': 1}",
         "a read has no replay_result: a replay answers reads from the original run's ledger",
     ),
+    "a write a replay could send again": (
+        "tool_class=ToolClass.IDEMPOTENT_WRITE, reversibility=Reversibility.REVERSIBLE, repeatable=True",
+        "a write is never repeatable: only a read may be sent again by a replay",
+    ),
     "an external id its result does not have": (
         "tool_class=ToolClass.READ_ONLY, external_id='refund_id'",
         "external_id names 'refund_id', which its result does not have",

@@ -26,12 +26,15 @@ class Command(BaseCommand):
         parser.add_argument("--fail-on", default="", choices=["", *FAIL_ON], help="Exit 1 when the replay shows this")
         parser.add_argument("--timeout", type=float, default=600, help="Seconds to wait for the replays")
         parser.add_argument("--json", action="store_true", help="Print the differences as JSON")
+        parser.add_argument("--live-reads", action="store_true",
+                            help="Send the reads the originals did not make, where safe to repeat")  # fmt: skip
 
     def handle(self, *, runs, workflow, limit, agent, agent_version, edits, fail_on, timeout, **options):
         run_ids = self._runs(runs, workflow, limit)
         draft = self._edits(edits)
         try:
-            replay = replay_start(run_ids=run_ids, agent=agent, version=agent_version, edits=draft, via="command")
+            replay = replay_start(run_ids=run_ids, agent=agent, version=agent_version, edits=draft, via="command",
+                                  live_reads=options["live_reads"])  # fmt: skip
         except WardenError as exc:
             raise CommandError(str(exc), returncode=2) from exc
         self.stderr.write(f"replay {replay.id}: {len(run_ids)} run(s) on {agent} v{replay.candidate['version']}")
