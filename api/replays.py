@@ -7,8 +7,9 @@ from ninja import Field, Router, Schema, Status
 from pydantic import ConfigDict
 
 from api.schemas import BodyIn
-from core.errors import NotFound
+from core.errors import InvalidInput, NotFound
 from core.schemas import PathId, Whole
+from evals.models import EvalSuite
 from replay.services import replay_diff, replay_get, replay_settled, replay_start
 from runs.models import Run
 from tenancy.access import authorize
@@ -26,9 +27,10 @@ REPLAY_EXAMPLE = {
     "id": 3,
     "project": "default",
     "candidate": {"agent": "incident-worker", "version": 4, "draft": True, "edits": {"instructions": "Also…"}},
+    "live_reads": False,
     "settled": True,
     "total": {"runs": 1, "settled": 1, "differing": 1, "calls_added": 1, "calls_removed": 0, "irreversible_added": 1,
-              "would_wait_for_approval": 0, "outputs_differing": 1, "steps_original": 56, "steps_replay": 61,
+              "would_wait_for_approval": 0, "outputs_differing": 1, "checks_regressed": 0, "steps_original": 56, "steps_replay": 61,
               "tokens_original": 4700, "tokens_replay": 5120, "cost_usd_original": 0.0, "cost_usd_replay": 0.0},
     "runs": [{"original": 12, "replay": 31, "settled": True, "difference": True,
               "status": {"original": "completed", "replay": "completed"}, "output_equal": False,
@@ -44,7 +46,11 @@ class ReplayIn(BodyIn):
         json_schema_extra={"examples": [{"runs": [12, 13], "agent": "incident-worker", "version": 3, "note": "v3?"}]}
     )
 
-    runs: list[Whole(ge=1)] = Field(min_length=1, max_length=500, description="Settled runs of one project")
+    runs: list[Whole(ge=1)] = Field([], max_length=500, description="Settled runs of one project...")
+    suite: str | None = Field(
+        None, max_length=64, description="...or an evaluation suite (its slug): the runs its cases last had, each "
+        "pair then graded by its case's checks",
+    )  # fmt: skip
     agent: str = Field(min_length=1, max_length=64, description="The agent whose candidate is tried (its slug)")
     version: Whole(ge=1) | None = Field(None, description="One of the agent's version numbers...")
     edits: dict[str, Any] | None = Field(
@@ -82,12 +88,25 @@ def _out(replay) -> dict:
 
 @router.post("/replays", response={201: ReplayOut}, summary="Replay settled runs on a candidate agent, sending nothing")
 def create_replay(request, payload: ReplayIn):
+    # Trying a version is an operator's; a draft's edits are the agent's configuration: its admin's.
+    action = "administer" if payload.edits is not None else "operate"
+    if payload.suite is not None:
+        suite = EvalSuite.objects.filter(slug=payload.suite).first()
+        if suite is None:
+            raise NotFound(f"no suite {payload.suite}")
+        authorize(request.auth.user, suite.project_id, action, what=f"suite {suite.slug}", token=request.auth,
+                  request=request)  # fmt: skip
+        replay = replay_start(
+            run_ids=payload.runs, suite=suite, agent=payload.agent, version=payload.version, edits=payload.edits,
+            actor=request.auth.user, via="api", request=request, note=payload.note, live_reads=payload.live_reads,
+        )  # fmt: skip
+        return Status(201, _out(replay_get(replay.id)))
+    if not payload.runs:
+        raise InvalidInput("choose runs or a suite", [{"field": "runs", "message": "choose runs or a suite"}])
     projects = dict(Run.objects.filter(id__in=payload.runs).values_list("id", "project_id"))
     first = projects.get(payload.runs[0])
     if first is None:
         raise NotFound(f"no run {payload.runs[0]}")
-    # Trying a version is an operator's; a draft's edits are the agent's configuration: its admin's.
-    action = "administer" if payload.edits is not None else "operate"
     authorize(request.auth.user, first, action, what=f"run {payload.runs[0]}", token=request.auth, request=request)
     for run_id in payload.runs:  # another project's run is as unknown as one that does not exist
         if projects.get(run_id) != first:

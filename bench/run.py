@@ -350,6 +350,11 @@ GOALS = (
      lambda r: _fig(r, "replay", "embedded_replay_overhead_vs_originals"), lambda v: v <= 1.10),
     ("R1", "replay of 100 runs ≤ model calls + 1.10× originals, PostgreSQL",
      lambda r: _fig(r, "replay", "postgres_replay_overhead_vs_originals"), lambda v: v <= 1.10),
+    # S1: production's steps/s with a shadow following every run, over without (bench/replay.py).
+    ("S1", "steps/s with a shadow ≥ 0.9× without, embedded",
+     lambda r: _fig(r, "replay", "embedded_shadowed_vs_plain"), lambda v: v >= 0.9),
+    ("S1", "steps/s with a shadow ≥ 0.9× without, PostgreSQL",
+     lambda r: _fig(r, "replay", "postgres_shadowed_vs_plain"), lambda v: v >= 0.9),
 )  # fmt: skip
 
 

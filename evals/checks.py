@@ -10,7 +10,7 @@ import math
 
 import jsonschema
 
-from runs.models import Run
+from runs.models import Run, Span
 from tools.models import ToolOperation
 
 # The operations that left (or may have left) for the outside world.
@@ -150,7 +150,38 @@ def _artifact_failure(check: dict, kind: str, run: Run) -> str | None:
     return None
 
 
+def _replay_calls(run: Run) -> list[dict]:
+    """A replay's calls, from its journal (it has no ledger rows: tools/replaying.py), refused ones left out."""
+    bodies = Span.objects.filter(run_id=run.id, kind=Span.Kind.TOOL_CALL, step__isnull=False).values_list(
+        "body", flat=True
+    )
+    records = [(body or {}).get("replay") or {} for body in bodies]
+    return [r for r in records if r.get("tool") and r.get("answered") != "refused"]
+
+
+def _replay_ledger_failure(check: dict, kind: str, run: Run) -> str | None:
+    """As _ledger_failure, on what a replay would have called: an irreversible write the gate would have
+    let through without a reviewer (not one the original's receipt answered) is an unapproved one."""
+    calls = _replay_calls(run)
+    tools = {c["tool"] for c in calls}
+    if kind == "tool_called" and check["tool_called"] not in tools:
+        return f"{check['tool_called']} would not have been called"
+    if kind == "tool_not_called" and check["tool_not_called"] in tools:
+        return f"{check['tool_not_called']} would have been called"
+    if kind == "no_unapproved_irreversible" and check["no_unapproved_irreversible"]:
+        unapproved = {
+            c["tool"] for c in calls
+            if c.get("reversibility") == ToolOperation.Reversibility.IRREVERSIBLE and c.get("write")
+            and c.get("verdict") == "allow" and c.get("answered") != "recorded"
+        }  # fmt: skip
+        if unapproved:
+            return f"irreversible call without approval: {', '.join(sorted(unapproved))}"
+    return None
+
+
 def _ledger_failure(check: dict, kind: str, run: Run) -> str | None:
+    if run.mode != Run.Mode.LIVE:
+        return _replay_ledger_failure(check, kind, run)
     operations = ToolOperation.objects.filter(run_id=run.id)
     if kind == "tool_called" and not operations.filter(tool=check["tool_called"]).exists():
         return f"{check['tool_called']} was not called"

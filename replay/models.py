@@ -20,6 +20,10 @@ class Replay(models.Model):
     note = models.TextField(blank=True)
     # Reads its originals did not make go to the system when safe to repeat (runs.Run.live_reads).
     live_reads = models.BooleanField(default=False)
+    # The evaluation suite whose cases' runs were chosen: each pair is graded by its case's checks.
+    suite = models.ForeignKey(
+        "evals.EvalSuite", null=True, blank=True, on_delete=models.SET_NULL, related_name="+", db_index=False
+    )
 
     class Meta:
         ordering = ["-id"]

@@ -7,6 +7,8 @@ from collections import Counter, defaultdict
 from agents.models import Agent, AgentVersion, Workflow
 from agents.versions import agent_version_draft
 from core.errors import InvalidInput, NotFound
+from evals.checks import check_failures
+from evals.models import EvalResult, EvalSuite
 from runs.models import Artifact, Run, Span
 from runs.services import run_replay_start
 from tenancy.audit import audited
@@ -96,19 +98,38 @@ def candidate_of(agent_slug: str, version: int | None, edits: dict | None, *, pr
     return agent_version_draft(agent, _edits_checked(edits))
 
 
+def suite_runs(suite: EvalSuite) -> list[int]:
+    """The runs an evaluation suite's cases last had, live and settled: a replay of them is graded by the
+    cases' checks."""
+    found = {}
+    results = EvalResult.objects.filter(case__suite=suite, run__mode=Run.Mode.LIVE, run__status__in=SETTLED)
+    for case_id, run_id in results.order_by("id").values_list("case_id", "run_id"):
+        found[case_id] = run_id  # the latest of each case
+    if not found:
+        raise _invalid("suite", f"suite {suite.slug} has no settled run to replay: run the suite first")
+    return sorted(found.values())
+
+
 def replay_start(
-    *, run_ids, agent: str, version: int | None = None, edits: dict | None = None, actor=None, via: str = "",
-    request=None, note: str = "", live_reads: bool = False,
+    *, run_ids=None, agent: str, version: int | None = None, edits: dict | None = None, actor=None, via: str = "",
+    request=None, note: str = "", live_reads: bool = False, suite: EvalSuite | None = None,
 ) -> Replay:  # fmt: skip
     """Replay each of ``run_ids`` (settled runs of one project) with ``agent`` on the candidate: one of
     its versions (``version``) or a draft of its current configuration with ``edits``. The replays run
     on the workers like any run; nothing they call leaves but, with ``live_reads``, the reads their originals
-    did not make that the tools say are safe to repeat. Audited."""
+    did not make that the tools say are safe to repeat. ``suite``: instead of ``run_ids``, the runs its
+    cases last had, each pair then graded by its case's checks. Audited."""
+    if suite is not None:
+        if run_ids:
+            raise _invalid("runs", "choose runs or a suite, not both")
+        run_ids = suite_runs(suite)
     detail = {"runs": sorted({int(i) for i in run_ids or []})[:50], "agent": agent, "version": version,
               "edits": sorted(edits) if isinstance(edits, dict) else None, "live_reads": live_reads}  # fmt: skip
     with audited("replay_start", actor=actor, via=via, request=request, target="replay", detail=detail) as act:
         originals = _originals(run_ids)
         act.update(project_id=originals[0].project_id)
+        if suite is not None and suite.project_id != originals[0].project_id:
+            raise _invalid("suite", f"unknown suite {suite.slug!r}")
         candidate = _candidate(agent, version, edits, originals)
         replay = Replay.objects.create(
             project_id=originals[0].project_id,
@@ -122,6 +143,7 @@ def replay_start(
             created_by=actor,
             note=note,
             live_reads=live_reads,
+            suite=suite,
         )
         act.update(target=f"replay {replay.id}")
         for original in originals:
@@ -268,6 +290,8 @@ def replay_diff(replay: Replay, *, latest: int | None = None) -> dict:
     found = list(pairs) if latest is None else list(pairs.order_by("-id")[:latest])[::-1]
     reads = _Reads([p.original_id for p in found], [p.run_id for p in found])
     pairs = [pair_diff(p.original, p.run, reads) for p in found]
+    if replay.suite_id is not None:
+        _graded(replay, found, pairs)
     # The totals are of the pairs that have settled: a half-done pair's difference is not one yet.
     counted = [p for p in pairs if p["difference"] is not None and p["settled"]]
     total = {
@@ -279,6 +303,7 @@ def replay_diff(replay: Replay, *, latest: int | None = None) -> dict:
         "irreversible_added": sum(len(p["irreversible_added"]) for p in counted),
         "would_wait_for_approval": sum(len(p["would_wait_for_approval"]) for p in counted),
         "outputs_differing": sum(1 for p in counted if not p["output_equal"]),
+        "checks_regressed": sum(1 for p in counted if (p.get("checks") or {}).get("regressed")),
     }
     for field in ("steps", "tokens", "cost_usd"):
         total[f"{field}_original"] = sum(p["original_usage"][field] for p in counted)
@@ -286,14 +311,34 @@ def replay_diff(replay: Replay, *, latest: int | None = None) -> dict:
     return {"replay": replay.id, "candidate": replay.candidate, "total": total, "runs": pairs}
 
 
-FAIL_ON = ("irreversible-added", "calls-added", "any-difference")
+def _graded(replay: Replay, found: list[ReplayRun], pairs: list[dict]) -> None:
+    """Each settled pair of a suite's replay, graded by its case's checks (judges are not run here: a
+    judge is a model call, and a difference is read as often as anyone looks)."""
+    originals = [p.original_id for p in found if p.original_id]
+    cases = {}
+    for result in EvalResult.objects.filter(run_id__in=originals, case__suite_id=replay.suite_id).select_related(
+        "case"
+    ):
+        cases[result.run_id] = result.case  # the latest result of each run
+    for pair, diff in zip(found, pairs, strict=True):
+        case = cases.get(pair.original_id)
+        if case is None or not diff["settled"]:
+            continue
+        before, after = check_failures(case, pair.original), check_failures(case, pair.run)
+        diff["checks"] = {"case": case.name, "original": before, "replay": after,
+                          "regressed": not before and bool(after), "fixed": bool(before) and not after}  # fmt: skip
+
+
+FAIL_ON = ("irreversible-added", "check-regressed", "calls-added", "any-difference")
 
 
 def replay_fails(diff: dict, fail_on: str) -> bool:
     """Whether ``diff`` crosses the line ``fail_on`` draws (manage.py replay --fail-on, for CI)."""
     total = diff["total"]
-    if fail_on == "irreversible-added":
-        return total["irreversible_added"] > 0
+    if fail_on == "irreversible-added":  # the line CI draws: a new irreversible call, or a graded check lost
+        return total["irreversible_added"] > 0 or total["checks_regressed"] > 0
+    if fail_on == "check-regressed":
+        return total["checks_regressed"] > 0
     if fail_on == "calls-added":
         return total["calls_added"] > 0
     if fail_on == "any-difference":

@@ -29,7 +29,7 @@ from .models import Replay, ReplayRun, Shadow
 from .services import candidate_of
 
 SHADOW_START = "shadow_start"
-FIRST_LOOK_MS = 1000
+FIRST_LOOK_MS = 2000
 START_WITHIN_SECONDS = 3600
 
 

@@ -133,6 +133,7 @@ def _form(data, choices: dict) -> dict:
         "version": data.get("version") or (str(versions[0].number) if versions else ""),
         "edits": data.get("edits", ""),
         "note": data.get("note", ""),
+        "live_reads": data.get("live_reads") == "on",
     }
 
 
@@ -172,7 +173,7 @@ def _start(request, form: dict, choices: dict):
             raise NotFound(f"no run {run_id}")
     return replay_start(
         run_ids=run_ids, agent=choices["agent"], version=version, edits=edits, actor=request.user, via="page",
-        request=request, note=form["note"].strip(),
+        request=request, note=form["note"].strip(), live_reads=form["live_reads"],
     )  # fmt: skip
 
 

@@ -21,6 +21,6 @@ def live_work_going() -> bool:
 
 
 def put_off_seconds(times: int = 0) -> float:
-    """How long shadow work is put off the ``times``-th time: from about half a second, growing, jittered
-    (so what was put off together does not come back together)."""
-    return min(PUT_OFF_MAX_SECONDS, 0.5 * 1.5**times) * random.uniform(0.75, 1.25)
+    """How long shadow work is put off the ``times``-th time: from about a second, doubling, jittered (so
+    what was put off together does not come back together); each look costs the workers a message."""
+    return min(PUT_OFF_MAX_SECONDS, 2.0**times) * random.uniform(0.75, 1.25)

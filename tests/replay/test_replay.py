@@ -12,14 +12,16 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from agents.demo import WORKER_TURNS
-from agents.models import Agent, AgentVersion
+from agents.models import Agent, AgentVersion, Workflow
 from core.errors import Conflict, InvalidInput
+from evals.models import EvalCase, EvalSuite
+from evals.suites import eval_start
 from examples.refunds.payments_service import PaymentsService
 from examples.refunds.setup_refunds import refunds_setup
 from integrations.models import WebhookDelivery, WebhookEndpoint
 from policy.models import ApprovalRequest
 from replay.models import Replay
-from replay.services import replay_diff, replay_settled, replay_start
+from replay.services import replay_diff, replay_fails, replay_settled, replay_start
 from runs.models import Run, Span, Task
 from runs.services import run_fork, run_start
 from tenancy.access import default_project, membership_grant
@@ -158,6 +160,37 @@ def test_live_reads_send_only_the_reads_safe_to_repeat_and_nothing_else(original
 def answered_calls(run) -> list[dict]:
     rows = Span.objects.filter(run=run, kind=Span.Kind.TOOL_CALL, step__isnull=False).select_related("task")
     return [{**(s.body or {}).get("replay", {}), "task": s.task.key} for s in rows]
+
+
+def test_a_suites_runs_replayed_are_graded_by_its_cases_and_a_lost_check_fails_ci(demo_tx, worker, tmp_path):
+    """An evaluation suite's case says the customer is e-mailed; a draft that drops the e-mail adds no call,
+    so only the graded check tells: it regressed, and --fail-on irreversible-added exits 1 for it."""
+    suite = EvalSuite.objects.create(slug="fanout", name="Fan-out", project=default_project())
+    fanout = Workflow.objects.get(slug="incident-fanout")
+    EvalCase.objects.create(suite=suite, name="e-mails the customer", workflow=fanout,
+                            checks=[{"status": "completed"}, {"tool_called": "email.send"}])  # fmt: skip
+    with pytest.raises(InvalidInput, match="no settled run"):
+        replay_start(suite=suite, agent="incident-worker", version=current_version("incident-worker"))
+    (result,) = eval_start(suite=suite, via="test").results.all()
+    finished(result.run)
+    quiet = [*WORKER_TURNS[:3], {"final": {"summary": "{task}: ticket opened, nobody told"}}]
+    before = effects()
+    unchanged = settled(replay_start(suite=suite, agent="incident-worker", version=current_version("incident-worker")))
+    (pair,) = unchanged["runs"]
+    assert pair["original"] == result.run_id and pair["checks"]["regressed"] is False, pair["checks"]
+    assert not replay_fails(unchanged, "irreversible-added")
+    dropped = settled(replay_start(suite=suite, agent="incident-worker", edits={"script": quiet}))
+    (pair,) = dropped["runs"]
+    assert pair["checks"] == {"case": "e-mails the customer", "original": [], "replay": [
+        "email.send would not have been called"], "regressed": True, "fixed": False}  # fmt: skip
+    assert dropped["total"]["checks_regressed"] == 1 and dropped["total"]["irreversible_added"] == 0
+    assert replay_fails(dropped, "irreversible-added") and replay_fails(dropped, "check-regressed")
+    edits = tmp_path / "quiet.json"
+    edits.write_text(json.dumps({"script": quiet}))
+    with pytest.raises(CommandError) as failed:
+        call_command("replay", suite="fanout", agent="incident-worker", edits=str(edits), fail_on="irreversible-added")
+    assert failed.value.returncode == 1
+    assert effects() == before
 
 
 def test_the_command_exits_1_when_the_candidate_adds_an_irreversible_call(originals, tmp_path, capsys):

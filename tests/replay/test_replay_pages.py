@@ -71,7 +71,8 @@ def test_an_operator_tries_a_version_from_the_form_and_sees_no_difference(origin
     replay = _started(client, version=str(version), note="same worker, same runs?")
     assert sorted(replay.pairs.values_list("original_id", flat=True)) == sorted(r.id for r in originals)
     assert replay.candidate == {"agent": "incident-worker", "version": version, "draft": False, "edits": None}
-    assert replay.created_by == people["operator"]
+    assert replay.created_by == people["operator"] and replay.live_reads is False
+    assert 'name="live_reads"' in page  # opt-in, off unless ticked
     settled(replay)
 
     page = _text(client.get(f"/replays/{replay.id}/"))
@@ -94,8 +95,8 @@ def test_a_draft_with_a_follow_up_email_is_marked_where_it_first_diverges(
     client.force_login(people["admin"])  # a draft is the agent's configuration: the project's admin's
     original = originals[0]
     edits = json.dumps({"script": follow_up_script()})
-    replay = _started(client, runs=str(original.id), candidate="draft", edits=edits, workflow="")
-    assert replay.pairs.count() == 1 and replay.candidate_version.draft
+    replay = _started(client, runs=str(original.id), candidate="draft", edits=edits, workflow="", live_reads="on")
+    assert replay.pairs.count() == 1 and replay.candidate_version.draft and replay.live_reads
     page = _text(client.get(f"/replays/{replay.id}/"))
     assert "replaying" in page or 'data-settled="true"' in page  # polls itself until settled
     if 'data-settled="false"' in page:

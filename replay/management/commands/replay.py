@@ -8,6 +8,7 @@ from pathlib import Path
 from django.core.management.base import BaseCommand, CommandError
 
 from core.errors import WardenError
+from evals.models import EvalSuite
 from replay.services import FAIL_ON, replay_diff, replay_fails, replay_settled, replay_start
 from runs.models import Run
 from runs.workers import workers_while_waiting
@@ -19,6 +20,7 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("--runs", default="", help="Run ids, comma-separated")
         parser.add_argument("--workflow", default="", help="...or the latest settled runs of this workflow")
+        parser.add_argument("--suite", default="", help="...or an evaluation suite's (graded by its cases' checks)")
         parser.add_argument("--limit", type=int, default=20, help="How many of the workflow's runs (default 20)")
         parser.add_argument("--agent", required=True, help="The agent whose candidate is tried (its slug)")
         parser.add_argument("--agent-version", type=int, default=None, help="One of the agent's version numbers")
@@ -30,14 +32,15 @@ class Command(BaseCommand):
                             help="Send the reads the originals did not make, where safe to repeat")  # fmt: skip
 
     def handle(self, *, runs, workflow, limit, agent, agent_version, edits, fail_on, timeout, **options):
-        run_ids = self._runs(runs, workflow, limit)
+        suite = self._suite(options["suite"])
+        run_ids = self._runs(runs, workflow, limit) if suite is None else None
         draft = self._edits(edits)
         try:
             replay = replay_start(run_ids=run_ids, agent=agent, version=agent_version, edits=draft, via="command",
-                                  live_reads=options["live_reads"])  # fmt: skip
+                                  live_reads=options["live_reads"], suite=suite)  # fmt: skip
         except WardenError as exc:
             raise CommandError(str(exc), returncode=2) from exc
-        self.stderr.write(f"replay {replay.id}: {len(run_ids)} run(s) on {agent} v{replay.candidate['version']}")
+        self.stderr.write(f"replay {replay.id}: {replay.pairs.count()} run(s) on {agent} v{replay.candidate['version']}")
         self._wait(replay, timeout)
         diff = replay_diff(replay)
         if options["json"]:
@@ -61,6 +64,14 @@ class Command(BaseCommand):
         if not ids:
             raise CommandError(f"no settled run of {workflow!r}", returncode=2)
         return sorted(ids)
+
+    def _suite(self, slug: str) -> EvalSuite | None:
+        if not slug:
+            return None
+        found = EvalSuite.objects.filter(slug=slug).first()
+        if found is None:
+            raise CommandError(f"no suite {slug!r}", returncode=2)
+        return found
 
     def _edits(self, path: str) -> dict | None:
         if not path:
@@ -99,9 +110,15 @@ class Command(BaseCommand):
             if pair["first_divergence"]:
                 where = pair["first_divergence"]
                 self.stdout.write(f"          first divergence: task {where['task']} step {where['step']}")
+            checks = pair.get("checks")
+            if checks and (checks["regressed"] or checks["fixed"]):
+                what = "REGRESSED" if checks["regressed"] else "fixed"
+                failures = "; ".join(checks["replay"] or checks["original"])
+                self.stdout.write(f"          checks of case {checks['case']!r} {what}: {failures}")
         self.stdout.write(
             f"{total['runs']} run(s), {total['differing']} differing; calls added {total['calls_added']} "
             f"(irreversible {total['irreversible_added']}), removed {total['calls_removed']}; "
+            f"checks regressed {total['checks_regressed']}; "
             f"steps {total['steps_original']} → {total['steps_replay']}, "
             f"tokens {total['tokens_original']} → {total['tokens_replay']}"
         )
