@@ -40,7 +40,8 @@ class Command(BaseCommand):
                                   live_reads=options["live_reads"], suite=suite)  # fmt: skip
         except WardenError as exc:
             raise CommandError(str(exc), returncode=2) from exc
-        self.stderr.write(f"replay {replay.id}: {replay.pairs.count()} run(s) on {agent} v{replay.candidate['version']}")
+        count, version = replay.pairs.count(), replay.candidate["version"]
+        self.stderr.write(f"replay {replay.id}: {count} run(s) on {agent} v{version}")
         self._wait(replay, timeout)
         diff = replay_diff(replay)
         if options["json"]:
