@@ -9,8 +9,8 @@ The twin is started by a message (``SHADOW_START``), written with the production
 start costs one outbox row more, an unshadowed one nothing (the workflow row it reads anyway says whether
 its project shadows it: ``Workflow.shadowed_in``). A twin runs on the workers' spare time: while live work
 is going, its start is put off (later and later), and so is each of its attempts and model calls
-(runs/services/spare.py); a twin that could not start within
-START_WITHIN_SECONDS of its run is skipped and counted (``Shadow.skipped``).
+(runs/services/spare.py); a twin that could not start within START_WITHIN_SECONDS of its run is skipped
+and counted (``Shadow.skipped``).
 """
 
 from django.db import IntegrityError, transaction

@@ -249,33 +249,28 @@ def tool(
     ``repeatable``: a read safe to send again, which a replay allowing live reads may send."""
     names = tuple(secrets)
 
+    # Declared as they are given: the ToolSpec's fields of the same names.
+    given = {"tool_class": tool_class, "reversibility": reversibility, "arguments": arguments, "result": result,
+             "cacheable": cacheable, "timeout_seconds": timeout_seconds, "rate_per_minute": rate_per_minute,
+             "internal": internal, "external_id": external_id, "on_refusal": on_refusal,
+             "replay_result": replay_result, "repeatable": repeatable}  # fmt: skip
+
     def decorate(function):
         execute, find, undo_call = _adapters(function, arguments, lookup, undo, names)
         declare(
             ToolSpec(
                 name=name,
                 system=name.partition(".")[0],
-                tool_class=tool_class,
-                reversibility=reversibility,
-                arguments=arguments,
-                result=result,
                 execute=execute,
                 lookup=find,
                 undo=undo_call,
                 undo_tool=undo.tool if undo is not None else "",
-                cacheable=cacheable,
-                timeout_seconds=timeout_seconds,
-                rate_per_minute=rate_per_minute,
-                internal=internal,
                 description=description or (function.__doc__ or "").strip().split("\n")[0],
                 secret_fields=secret_fields(arguments) if isinstance(arguments, type) else frozenset(),
                 secrets=names,
-                external_id=external_id,
                 module=function.__module__,
                 cut_off=True,
-                on_refusal=on_refusal,
-                replay_result=replay_result,
-                repeatable=repeatable,
+                **given,
             )
         )
         return function
