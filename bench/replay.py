@@ -133,6 +133,7 @@ def measure(args, workers) -> dict:
         sandbox = SandboxCall.objects.count()
         print(f"(2) their replay on incident-worker v{version.number} (unchanged) …", flush=True)
         replay, replay_s = replayed(ids, version.number)
+        sandbox = SandboxCall.objects.count() - sandbox  # what the replay sent (none: its answers are recorded)
         print(f"(3) production throughput with and without a shadow, {args.shadow_rounds} alternated rounds "
               f"of {args.shadow_runs} runs …", flush=True)  # fmt: skip
         plain, shadowed, twins = shadowing(args, version.number)
@@ -162,7 +163,7 @@ def measure(args, workers) -> dict:
         # R1's left side over its right side's engine part: ≤ 1.10 when met.
         "replay_overhead_vs_originals": (replay_s - model_s) / wall,
         "replay_runs_completed": Run.objects.filter(id__in=replay_ids, status=Run.Status.COMPLETED).count(),
-        "sandbox_calls_during_replay": SandboxCall.objects.count() - sandbox,
+        "sandbox_calls_during_replay": sandbox,
         "diff_total": total,
         "production_steps_per_s": statistics.median(plain),
         "shadowed_steps_per_s": statistics.median(shadowed),

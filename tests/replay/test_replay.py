@@ -259,16 +259,21 @@ def _bearer(user) -> dict:
     return {"HTTP_AUTHORIZATION": f"Bearer {api_token_create(user=user, scopes=scopes)[1]}"}
 
 
+def api_people(django_user_model, prefix: str) -> tuple[dict, object]:
+    """An operator, an admin and a viewer of the default project, and an admin of another project only."""
+    people = {}
+    for role in ("operator", "admin", "viewer"):
+        people[role] = django_user_model.objects.create_user(username=f"{prefix}-{role}", password="pass-12345678")
+        membership_grant(user=people[role], project=default_project(), role=role)
+    outsider = django_user_model.objects.create_user(username=f"{prefix}-out", password="pass-12345678")
+    membership_grant(user=outsider, project=Project.objects.create(slug="elsewhere", name="Elsewhere"), role="admin")
+    return people, outsider
+
+
 def test_the_api_replays_for_an_operator_keeps_drafts_to_admins_and_hides_other_projects(
     originals, django_user_model, client
 ):
-    project = default_project()
-    people = {}
-    for role in ("operator", "admin", "viewer"):
-        people[role] = django_user_model.objects.create_user(username=f"r-{role}", password="pass-12345678")
-        membership_grant(user=people[role], project=project, role=role)
-    outsider = django_user_model.objects.create_user(username="r-out", password="pass-12345678")
-    membership_grant(user=outsider, project=Project.objects.create(slug="elsewhere", name="Elsewhere"), role="admin")
+    people, outsider = api_people(django_user_model, "r")
     ids = [r.id for r in originals]
     version = current_version("incident-worker")
 

@@ -6,6 +6,7 @@ import time
 import uuid
 
 import pytest
+from django.core.management import CommandError, call_command
 
 from agents.models import Workflow
 from examples.refunds.payments_service import PaymentsService
@@ -20,9 +21,9 @@ from runs.models import Run, Span, Task
 from runs.services import run_cancel, run_start
 from runs.services.execution import task_execute
 from tenancy.access import default_project, membership_grant
-from tenancy.models import AuditEvent, Project
+from tenancy.models import AuditEvent
 from tests.conftest import decide, wait_for
-from tests.replay.test_replay import _bearer, current_version, effects, finished, follow_up_script
+from tests.replay.test_replay import _bearer, api_people, current_version, effects, finished, follow_up_script
 from tools.models import ToolOperation
 
 WORKER_THREADS = 8  # a run's five workers and its twin's at once
@@ -236,13 +237,7 @@ def test_a_bad_shadow_is_refused_clearly_and_changes_nothing(demo_tx, change, me
 def test_the_shadows_api_is_an_operators_keeps_drafts_to_admins_and_hides_other_projects(
     demo_tx, django_user_model, client
 ):
-    project = default_project()
-    people = {}
-    for role in ("operator", "admin", "viewer"):
-        people[role] = django_user_model.objects.create_user(username=f"s-{role}", password="pass-12345678")
-        membership_grant(user=people[role], project=project, role=role)
-    outsider = django_user_model.objects.create_user(username="s-out", password="pass-12345678")
-    membership_grant(user=outsider, project=Project.objects.create(slug="elsewhere", name="Elsewhere"), role="admin")
+    people, outsider = api_people(django_user_model, "s")
     version = {"workflow": "incident-fanout", "agent": "incident-worker", "version": current_version("incident-worker")}
     draft = {"workflow": "incident-fanout", "agent": "incident-worker", "edits": {"script": follow_up_script()}}
 
@@ -295,3 +290,19 @@ def test_a_twin_starts_on_spare_time_only_and_is_counted_when_it_never_could(dem
     first.refresh_from_db()
     # (It gets no further than its first read: the production run it follows never made one.)
     assert first.status != Task.Status.READY and first.steps_used > 0, first.status_reason
+
+
+def test_the_shadow_command_switches_one_on_shows_it_and_switches_it_off(demo_tx, capsys):
+    version = current_version("incident-worker")
+    call_command("shadow", workflow="incident-fanout", agent="incident-worker", agent_version=version)
+    shadow = Shadow.objects.get(on=True)
+    assert f"shadow {shadow.id}: new runs of incident-fanout start a twin on incident-worker v{version}" in (
+        capsys.readouterr().out
+    )
+    call_command("shadow", show=shadow.id)
+    assert f"shadow {shadow.id} of incident-fanout (on): 0 twin(s)" in capsys.readouterr().out
+    with pytest.raises(CommandError, match="is on in this project") as refused:
+        call_command("shadow", workflow="incident-fanout", agent="incident-worker", agent_version=version)
+    assert refused.value.returncode == 2
+    call_command("shadow", off=shadow.id)
+    assert not Shadow.objects.get(id=shadow.id).on and Workflow.objects.get(slug="incident-fanout").shadowed_in == []

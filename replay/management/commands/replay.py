@@ -14,6 +14,16 @@ from runs.models import Run
 from runs.workers import workers_while_waiting
 
 
+def edits_read(path: str) -> dict | None:
+    """--edits FILE: a draft's fields, as JSON (none without a path)."""
+    if not path:
+        return None
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise CommandError(f"--edits: {exc}", returncode=2) from exc
+
+
 class Command(BaseCommand):
     help = "Replay settled runs on a candidate agent (a version, or a draft's edits) with zero effects, and compare."
 
@@ -75,12 +85,7 @@ class Command(BaseCommand):
         return found
 
     def _edits(self, path: str) -> dict | None:
-        if not path:
-            return None
-        try:
-            return json.loads(Path(path).read_text())
-        except (OSError, ValueError) as exc:
-            raise CommandError(f"--edits: {exc}", returncode=2) from exc
+        return edits_read(path)
 
     def _wait(self, replay, timeout: float) -> None:
         with workers_while_waiting():

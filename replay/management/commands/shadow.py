@@ -2,12 +2,12 @@
 "Shadow runs")."""
 
 import json
-from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
 from agents.models import Workflow
 from core.errors import WardenError
+from replay.management.commands.replay import edits_read
 from replay.services import replay_diff
 from replay.shadows import shadow_get, shadow_off, shadow_on
 from tenancy.access import default_project
@@ -36,7 +36,7 @@ class Command(BaseCommand):
                 self._show(shadow_get(show), as_json=options["json"])
             elif workflow and agent:
                 shadow = shadow_on(project=self._project(project, workflow), workflow=workflow, agent=agent,
-                                   version=agent_version, edits=self._edits(edits), via="command")  # fmt: skip
+                                   version=agent_version, edits=edits_read(edits), via="command")  # fmt: skip
                 self.stdout.write(f"shadow {shadow.id}: new runs of {workflow} start a twin on {agent} "
                                   f"v{shadow.replay.candidate['version']}")  # fmt: skip
             else:
@@ -52,14 +52,6 @@ class Command(BaseCommand):
             return found
         wf = Workflow.objects.filter(slug=workflow).select_related("project").first()
         return (wf.project if wf and wf.project_id else None) or default_project()
-
-    def _edits(self, path: str) -> dict | None:
-        if not path:
-            return None
-        try:
-            return json.loads(Path(path).read_text())
-        except (OSError, ValueError) as exc:
-            raise CommandError(f"--edits: {exc}", returncode=2) from exc
 
     def _show(self, shadow, *, as_json: bool) -> None:
         diff = replay_diff(shadow.replay, latest=100)
