@@ -1,5 +1,6 @@
-"""The replay app's actor: a shadowed run's twin starts here (replay/shadows.py), not in the production run's
-start, which it must not slow, and only when the workers have spare time."""
+"""The replay app's actors: a shadowed run's twin starts here (replay/shadows.py), not in the production run's
+start, which it must not slow, and only when the workers have spare time; a suite's replay run is graded by
+its case's judges here (a model call, never inside the transaction that ended the run)."""
 
 import time
 
@@ -8,6 +9,7 @@ import dramatiq
 from runs.actors import TIME_LIMIT_MS
 from runs.services.spare import live_work_going, put_off_seconds
 
+from .services import GRADE_PAIR, replay_pair_grade
 from .shadows import SHADOW_START, START_WITHIN_SECONDS, shadow_twin_skip, shadow_twin_start
 
 
@@ -25,3 +27,9 @@ def shadow_start(run_id: int, times: int = 0, since: float | None = None) -> Non
         return None
     shadow_twin_start(run_id=run_id)
     return None
+
+
+@dramatiq.actor(actor_name=GRADE_PAIR, queue_name="warden", max_retries=0, time_limit=TIME_LIMIT_MS)
+def grade_replay_pair(pair_id: int) -> None:
+    """A suite's replay run ended: its case's judges grade it (a model call each)."""
+    replay_pair_grade(pair_id)

@@ -13,6 +13,9 @@ class ReplayConfig(AppConfig):
 
     def ready(self) -> None:
         from . import actors  # noqa: F401  (registered in every process)
+        from .services import replay_run_settled_heard
         from .shadows import run_started_heard
 
         bus.subscribe(bus.RunStarted, run_started_heard, durable=True)
+        # A suite's replay run ended: its judges are asked after commit (the outbox row commits with it).
+        bus.subscribe(bus.RunSettled, replay_run_settled_heard, durable=True)

@@ -38,6 +38,9 @@ class ReplayRun(models.Model):
     replay = models.ForeignKey(Replay, on_delete=models.CASCADE, related_name="pairs")
     original = models.ForeignKey("runs.Run", null=True, on_delete=models.SET_NULL, related_name="+")
     run = models.ForeignKey("runs.Run", on_delete=models.CASCADE, related_name="+")
+    # A suite's replay: the replay run's grades by its case's judges (evals/judge.py), once it has settled
+    # ([] when the case has none); None until then.
+    grades = models.JSONField(null=True, blank=True)
 
     class Meta:
         ordering = ["id"]

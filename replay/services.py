@@ -6,11 +6,14 @@ from collections import Counter, defaultdict
 
 from agents.models import Agent, AgentVersion, Workflow
 from agents.versions import agent_version_draft
+from core import bus
 from core.errors import InvalidInput, NotFound
-from evals.checks import check_failures
+from evals.checks import check_failures, judges
+from evals.judge import grade
 from evals.models import EvalResult, EvalSuite
 from runs.models import Artifact, Run, Span
 from runs.services import run_replay_start
+from runs.services.outbox import outbox_add
 from tenancy.audit import audited
 from tools.models import ToolOperation
 from tools.replaying import NOT_SENT
@@ -162,8 +165,51 @@ def replay_get(replay_id: int) -> Replay:
 
 
 def replay_settled(replay: Replay) -> bool:
+    """Every replay run has ended or stopped (and, for a suite's replay, been graded by its judges)."""
     statuses = Run.objects.filter(id__in=replay.pairs.values("run_id")).values_list("status", flat=True)
-    return all(status in SETTLED for status in statuses)
+    if not all(status in SETTLED for status in statuses):
+        return False
+    return replay.suite_id is None or not replay.pairs.filter(grades__isnull=True).exists()
+
+
+# --- a suite's judges on a replay run ---------------------------------------------------------------------
+GRADE_PAIR = "grade_replay_pair"  # the actor that asks the judges (replay/actors.py)
+
+
+def _case_of(pair: ReplayRun):
+    result = (
+        EvalResult.objects.filter(run_id=pair.original_id, case__suite_id=pair.replay.suite_id)
+        .select_related("case")
+        .order_by("-id")
+        .first()
+    )
+    return result.case if result is not None else None
+
+
+def replay_run_settled_heard(event: bus.RunSettled) -> None:
+    """Subscribed durably: a suite's replay run ended. Its case's judges grade it after commit (a model call
+    is I/O, never inside the transaction); a case without judges is graded at once, with none."""
+    if not event.replay:
+        return
+    pair = ReplayRun.objects.filter(run_id=event.run_id, replay__suite__isnull=False).select_related("replay").first()
+    if pair is None or pair.grades is not None:
+        return
+    case = _case_of(pair)
+    if case is None or not judges(case.checks):
+        ReplayRun.objects.filter(id=pair.id).update(grades=[])
+        return
+    outbox_add(actor=GRADE_PAIR, kwargs={"pair_id": pair.id})
+
+
+def replay_pair_grade(pair_id: int) -> bool:
+    """Grade a settled replay run by its case's judges, once (the actor's body; safe to run twice)."""
+    pair = ReplayRun.objects.filter(id=pair_id, grades__isnull=True).select_related("replay", "run").first()
+    if pair is None:
+        return False
+    case = _case_of(pair)
+    checks = judges(case.checks) if case is not None else []
+    grades = [grade(judge, run=pair.run, project_id=pair.replay.project_id) for judge in checks]
+    return bool(ReplayRun.objects.filter(id=pair.id, grades__isnull=True).update(grades=grades))
 
 
 # --- the differences -------------------------------------------------------------------------------------
@@ -312,21 +358,27 @@ def replay_diff(replay: Replay, *, latest: int | None = None) -> dict:
 
 
 def _graded(replay: Replay, found: list[ReplayRun], pairs: list[dict]) -> None:
-    """Each settled pair of a suite's replay, graded by its case's checks (judges are not run here: a
-    judge is a model call, and a difference is read as often as anyone looks)."""
+    """Each settled pair of a suite's replay, graded by its case's checks and judges (the judges graded
+    once, when the replay run settled: replay_pair_grade; the original's, when its case's run did)."""
     originals = [p.original_id for p in found if p.original_id]
-    cases = {}
-    for result in EvalResult.objects.filter(run_id__in=originals, case__suite_id=replay.suite_id).select_related(
-        "case"
-    ):
-        cases[result.run_id] = result.case  # the latest result of each run
+    cases, judged = {}, {}
+    results = EvalResult.objects.filter(run_id__in=originals, case__suite_id=replay.suite_id).select_related("case")
+    for result in results.order_by("id"):
+        cases[result.run_id], judged[result.run_id] = result.case, result.grades or []  # the latest of each
     for pair, diff in zip(found, pairs, strict=True):
         case = cases.get(pair.original_id)
         if case is None or not diff["settled"]:
             continue
-        before, after = check_failures(case, pair.original), check_failures(case, pair.run)
+        before = check_failures(case, pair.original) + _judge_failures(judged[pair.original_id])
+        after = check_failures(case, pair.run) + _judge_failures(pair.grades or [])
         diff["checks"] = {"case": case.name, "original": before, "replay": after,
-                          "regressed": not before and bool(after), "fixed": bool(before) and not after}  # fmt: skip
+                          "regressed": not before and bool(after), "fixed": bool(before) and not after,
+                          "judges": {"original": judged[pair.original_id], "replay": pair.grades}}  # fmt: skip
+
+
+def _judge_failures(grades: list[dict]) -> list[str]:
+    failed = [g for g in grades if not g.get("passed")]
+    return [f"judge on {g.get('artifact')}: {'no score' if g.get('score') is None else g['score']}" for g in failed]
 
 
 FAIL_ON = ("irreversible-added", "check-regressed", "calls-added", "any-difference")

@@ -14,7 +14,7 @@ from django.test.utils import CaptureQueriesContext
 from agents.demo import WORKER_TURNS
 from agents.models import Agent, AgentVersion, Workflow
 from core.errors import Conflict, InvalidInput
-from evals.models import EvalCase, EvalSuite
+from evals.models import EvalCase, EvalResult, EvalSuite
 from evals.suites import eval_start
 from examples.refunds.payments_service import PaymentsService
 from examples.refunds.setup_refunds import refunds_setup
@@ -167,21 +167,28 @@ def test_a_suites_runs_replayed_are_graded_by_its_cases_and_a_lost_check_fails_c
     so only the graded check tells: it regressed, and --fail-on irreversible-added exits 1 for it."""
     suite = EvalSuite.objects.create(slug="fanout", name="Fan-out", project=default_project())
     fanout = Workflow.objects.get(slug="incident-fanout")
-    EvalCase.objects.create(suite=suite, name="e-mails the customer", workflow=fanout,
-                            checks=[{"status": "completed"}, {"tool_called": "email.send"}])  # fmt: skip
+    # A judge too: a model (scripted here) grades worker-1's summary, on the original and on each replay.
+    Agent.objects.create(slug="fanout-judge", name="Judge", script=[{"final": {"score": 0.9, "reasoning": "fine"}}])
+    judge = {"agent": "fanout-judge", "artifact": "worker-1", "rubric": "Is the customer looked after?"}
+    checks = [{"status": "completed"}, {"tool_called": "email.send"}, {"judge": judge}]
+    EvalCase.objects.create(suite=suite, name="e-mails the customer", workflow=fanout, checks=checks)
     with pytest.raises(InvalidInput, match="no settled run"):
         replay_start(suite=suite, agent="incident-worker", version=current_version("incident-worker"))
     (result,) = eval_start(suite=suite, via="test").results.all()
     finished(result.run)
+    wait_for(lambda: EvalResult.objects.get(id=result.id).passed is not None, timeout=30, message="the judge")
     quiet = [*WORKER_TURNS[:3], {"final": {"summary": "{task}: ticket opened, nobody told"}}]
     before = effects()
     unchanged = settled(replay_start(suite=suite, agent="incident-worker", version=current_version("incident-worker")))
     (pair,) = unchanged["runs"]
     assert pair["original"] == result.run_id and pair["checks"]["regressed"] is False, pair["checks"]
+    graded = pair["checks"]["judges"]
+    assert [(g["score"], g["passed"]) for g in graded["original"] + graded["replay"]] == [(0.9, True)] * 2
     assert not replay_fails(unchanged, "irreversible-added")
     dropped = settled(replay_start(suite=suite, agent="incident-worker", edits={"script": quiet}))
     (pair,) = dropped["runs"]
-    assert pair["checks"] == {"case": "e-mails the customer", "original": [], "replay": [
+    checks = {k: v for k, v in pair["checks"].items() if k != "judges"}
+    assert checks == {"case": "e-mails the customer", "original": [], "replay": [
         "email.send would not have been called"], "regressed": True, "fixed": False}  # fmt: skip
     assert dropped["total"]["checks_regressed"] == 1 and dropped["total"]["irreversible_added"] == 0
     assert replay_fails(dropped, "irreversible-added") and replay_fails(dropped, "check-regressed")
