@@ -491,6 +491,7 @@ ADMIN_ACTIONS = {
     ("integrations", "webhookdelivery", "redeliver"): None,  # superusers only (the model admin refuses others)
     ("agents", "workflow", "start_runs"): "start",
     ("tools", "mcptool", "confirm_suggested_class"): "administer",
+    ("replay", "shadow", "switch_off"): "operate",
 }
 
 
@@ -537,10 +538,16 @@ def test_an_admin_action_beyond_the_role_changes_nothing_and_is_audited(scene, c
         "artifact": scene["artifact"].id,
         "blackboardentry": scene["entry"].id,
         "mcptool": scene["mcp_tool"].id,
+        "shadow": scene["ids"]["shadow_id"],
     }
-    before = _state(scene), list(AllowRule.objects.values_list("revoked_at", flat=True)), Run.objects.count()
+
+    def state():
+        revoked = list(AllowRule.objects.values_list("revoked_at", flat=True))
+        return _state(scene), revoked, Run.objects.count(), list(Shadow.objects.values_list("on", flat=True))
+
+    before = state()
     client.post(reverse(f"admin:{app}_{model}_changelist"), {"action": action, "_selected_action": [rows[model]]})
-    assert (_state(scene), list(AllowRule.objects.values_list("revoked_at", flat=True)), Run.objects.count()) == before
+    assert state() == before
     assert AuditEvent.objects.filter(actor=viewer, outcome="denied").exists()
     apps.get_model(app, model)  # the table names real models
 

@@ -6,6 +6,7 @@ import time
 import uuid
 
 import pytest
+from django.contrib.auth.models import Permission
 from django.core.management import CommandError, call_command
 
 from agents.models import Workflow
@@ -306,3 +307,26 @@ def test_the_shadow_command_switches_one_on_shows_it_and_switches_it_off(demo_tx
     assert refused.value.returncode == 2
     call_command("shadow", off=shadow.id)
     assert not Shadow.objects.get(id=shadow.id).on and Workflow.objects.get(slug="incident-fanout").shadowed_in == []
+
+
+def test_an_operator_switches_a_shadow_off_in_the_admin_and_a_viewer_cannot(demo_tx, django_user_model, client):
+    people, outsider = api_people(django_user_model, "a")
+    # The admin's door: staff, with Django's permissions on shadows; the role in the project decides.
+    viewing = Permission.objects.filter(codename__in=["view_shadow", "change_shadow"])
+    for user in django_user_model.objects.filter(username__startswith="a-"):
+        user.is_staff = True
+        user.save()
+        user.user_permissions.add(*viewing)
+    shadow = shadow_on(project=default_project(), workflow="incident-fanout", agent="incident-worker",
+                       version=current_version("incident-worker"), via="test")  # fmt: skip
+    action = {"action": "switch_off", "_selected_action": [shadow.id]}
+    for who in ("viewer", "outsider"):
+        client.force_login(outsider if who == "outsider" else people[who])
+        client.post("/admin/replay/shadow/", action)
+        assert Shadow.objects.get(id=shadow.id).on, who
+    client.force_login(people["operator"])
+    assert client.post("/admin/replay/shadow/", action).status_code == 302
+    assert not Shadow.objects.get(id=shadow.id).on
+    assert Workflow.objects.get(slug="incident-fanout").shadowed_in == []
+    off = AuditEvent.objects.get(action="shadow_off")
+    assert (off.actor, off.via, off.outcome) == (people["operator"], "admin", "done")
