@@ -52,12 +52,15 @@ class ReplayIn(BodyIn):
         None, max_length=64, description="...or an evaluation suite (its slug): the runs its cases last had, each "
         "pair then graded by its case's checks",
     )  # fmt: skip
-    agent: str = Field(min_length=1, max_length=64, description="The agent whose candidate is tried (its slug)")
+    agent: str = Field("", max_length=64, description="The agent whose candidate is tried (its slug)")
     version: Whole(ge=1) | None = Field(None, description="One of the agent's version numbers...")
     edits: dict[str, Any] | None = Field(
         None,
         description="...or a draft: the agent as it is with these fields changed (instructions, provider, model, "
         "script, allowed_tools, output_schema, max_steps); needs the project's admin",
+    )
+    workflow_version: Whole(ge=1) | None = Field(
+        None, description="And/or the runs' workflow as this version of it says (its plan, agents, limits, policies)"
     )
     note: str = Field("", max_length=2000, description="Why this replay (kept with it)")
     live_reads: bool = Field(
@@ -100,6 +103,7 @@ def create_replay(request, payload: ReplayIn):
         replay = replay_start(
             run_ids=payload.runs, suite=suite, agent=payload.agent, version=payload.version, edits=payload.edits,
             actor=request.auth.user, via="api", request=request, note=payload.note, live_reads=payload.live_reads,
+            workflow_version=payload.workflow_version,
         )  # fmt: skip
         return Status(201, _out(replay_get(replay.id)))
     if not payload.runs:
@@ -115,6 +119,7 @@ def create_replay(request, payload: ReplayIn):
     replay = replay_start(
         run_ids=payload.runs, agent=payload.agent, version=payload.version, edits=payload.edits,
         actor=request.auth.user, via="api", request=request, note=payload.note, live_reads=payload.live_reads,
+        workflow_version=payload.workflow_version,
     )  # fmt: skip
     return Status(201, _out(replay_get(replay.id)))
 

@@ -4,7 +4,7 @@ candidate did differently (``replay_diff``). How a replay's tool calls are answe
 
 from collections import Counter, defaultdict
 
-from agents.models import Agent, AgentVersion, Workflow
+from agents.models import Agent, AgentVersion, Workflow, WorkflowVersion
 from agents.versions import agent_version_draft
 from core import bus
 from core.errors import InvalidInput, NotFound
@@ -114,47 +114,57 @@ def suite_runs(suite: EvalSuite) -> list[int]:
 
 
 def replay_start(
-    *, run_ids=None, agent: str, version: int | None = None, edits: dict | None = None, actor=None, via: str = "",
-    request=None, note: str = "", live_reads: bool = False, suite: EvalSuite | None = None,
+    *, run_ids=None, agent: str = "", version: int | None = None, edits: dict | None = None, actor=None,
+    via: str = "", request=None, note: str = "", live_reads: bool = False, suite: EvalSuite | None = None,
+    workflow_version: int | None = None,
 ) -> Replay:  # fmt: skip
-    """Replay each of ``run_ids`` (settled runs of one project) with ``agent`` on the candidate: one of
-    its versions (``version``) or a draft of its current configuration with ``edits``. The replays run
-    on the workers like any run; nothing they call leaves but, with ``live_reads``, the reads their originals
-    did not make that the tools say are safe to repeat. ``suite``: instead of ``run_ids``, the runs its
-    cases last had, each pair then graded by its case's checks. Audited."""
+    """Replay each of ``run_ids`` (settled runs of one project) on the candidate: ``agent`` on one of its
+    versions (``version``) or a draft of its current configuration with ``edits``, and/or the runs'
+    workflow as its version ``workflow_version`` says. The replays run on the workers like any run;
+    nothing they call leaves but, with ``live_reads``, the reads their originals did not make that the
+    tools say are safe to repeat. ``suite``: instead of ``run_ids``, the runs its cases last had, each
+    pair then graded by its case's checks. Audited."""
     if suite is not None:
         if run_ids:
             raise _invalid("runs", "choose runs or a suite, not both")
         run_ids = suite_runs(suite)
     detail = {"runs": sorted({int(i) for i in run_ids or []})[:50], "agent": agent, "version": version,
-              "edits": sorted(edits) if isinstance(edits, dict) else None, "live_reads": live_reads}  # fmt: skip
+              "edits": sorted(edits) if isinstance(edits, dict) else None, "live_reads": live_reads,
+              "workflow_version": workflow_version}  # fmt: skip
     with audited("replay_start", actor=actor, via=via, request=request, target="replay", detail=detail) as act:
         originals = _originals(run_ids)
         act.update(project_id=originals[0].project_id)
         if suite is not None and suite.project_id != originals[0].project_id:
             raise _invalid("suite", f"unknown suite {suite.slug!r}")
-        candidate = _candidate(agent, version, edits, originals)
+        candidate = _candidate(agent, version, edits, originals) if agent else None
+        flow = _workflow_candidate(workflow_version, originals)
+        if candidate is None and flow is None:
+            raise _invalid("candidate", "name an agent's candidate, a version of the runs' workflow, or both")
         replay = Replay.objects.create(
             project_id=originals[0].project_id,
-            candidate={
-                "agent": agent,
-                "version": candidate.number,
-                "draft": candidate.draft,
-                "edits": edits if edits is not None else None,
-            },  # fmt: skip
-            candidate_version=candidate,
-            created_by=actor,
-            note=note,
-            live_reads=live_reads,
-            suite=suite,
-        )
+            candidate={"agent": agent or None, "version": candidate.number if candidate else None,
+                       "draft": bool(candidate and candidate.draft), "edits": edits,
+                       "workflow_version": workflow_version},  # fmt: skip
+            candidate_version=candidate, created_by=actor, note=note, live_reads=live_reads, suite=suite,
+        )  # fmt: skip
         act.update(target=f"replay {replay.id}")
         for original in originals:
-            run = run_replay_start(
-                original=original, candidates={agent: candidate}, started_by=actor, live_reads=live_reads
-            )
+            run = run_replay_start(original=original, candidates={agent: candidate} if candidate else {},
+                                   started_by=actor, live_reads=live_reads, workflow_version=flow)  # fmt: skip
             ReplayRun.objects.create(replay=replay, original=original, run=run)
     return replay
+
+
+def _workflow_candidate(number: int | None, runs: list[Run]) -> WorkflowVersion | None:
+    """The runs' workflow as its version ``number`` says (the runs of one workflow, then)."""
+    if number is None:
+        return None
+    if len({run.workflow_id for run in runs}) > 1:
+        raise _invalid("workflow_version", "the runs of a workflow version's replay are of that one workflow")
+    found = WorkflowVersion.objects.filter(workflow_id=runs[0].workflow_id, number=number, draft=False).first()
+    if found is None:
+        raise _invalid("workflow_version", f"{runs[0].workflow.slug} has no version {number}")
+    return found
 
 
 def replay_get(replay_id: int) -> Replay:

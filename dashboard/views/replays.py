@@ -232,6 +232,7 @@ def _candidate(replay) -> dict:
         "agent": candidate.get("agent", "?"),
         "version": candidate.get("version"),
         "draft": bool(candidate.get("draft")),
+        "workflow_version": candidate.get("workflow_version"),
         "edited": sorted(edits) if isinstance(edits, dict) else [],
         "edits": json.dumps(edits, indent=1, ensure_ascii=False, default=str) if edits else "",
     }

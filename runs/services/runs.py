@@ -1,5 +1,6 @@
 """Run-level services: start, cancel, resume, retry. The API, the admin and the actors all call these."""
 
+import copy
 import logging
 
 from django.conf import settings
@@ -9,7 +10,7 @@ from pydantic import ValidationError
 
 from agents.models import Agent, AgentVersion, ModelVersion, Workflow, WorkflowVersion
 from agents.planning import plan_validate, pydantic_errors
-from agents.versions import agent_version, version_ref, with_latest_version, workflow_version
+from agents.versions import WORKFLOW_FIELDS, agent_version, version_ref, with_latest_version, workflow_version
 from core import bus, hooks, metrics
 from core.errors import InvalidInput
 from policy.services import approvals_withdraw, policies_in_force
@@ -180,7 +181,7 @@ def _first_plan(wf: Workflow, *, goal: str, max_tasks: int) -> tuple[list, dict]
 
 
 def _versions_at_start(
-    wf: Workflow, agents: dict[str, Agent], *, project_id: int
+    wf: Workflow, agents: dict[str, Agent], *, project_id: int, wf_version: WorkflowVersion | None = None
 ) -> tuple[dict, WorkflowVersion, dict]:
     """The workflow's version, those of every agent the run may use (its first tasks', its planner's
     and those a planner may assign), and the approval policies in force with their settings (the gate
@@ -193,13 +194,25 @@ def _versions_at_start(
     if others:
         may_use.update({a.slug: a for a in with_latest_version(Agent.objects.filter(slug__in=others))})
     pinned = {slug: agent_version(agent) for slug, agent in may_use.items()}
-    wf_version = workflow_version(wf)
+    # A replay's candidate version as it is: not one made of ``wf`` (which reads as that version does).
+    wf_version = wf_version or workflow_version(wf)
     versions = {
         "workflow": version_ref(wf_version),
         "agents": {slug: version_ref(version) for slug, version in pinned.items()},
         "policies": policies_in_force(project_id=project_id, workflow_id=wf.id),
     }
     return versions, wf_version, {slug: pinned[slug] for slug in agents}
+
+
+def _workflow_as(wf: Workflow, version: WorkflowVersion) -> Workflow:
+    """``wf`` as ``version`` of it says, in memory only (a replay's candidate: never saved)."""
+    shown = copy.copy(wf)
+    for name in WORKFLOW_FIELDS:
+        if name in version.config:
+            setattr(shown, name, version.config[name])
+    planner = version.config.get("planner_agent")
+    shown.planner_agent = Agent.objects.filter(slug=planner).first() if planner else None
+    return shown
 
 
 def workflow_unknown(slug: str) -> InvalidInput:
@@ -245,24 +258,27 @@ def run_start(
 
 def run_replay_start(
     *, original: Run, candidates: dict[str, AgentVersion], started_by=None, shadow: bool = False,
-    live_reads: bool = False,
+    live_reads: bool = False, workflow_version: WorkflowVersion | None = None,
 ) -> Run:  # fmt: skip
     """A replay of ``original`` (settled): a run of its workflow with its input (its drill faults left out:
     they were the original's circumstances) and goal, in replay mode (its tool calls never leave: the
     broker answers them from the original's ledger), with the agents of ``candidates`` (slug → version)
     pinned to those versions and every other agent as the workflow now has it. ``shadow``: the original
     is still going, and the replay follows it (Run.Mode.SHADOW). ``live_reads``: the reads its original
-    did not make go to the system when safe to repeat (Run.live_reads). Not audited here: the replay or shadow
-    that starts it is (replay/services.py)."""
+    did not make go to the system when safe to repeat (Run.live_reads). ``workflow_version``: the workflow
+    as that version of it says (its plan, its agents, its limits and tool policies), pinned, instead of as
+    it is now. Not audited here: the replay or shadow that starts it is (replay/services.py)."""
     with transaction.atomic():  # the workflow's budget: a candidate's spending is part of what is compared
         wf = with_latest_version(Workflow.objects.select_related("planner_agent", "project")).get(
             id=original.workflow_id
         )
         source = {k: v for k, v in (original.input or {}).items() if k != "faults"}
+        if workflow_version is not None:
+            wf = _workflow_as(wf, workflow_version)
         return _run_create(
             wf, project=original.project, input=source, budget=None, goal=original.goal, started_by=started_by,
             replay_of=original, candidates=candidates, mode=Run.Mode.SHADOW if shadow else Run.Mode.REPLAY,
-            live_reads=live_reads,
+            live_reads=live_reads, wf_version=workflow_version,
         )  # fmt: skip
 
 
@@ -278,6 +294,7 @@ def _run_create(
     candidates=None,
     mode: str = Run.Mode.LIVE,
     live_reads: bool = False,
+    wf_version: WorkflowVersion | None = None,
 ) -> Run:
     run_input = _run_input(input)
     try:
@@ -287,7 +304,7 @@ def _run_create(
     max_tasks = wf.max_tasks or settings.WARDEN["MAX_TASKS_PER_RUN"]
     planned, agents = _first_plan(wf, goal=goal, max_tasks=max_tasks)
     now = timezone.now()
-    versions, wf_version, started = _versions_at_start(wf, agents, project_id=project.id)
+    versions, wf_version, started = _versions_at_start(wf, agents, project_id=project.id, wf_version=wf_version)
     for slug, version in (candidates or {}).items():  # a replay's candidates, in place of the current ones
         versions["agents"][slug] = version_ref(version)
         if slug in started:

@@ -12,7 +12,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from agents.demo import WORKER_TURNS
-from agents.models import Agent, AgentVersion, Workflow
+from agents.models import Agent, AgentVersion, Workflow, WorkflowVersion
 from core.errors import Conflict, InvalidInput
 from evals.models import EvalCase, EvalResult, EvalSuite
 from evals.suites import eval_start
@@ -198,6 +198,34 @@ def test_a_suites_runs_replayed_are_graded_by_its_cases_and_a_lost_check_fails_c
         call_command("replay", suite="fanout", agent="incident-worker", edits=str(edits), fail_on="irreversible-added")
     assert failed.value.returncode == 1
     assert effects() == before
+
+
+def test_a_workflow_version_is_a_candidate_too_and_replaying_one_makes_no_version(originals, operator, client):
+    """The workflow is changed after the runs: every CRM update now waits for a reviewer. Replayed on that
+    version (the agents as they are), the same calls are made, and each would have waited; replayed on
+    the version the runs had, none would. No version of the workflow is made by a replay."""
+    fanout = Workflow.objects.get(slug="incident-fanout")
+    then = WorkflowVersion.objects.filter(workflow=fanout).order_by("-number").first()
+    fanout.tool_policies = {"crm.update": {"approval": "always"}}
+    fanout.save()
+    now = WorkflowVersion.objects.filter(workflow=fanout).order_by("-number").first()
+    assert now.number == then.number + 1
+    made = WorkflowVersion.objects.count()
+    strict = settled(replay_start(run_ids=[r.id for r in originals], workflow_version=now.number, via="test"))
+    assert strict["total"]["differing"] == 0 and strict["total"]["would_wait_for_approval"] == 2 * 5, strict["total"]
+    assert {c["tool"] for p in strict["runs"] for c in p["would_wait_for_approval"]} == {"crm.update"}
+    assert {Run.objects.get(id=p["replay"]).workflow_version_id for p in strict["runs"]} == {now.id}
+    lenient = settled(replay_start(run_ids=[r.id for r in originals], workflow_version=then.number))
+    assert lenient["total"]["would_wait_for_approval"] == 0
+    assert {Run.objects.get(id=p["replay"]).workflow_version_id for p in lenient["runs"]} == {then.id}
+    assert WorkflowVersion.objects.count() == made
+    client.force_login(operator)
+    page = client.get(f"/replays/{strict['replay']}/").content.decode()
+    assert f"the workflow's v{now.number}" in page and "None" not in page.split('id="replay-candidate"')[1][:200]
+    with pytest.raises(InvalidInput, match="has no version 99"):
+        replay_start(run_ids=[originals[0].id], workflow_version=99)
+    with pytest.raises(InvalidInput, match="name an agent's candidate"):
+        replay_start(run_ids=[originals[0].id])
 
 
 def test_the_command_exits_1_when_the_candidate_adds_an_irreversible_call(originals, tmp_path, capsys):

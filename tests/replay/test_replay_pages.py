@@ -70,7 +70,13 @@ def test_an_operator_tries_a_version_from_the_form_and_sees_no_difference(origin
     version = current_version("incident-worker")
     replay = _started(client, version=str(version), note="same worker, same runs?")
     assert sorted(replay.pairs.values_list("original_id", flat=True)) == sorted(r.id for r in originals)
-    assert replay.candidate == {"agent": "incident-worker", "version": version, "draft": False, "edits": None}
+    assert replay.candidate == {
+        "agent": "incident-worker",
+        "version": version,
+        "draft": False,
+        "edits": None,
+        "workflow_version": None,
+    }
     assert replay.created_by == people["operator"] and replay.live_reads is False
     assert 'name="live_reads"' in page  # opt-in, off unless ticked
     settled(replay)

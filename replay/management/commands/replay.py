@@ -32,7 +32,9 @@ class Command(BaseCommand):
         parser.add_argument("--workflow", default="", help="...or the latest settled runs of this workflow")
         parser.add_argument("--suite", default="", help="...or an evaluation suite's (graded by its cases' checks)")
         parser.add_argument("--limit", type=int, default=20, help="How many of the workflow's runs (default 20)")
-        parser.add_argument("--agent", required=True, help="The agent whose candidate is tried (its slug)")
+        parser.add_argument("--agent", default="", help="The agent whose candidate is tried (its slug)")
+        parser.add_argument("--workflow-version", type=int, default=None,
+                            help="And/or the runs' workflow as this version of it says")  # fmt: skip
         parser.add_argument("--agent-version", type=int, default=None, help="One of the agent's version numbers")
         parser.add_argument("--edits", default="", help="A JSON file of the draft's fields (instructions, script, …)")
         parser.add_argument("--fail-on", default="", choices=["", *FAIL_ON], help="Exit 1 when the replay shows this")
@@ -47,11 +49,13 @@ class Command(BaseCommand):
         draft = self._edits(edits)
         try:
             replay = replay_start(run_ids=run_ids, agent=agent, version=agent_version, edits=draft, via="command",
-                                  live_reads=options["live_reads"], suite=suite)  # fmt: skip
+                                  live_reads=options["live_reads"], suite=suite,
+                                  workflow_version=options["workflow_version"])  # fmt: skip
         except WardenError as exc:
             raise CommandError(str(exc), returncode=2) from exc
-        count, version = replay.pairs.count(), replay.candidate["version"]
-        self.stderr.write(f"replay {replay.id}: {count} run(s) on {agent} v{version}")
+        count, candidate = replay.pairs.count(), replay.candidate
+        tried = f"{agent} v{candidate['version']}" if agent else f"workflow v{candidate['workflow_version']}"
+        self.stderr.write(f"replay {replay.id}: {count} run(s) on {tried}")
         self._wait(replay, timeout)
         diff = replay_diff(replay)
         if options["json"]:
