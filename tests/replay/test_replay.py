@@ -4,6 +4,7 @@ incident-worker. Effects are counted in the sandbox systems, from outside the en
 import copy
 import json
 import uuid
+from unittest import mock
 
 import pytest
 from django.contrib.auth.models import Permission
@@ -20,7 +21,8 @@ from examples.refunds.payments_service import PaymentsService
 from examples.refunds.setup_refunds import refunds_setup
 from integrations.models import WebhookDelivery, WebhookEndpoint
 from policy.models import ApprovalRequest
-from replay.models import Replay
+from replay.actors import grade_replay_pair
+from replay.models import Replay, ReplayRun
 from replay.services import replay_diff, replay_fails, replay_settled, replay_start
 from runs.models import Run, Span, Task
 from runs.services import run_fork, run_start
@@ -185,6 +187,11 @@ def test_a_suites_runs_replayed_are_graded_by_its_cases_and_a_lost_check_fails_c
     graded = pair["checks"]["judges"]
     assert [(g["score"], g["passed"]) for g in graded["original"] + graded["replay"]] == [(0.9, True)] * 2
     assert not replay_fails(unchanged, "irreversible-added")
+    # The judges' message fed twice: the second finds the pair graded and asks no model.
+    graded_pair = ReplayRun.objects.get(run_id=pair["replay"])
+    with mock.patch("replay.services.grade", side_effect=AssertionError("the judge was asked again")):
+        grade_replay_pair.fn(pair_id=graded_pair.id)
+    assert ReplayRun.objects.get(id=graded_pair.id).grades == graded_pair.grades
     dropped = settled(replay_start(suite=suite, agent="incident-worker", edits={"script": quiet}))
     (pair,) = dropped["runs"]
     checks = {k: v for k, v in pair["checks"].items() if k != "judges"}

@@ -69,8 +69,10 @@ def test_every_actor_fed_each_message_twice_changes_nothing_the_second_time(
     assert [Run.objects.get(id=i).status for i in run_ids] == ["completed", "completed", "completed"]
     # Fed each message twice where what they act on is set up: the judges' actor in
     # tests/evals/test_eval_checks.py::test_a_judge_grades_an_artifact_through_the_gateway_and_its_grade_is_recorded,
-    # the breakers' in tests/runs/test_breakers.py and tests/approvals/test_breaker_pages.py ("fed … twice").
-    elsewhere = {"grade_eval_result", "resume_parked_tasks", "send_breaker_notifications"}
+    # the breakers' in tests/runs/test_breakers.py and tests/approvals/test_breaker_pages.py ("fed … twice"),
+    # the shadows' start and a suite's replay's judges in tests/replay/ ("delivered twice", "fed twice").
+    elsewhere = {"grade_eval_result", "resume_parked_tasks", "send_breaker_notifications", "shadow_start",
+                 "grade_replay_pair"}  # fmt: skip
     assert covered | elsewhere == set(broker.get_declared_actors()), "an actor was not exercised"
     # Out of order: every message again, after the runs finished.
     before = snapshot(run_ids)
