@@ -44,11 +44,12 @@ class ShadowAdmin(RunData):
     @admin.action(description="Switch the selected shadows off (their twins still going stop now)")
     def switch_off(self, request, queryset):
         done = 0
-        for shadow in queryset.filter(on=True):
-            try:
+        for shadow in queryset:
+            try:  # the role first: one who may not switch it off is refused (and audited) whatever its state
                 authorize(request.user, shadow.project_id, "operate", what=f"shadow {shadow.id}", request=request)
-                shadow_off(shadow=shadow, actor=request.user, via="admin", request=request)
-                done += 1
+                if shadow.on:
+                    shadow_off(shadow=shadow, actor=request.user, via="admin", request=request)
+                    done += 1
             except WardenError as exc:
                 self.message_user(request, f"{shadow}: {exc}", messages.ERROR)
         if done:

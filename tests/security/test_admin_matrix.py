@@ -381,6 +381,7 @@ ACTION_ROWS = {
     "artifact": "runs.artifact",
     "blackboardentry": "runs.blackboardentry",
     "mcptool": "tools.mcptool",
+    "shadow": "replay.shadow",
 }
 
 
@@ -395,6 +396,7 @@ def _snapshot():
         list(WebhookDelivery.objects.order_by("id").values_list("id", "status", "attempts")),
         list(apps.get_model("tenancy", "ApiToken").objects.order_by("id").values_list("id", "revoked_at")),
         list(ToolClassification.objects.order_by("id").values_list("tool", "tool_class")),
+        list(Shadow.objects.order_by("id").values_list("id", "on")),
     )
 
 
