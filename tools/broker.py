@@ -184,7 +184,7 @@ def replay_outcome(answer: ReplayAnswer) -> ToolOutcome:
     return ToolOutcome(result=answer.result, error=answer.error, replay=answer.record)
 
 
-def _replay_live_read(spec: ToolSpec, args: dict, record: dict, *, key: str) -> ToolOutcome:
+def _replay_live_read(spec: ToolSpec, args: dict, record: dict, *, key: str, fence) -> ToolOutcome:
     """A replay's read sent to the system (tools/replaying.py said it may be): within the tool's rate and
     deadline, with its project's secrets, scrubbed; but no ledger row, and its failure is the replay's
     alone: it neither opens nor closes the tool's breaker for the live runs, and an open breaker or a
@@ -192,6 +192,7 @@ def _replay_live_read(spec: ToolSpec, args: dict, record: dict, *, key: str) -> 
     if BREAKER.state(spec.name, project_id=spec.project_id).state != CLOSED or _rate_limited(spec):
         error = {"code": "not_recorded", "message": f"{spec.name}: the system is busy; a replay does not wait"}
         return ToolOutcome(error=error, replay={**record, "answered": NOT_RECORDED})
+    _fenced(fence)  # a replay's read leaves like any call: only while the attempt holds its lease
     try:
         result = _external(spec, args, key=key, fault=None, count=False)
     except (ToolTimeout, ToolUnavailable, ToolRefused) as exc:
@@ -222,7 +223,8 @@ def tool_call(*, run, task, step: int, call_number: int, name: str, arguments, r
     if run.mode != "live":  # a replay: answered from its original's ledger, never sent (a shadow may wait)
         answer = replay_answer(run=run, task=task, spec=spec, args=args, digest=digest)
         if answer.record["answered"] == LIVE:
-            return _replay_live_read(spec, args, answer.record, key=f"replay-{run.id}-{task.key}-{step}")
+            key = f"replay-{run.id}-{task.key}-{step}"
+            return _replay_live_read(spec, args, answer.record, key=key, fence=fence)
         return replay_outcome(answer)
     key = idempotency_key(run_id=run.id, task_key=task.key, step=step, epoch=task.journal_epoch)
     to_model = (spec.on_refusal or on_refusal) == ON_REFUSAL_MODEL

@@ -14,7 +14,7 @@ from django.test.utils import CaptureQueriesContext
 
 from agents.demo import WORKER_TURNS
 from agents.models import Agent, AgentVersion, Workflow, WorkflowVersion
-from core.errors import Conflict, InvalidInput
+from core.errors import Conflict, InvalidInput, LeaseLost
 from evals.models import EvalCase, EvalResult, EvalSuite
 from evals.suites import eval_start
 from examples.refunds.payments_service import PaymentsService
@@ -30,6 +30,7 @@ from tenancy.access import default_project, membership_grant
 from tenancy.models import AuditEvent, Project
 from tenancy.tokens import api_token_create
 from tests.conftest import decide, wait_for
+from tools.broker import tool_call
 from tools.models import HttpTool, SandboxCall, SandboxRecord, ToolOperation
 
 WORKER_THREADS = 8  # the fan-out's five workers at once
@@ -157,6 +158,13 @@ def test_live_reads_send_only_the_reads_safe_to_repeat_and_nothing_else(original
         assert reads.count() - read_before == ours.count() and effects() == before
         assert ToolOperation.objects.filter(run=replayed).count() == 0
         assert replayed.live_reads is live
+    # A live read leaves only while its attempt holds the lease: one whose lease was taken sends nothing.
+    worker = Task.objects.get(run=replayed, key="worker-2")
+    before = reads.count()
+    with pytest.raises(LeaseLost):
+        tool_call(run=replayed, task=worker, step=99, call_number=9, name="crm.read",
+                  arguments={"customer_id": "cust-elsewhere"}, fence=(worker.id, worker.fencing_token + 1))  # fmt: skip
+    assert reads.count() == before
 
 
 def answered_calls(run) -> list[dict]:
