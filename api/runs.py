@@ -249,7 +249,8 @@ def run_out(run: Run) -> dict:
     }
 
 
-def _project(slug: str | None, workflow: Workflow | None) -> Project:
+def project_for(slug: str | None, workflow: Workflow | None) -> Project:
+    """The project named by ``slug`` (404 when none), else the workflow's, else the default one."""
     if slug:
         project = Project.objects.filter(slug=slug).first()
         if project is None:
@@ -269,7 +270,7 @@ def run_for(request, run_id: int, action: str = "view") -> Run:
 def create_run(request, payload: RunIn):
     # A workflow of a project the caller is not in is as unknown as one that does not exist.
     workflow = workflow_visible(slug=payload.workflow, user=request.auth.user)
-    project = _project(payload.project, workflow)
+    project = project_for(payload.project, workflow)
     authorize(
         request.auth.user, project.id, "start", what=f"project {project.slug}", token=request.auth, request=request
     )

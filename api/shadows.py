@@ -8,13 +8,12 @@ from pydantic import ConfigDict
 
 from agents.models import Workflow
 from api.replays import REPLAY_EXAMPLE
+from api.runs import project_for
 from api.schemas import BodyIn
-from core.errors import NotFound
 from core.schemas import PathId, Whole
 from replay.services import replay_diff
 from replay.shadows import shadow_get, shadow_off, shadow_on
-from tenancy.access import authorize, default_project
-from tenancy.models import Project
+from tenancy.access import authorize
 
 router = Router(tags=["replays"])
 
@@ -73,13 +72,8 @@ def _shadow_for(request, shadow_id: int, action: str):
 
 @router.post("/shadows", response={201: ShadowOut}, summary="Shadow a workflow's new runs with a candidate agent")
 def create_shadow(request, payload: ShadowIn):
-    if payload.project:
-        project = Project.objects.filter(slug=payload.project).first()
-        if project is None:
-            raise NotFound(f"project {payload.project} does not exist")
-    else:
-        wf = Workflow.objects.filter(slug=payload.workflow).select_related("project").first()
-        project = (wf.project if wf and wf.project_id else None) or default_project()
+    wf = Workflow.objects.filter(slug=payload.workflow).select_related("project").first()
+    project = project_for(payload.project, wf)
     # A version is an operator's to try; a draft's edits are the agent's configuration: its admin's.
     action = "administer" if payload.edits is not None else "operate"
     authorize(request.auth.user, project.id, action, what=f"project {project.slug}", token=request.auth,

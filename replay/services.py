@@ -29,47 +29,48 @@ IRREVERSIBLE = ToolOperation.Reversibility.IRREVERSIBLE
 _HOW = ("request", "retries", "cached", "replay", "refused")
 
 
-def _invalid(field: str, message: str) -> InvalidInput:
+def invalid(field: str, message: str) -> InvalidInput:
+    """Bad input about ``field``, in the API's error shape."""
     return InvalidInput(message, [{"field": field, "message": message}])
 
 
 def _originals(run_ids) -> list[Run]:
     ids = sorted({int(i) for i in run_ids or []})
     if not ids:
-        raise _invalid("runs", "choose at least one run")
+        raise invalid("runs", "choose at least one run")
     if len(ids) > MAX_RUNS:
-        raise _invalid("runs", f"at most {MAX_RUNS} runs at a time")
+        raise invalid("runs", f"at most {MAX_RUNS} runs at a time")
     runs = list(Run.objects.filter(id__in=ids).select_related("workflow", "project").order_by("id"))
     missing = sorted(set(ids) - {r.id for r in runs})
     if missing:
         raise NotFound(f"no run {missing[0]}")
     if len({r.project_id for r in runs}) > 1:
-        raise _invalid("runs", "the runs of one replay belong to one project")
+        raise invalid("runs", "the runs of one replay belong to one project")
     for run in runs:
         if run.mode != Run.Mode.LIVE:
-            raise _invalid("runs", f"run {run.id} is itself a replay")
+            raise invalid("runs", f"run {run.id} is itself a replay")
         if run.status not in SETTLED:
-            raise _invalid("runs", f"run {run.id} is {run.status}: only a settled run can be replayed")
+            raise invalid("runs", f"run {run.id} is {run.status}: only a settled run can be replayed")
         if run.workflow.planner == Workflow.Planner.EXTERNAL:
-            raise _invalid("runs", f"run {run.id}'s agent runs elsewhere: Warden cannot run it again")
+            raise invalid("runs", f"run {run.id}'s agent runs elsewhere: Warden cannot run it again")
     return runs
 
 
 def _edits_checked(edits: dict) -> dict:
     if not isinstance(edits, dict) or not edits:
-        raise _invalid("edits", "the edits are an object of the agent's fields")
+        raise invalid("edits", "the edits are an object of the agent's fields")
     unknown = sorted(set(edits) - set(EDITABLE))
     if unknown:
-        raise _invalid("edits", f"a draft may change only {', '.join(EDITABLE)}: not {', '.join(unknown)}")
+        raise invalid("edits", f"a draft may change only {', '.join(EDITABLE)}: not {', '.join(unknown)}")
     types = {"instructions": str, "provider": str, "model": str, "script": list, "allowed_tools": list,
              "output_schema": dict, "max_steps": int}  # fmt: skip
     for name, value in edits.items():
         if not isinstance(value, types[name]) or (
             name == "allowed_tools" and not all(isinstance(t, str) for t in value)
         ):
-            raise _invalid(f"edits.{name}", f"{name} must be a {types[name].__name__}")
+            raise invalid(f"edits.{name}", f"{name} must be a {types[name].__name__}")
     if "provider" in edits and edits["provider"] not in Agent.Provider.values:
-        raise _invalid("edits.provider", f"unknown provider {edits['provider']!r}")
+        raise invalid("edits.provider", f"unknown provider {edits['provider']!r}")
     return edits
 
 
@@ -77,14 +78,14 @@ def _candidate(agent_slug: str, version: int | None, edits: dict | None, runs: l
     _agent(agent_slug, project_id=runs[0].project_id)  # an unknown agent is said so first
     for run in runs:
         if agent_slug not in ((run.versions or {}).get("agents") or {}):
-            raise _invalid("agent", f"run {run.id} does not use {agent_slug}: replaying it would change nothing")
+            raise invalid("agent", f"run {run.id} does not use {agent_slug}: replaying it would change nothing")
     return candidate_of(agent_slug, version, edits, project_id=runs[0].project_id)
 
 
 def _agent(slug: str, *, project_id: int) -> Agent:
     agent = Agent.objects.filter(slug=slug).first()
     if agent is None or agent.project_id not in (None, project_id):
-        raise _invalid("agent", f"unknown agent {slug!r}")
+        raise invalid("agent", f"unknown agent {slug!r}")
     return agent
 
 
@@ -92,11 +93,11 @@ def candidate_of(agent_slug: str, version: int | None, edits: dict | None, *, pr
     """The version tried: one of the agent's (``version``) or a draft of it with ``edits``."""
     agent = _agent(agent_slug, project_id=project_id)
     if (version is None) == (edits is None):
-        raise _invalid("candidate", "name a version of the agent, or the edits of a draft")
+        raise invalid("candidate", "name a version of the agent, or the edits of a draft")
     if version is not None:
         found = AgentVersion.objects.filter(agent=agent, number=version).first()
         if found is None:
-            raise _invalid("version", f"{agent_slug} has no version {version}")
+            raise invalid("version", f"{agent_slug} has no version {version}")
         return found
     return agent_version_draft(agent, _edits_checked(edits))
 
@@ -109,7 +110,7 @@ def suite_runs(suite: EvalSuite) -> list[int]:
     for case_id, run_id in results.order_by("id").values_list("case_id", "run_id"):
         found[case_id] = run_id  # the latest of each case
     if not found:
-        raise _invalid("suite", f"suite {suite.slug} has no settled run to replay: run the suite first")
+        raise invalid("suite", f"suite {suite.slug} has no settled run to replay: run the suite first")
     return sorted(found.values())
 
 
@@ -126,7 +127,7 @@ def replay_start(
     pair then graded by its case's checks. Audited."""
     if suite is not None:
         if run_ids:
-            raise _invalid("runs", "choose runs or a suite, not both")
+            raise invalid("runs", "choose runs or a suite, not both")
         run_ids = suite_runs(suite)
     detail = {"runs": sorted({int(i) for i in run_ids or []})[:50], "agent": agent, "version": version,
               "edits": sorted(edits) if isinstance(edits, dict) else None, "live_reads": live_reads,
@@ -135,11 +136,11 @@ def replay_start(
         originals = _originals(run_ids)
         act.update(project_id=originals[0].project_id)
         if suite is not None and suite.project_id != originals[0].project_id:
-            raise _invalid("suite", f"unknown suite {suite.slug!r}")
+            raise invalid("suite", f"unknown suite {suite.slug!r}")
         candidate = _candidate(agent, version, edits, originals) if agent else None
         flow = _workflow_candidate(workflow_version, originals)
         if candidate is None and flow is None:
-            raise _invalid("candidate", "name an agent's candidate, a version of the runs' workflow, or both")
+            raise invalid("candidate", "name an agent's candidate, a version of the runs' workflow, or both")
         replay = Replay.objects.create(
             project_id=originals[0].project_id,
             candidate={"agent": agent or None, "version": candidate.number if candidate else None,
@@ -160,10 +161,10 @@ def _workflow_candidate(number: int | None, runs: list[Run]) -> WorkflowVersion 
     if number is None:
         return None
     if len({run.workflow_id for run in runs}) > 1:
-        raise _invalid("workflow_version", "the runs of a workflow version's replay are of that one workflow")
+        raise invalid("workflow_version", "the runs of a workflow version's replay are of that one workflow")
     found = WorkflowVersion.objects.filter(workflow_id=runs[0].workflow_id, number=number, draft=False).first()
     if found is None:
-        raise _invalid("workflow_version", f"{runs[0].workflow.slug} has no version {number}")
+        raise invalid("workflow_version", f"{runs[0].workflow.slug} has no version {number}")
     return found
 
 
@@ -405,4 +406,4 @@ def replay_fails(diff: dict, fail_on: str) -> bool:
         return total["calls_added"] > 0
     if fail_on == "any-difference":
         return total["differing"] > 0
-    raise _invalid("fail_on", f"fail_on is one of {', '.join(FAIL_ON)}")
+    raise invalid("fail_on", f"fail_on is one of {', '.join(FAIL_ON)}")

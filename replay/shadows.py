@@ -19,22 +19,18 @@ from django.utils import timezone
 
 from agents.models import Workflow
 from core import bus
-from core.errors import Conflict, InvalidInput, NotFound
+from core.errors import Conflict, NotFound
 from runs.models import Run
 from runs.services import run_cancel, run_replay_start
 from runs.services.outbox import outbox_add
 from tenancy.audit import audited
 
 from .models import Replay, ReplayRun, Shadow
-from .services import candidate_of
+from .services import candidate_of, invalid
 
 SHADOW_START = "shadow_start"
 FIRST_LOOK_MS = 2000
 START_WITHIN_SECONDS = 3600
-
-
-def _invalid(field: str, message: str) -> InvalidInput:
-    return InvalidInput(message, [{"field": field, "message": message}])
 
 
 def _workflow_agents(wf: Workflow) -> set[str]:
@@ -67,11 +63,11 @@ def shadow_on(
         act.update(project_id=project.id)
         wf = Workflow.objects.select_related("planner_agent").filter(slug=workflow).first()
         if wf is None or wf.project_id not in (None, project.id):
-            raise _invalid("workflow", f"unknown workflow {workflow!r}")
+            raise invalid("workflow", f"unknown workflow {workflow!r}")
         if wf.planner == Workflow.Planner.EXTERNAL:
-            raise _invalid("workflow", f"{workflow}'s agent runs elsewhere: Warden cannot run it beside")
+            raise invalid("workflow", f"{workflow}'s agent runs elsewhere: Warden cannot run it beside")
         if agent not in _workflow_agents(wf):
-            raise _invalid("agent", f"{workflow} does not use {agent}: a shadow of it would change nothing")
+            raise invalid("agent", f"{workflow} does not use {agent}: a shadow of it would change nothing")
         candidate = candidate_of(agent, version, edits, project_id=project.id)
         if Shadow.objects.filter(project=project, workflow=wf, on=True).exists():
             raise Conflict(f"a shadow of {workflow} is on in this project: switch it off first")

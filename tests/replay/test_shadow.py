@@ -10,6 +10,7 @@ from django.contrib.auth.models import Permission
 from django.core.management import CommandError, call_command
 
 from agents.models import Workflow
+from core.errors import InvalidInput
 from examples.refunds.payments_service import PaymentsService
 from examples.refunds.setup_refunds import refunds_setup
 from integrations.models import WebhookDelivery, WebhookEndpoint
@@ -226,8 +227,6 @@ def _lines(path) -> int:
     ],
 )
 def test_a_bad_shadow_is_refused_clearly_and_changes_nothing(demo_tx, change, message):
-    from core.errors import InvalidInput
-
     body = {"workflow": "incident-fanout", "agent": "incident-worker", "version": current_version("incident-worker"),
             **change}  # fmt: skip
     with pytest.raises(InvalidInput, match=message):
