@@ -184,6 +184,13 @@ def replay_outcome(answer: ReplayAnswer) -> ToolOutcome:
     return ToolOutcome(result=answer.result, error=answer.error, replay=answer.record)
 
 
+def _replay_call(run, task, spec: ToolSpec, args: dict, digest: str, *, key: str, fence) -> ToolOutcome:
+    answer = replay_answer(run=run, task=task, spec=spec, args=args, digest=digest)
+    if answer.record["answered"] == LIVE:
+        return _replay_live_read(spec, args, answer.record, key=key, fence=fence)
+    return replay_outcome(answer)
+
+
 def _replay_live_read(spec: ToolSpec, args: dict, record: dict, *, key: str, fence) -> ToolOutcome:
     """A replay's read sent to the system (tools/replaying.py said it may be): within the tool's rate and
     deadline, with its project's secrets, scrubbed; but no ledger row, and its failure is the replay's
@@ -221,11 +228,7 @@ def tool_call(*, run, task, step: int, call_number: int, name: str, arguments, r
 
     digest = arguments_hash(name, args)
     if run.mode != "live":  # a replay: answered from its original's ledger, never sent (a shadow may wait)
-        answer = replay_answer(run=run, task=task, spec=spec, args=args, digest=digest)
-        if answer.record["answered"] == LIVE:
-            key = f"replay-{run.id}-{task.key}-{step}"
-            return _replay_live_read(spec, args, answer.record, key=key, fence=fence)
-        return replay_outcome(answer)
+        return _replay_call(run, task, spec, args, digest, key=f"replay-{run.id}-{task.key}-{step}", fence=fence)
     key = idempotency_key(run_id=run.id, task_key=task.key, step=step, epoch=task.journal_epoch)
     to_model = (spec.on_refusal or on_refusal) == ON_REFUSAL_MODEL
     existing = ToolOperation.objects.filter(idempotency_key=key).first()
